@@ -1,0 +1,1 @@
+"""computer_service package."""

@@ -1,0 +1,1 @@
+"""crew_server package."""

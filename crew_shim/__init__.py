@@ -1,0 +1,1 @@
+"""crew_shim package."""

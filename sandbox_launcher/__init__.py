@@ -1,0 +1,1 @@
+"""sandbox_launcher package."""
