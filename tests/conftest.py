@@ -45,9 +45,3 @@ _HOME_VARS = (
 def anyio_backend() -> str:
     return "asyncio"
 
-
-def required_in_ci(what: str) -> None:
-    """Skip locally when a required component is missing, but fail in CI."""
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{what} is required in CI but missing")
-    pytest.skip(f"{what} missing (required in CI)")

@@ -1,0 +1,212 @@
+"""The engine boundary: run one turn (input, session, model) → events → a result.
+
+The runner only knows this interface. The real implementation
+(`computer_service.engine.opencode.OpenCodeEngine`) runs `opencode run` through
+the sandbox launcher; tests swap in a scripted engine, never monkeypatch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+
+class FailureClass(StrEnum):
+    """Why a turn failed: a fixed set a user (and the UI) can act on."""
+
+    NOT_LOGGED_IN = "not_logged_in"
+    MODEL_UNAVAILABLE = "model_unavailable"
+    RATE_LIMITED = "rate_limited"
+    SESSION_INVALID = "session_invalid"
+    SANDBOX = "sandbox"
+    ENGINE_ERROR = "engine_error"
+    PROCESS_CRASHED = "process_crashed"
+    OUTPUT_TOO_LARGE = "output_too_large"
+    STOPPED = "stopped"
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A failure class with a human reason (redacted: no paths, no tokens)."""
+
+    cls: FailureClass
+    reason: str
+
+    def as_upstream(self) -> dict[str, str]:
+        return {"class": self.cls.value, "reason": self.reason}
+
+
+@dataclass
+class Usage:
+    """Token and cost totals of one turn (sums over its `step_finish` events)."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    reasoning_tokens: int = 0
+    cache_read: int = 0
+    cache_write: int = 0
+    cost: float = 0.0
+
+    def as_upstream(self) -> dict[str, Any]:
+        return {
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "reasoning_tokens": self.reasoning_tokens,
+            "cache_read": self.cache_read,
+            "cache_write": self.cache_write,
+            "cost": self.cost,
+        }
+
+
+@dataclass(frozen=True)
+class EngineEvent:
+    """One run-record event in the upstream shape, before the reporter numbers it.
+
+    `type` is one of step_start, text, reasoning, tool_use, step_finish, error,
+    other; `at` is RFC 3339; `data` as in upstream.md. `session_id` is the
+    engine's session id when the line carried one (not sent upstream).
+    """
+
+    type: str
+    at: str
+    data: dict[str, Any]
+    session_id: str | None = None
+
+    def as_upstream(self) -> dict[str, Any]:
+        return {"type": self.type, "at": self.at, "data": self.data}
+
+
+@dataclass(frozen=True)
+class SessionPlan:
+    """Whether the next turn continues a saved session (`session_id`) or starts anew."""
+
+    session_id: str | None
+
+    @property
+    def is_new(self) -> bool:
+        return self.session_id is None
+
+
+@dataclass(frozen=True)
+class TurnRequest:
+    """Everything an engine needs to run one turn of one agent.
+
+    `render_input(new_session)` renders the turn input; the engine calls it
+    again with True when it has to restart a vanished session.
+    """
+
+    agent_id: str
+    model: str
+    plan: SessionPlan
+    render_input: Callable[[bool], str]
+    wall_clock_limit_s: float = 30 * 60
+    max_steps: int = 200
+
+
+@dataclass
+class TurnResult:
+    """How a turn ended. `status` is what the runner records upstream."""
+
+    status: Literal["succeeded", "failed", "cancelled"]
+    failure: Failure | None = None
+    session_id: str | None = None
+    usage: Usage = field(default_factory=Usage)
+
+
+EventSink = Callable[[EngineEvent], Awaitable[None]]
+
+
+class StopSignal(Protocol):
+    """Set when the turn must stop (anyio.Event satisfies this)."""
+
+    def is_set(self) -> bool: ...
+
+    async def wait(self) -> None: ...
+
+
+class Engine(Protocol):
+    """Runs turns. `run_turn` never raises: unexpected errors become `process_crashed`."""
+
+    name: str
+
+    def plan_session(self, agent_id: str, model: str, agents_md: str) -> SessionPlan:
+        """Continue the saved session when engine, model and AGENTS.md are unchanged."""
+        ...
+
+    async def run_turn(
+        self, request: TurnRequest, on_event: EventSink, stop: StopSignal
+    ) -> TurnResult:
+        """Run one turn; report each event through `on_event`, in order."""
+        ...
+
+
+@dataclass(frozen=True)
+class AgentPaths:
+    """Where one agent's files live (computer.md §4). Pure: computing, not creating."""
+
+    crew_home: Path
+    run_id: str
+    agent_id: str
+
+    @property
+    def agent_dir(self) -> Path:
+        return self.crew_home / "agents" / self.agent_id
+
+    @property
+    def agents_md(self) -> Path:
+        return self.agent_dir / "AGENTS.md"
+
+    @property
+    def work_dir(self) -> Path:
+        return self.agent_dir / "work"
+
+    @property
+    def memory_md(self) -> Path:
+        return self.work_dir / "MEMORY.md"
+
+    @property
+    def engine_dir(self) -> Path:
+        return self.agent_dir / "engines" / "opencode"
+
+    @property
+    def data_dir(self) -> Path:
+        return self.engine_dir / "data"
+
+    @property
+    def session_file(self) -> Path:
+        return self.engine_dir / "session.json"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.crew_home / "runtime" / self.run_id
+
+    @property
+    def bin_dir(self) -> Path:
+        return self.run_dir / "bin"
+
+    @property
+    def runtime_dir(self) -> Path:
+        return self.run_dir / "agents" / self.agent_id
+
+    @property
+    def token_file(self) -> Path:
+        return self.runtime_dir / "token"
+
+    @property
+    def config_dir(self) -> Path:
+        return self.runtime_dir / "config"
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.runtime_dir / "cache"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.runtime_dir / "state"
+
+    @property
+    def tmp_dir(self) -> Path:
+        return self.runtime_dir / "tmp"
