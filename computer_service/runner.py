@@ -1,0 +1,429 @@
+"""One serial `Runner` per agent, and the `TurnGate` that caps concurrent turns.
+
+A runner sleeps until woken, then runs one turn (computer.md §2): claim the
+unread messages, build the input, register the turn, run the engine with a
+`RunReporter`, then ack and finish — or finish as failed/cancelled without ack.
+Wake-ups during a turn merge into ONE next turn.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+from typing import Any, Literal, Protocol
+
+import anyio
+
+from computer_service.engine.base import (
+    Engine,
+    EngineEvent,
+    Failure,
+    FailureClass,
+    TurnRequest,
+    TurnResult,
+    Usage,
+)
+from computer_service.metrics import Metrics
+from computer_service.reporter import RunReporter
+from computer_service.upstream import (
+    AgentRecord,
+    RegisteredTurn,
+    StaleTurn,
+    TurnRoom,
+    UnreadRoom,
+    Upstream,
+    UpstreamError,
+)
+
+log = logging.getLogger(__name__)
+
+# The last report of a stopped turn may still go out, but never hold up a stop for long.
+FINISH_TIMEOUT_S = 5.0
+RECENT_TURNS = 20
+
+Publish = Callable[[str, dict[str, Any]], None]
+
+
+class RunnerState(StrEnum):
+    IDLE = "idle"
+    QUEUED = "queued"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    PROBLEM = "problem"
+
+
+class AgentWorkspace(Protocol):
+    """What a runner needs from the agent's files and texts (home + texts modules)."""
+
+    @property
+    def agents_md(self) -> str:
+        """The AGENTS.md text written for this runner (its digest decides the session)."""
+        ...
+
+    def render_input(self, rooms: list[UnreadRoom], new_session: bool) -> str:
+        """The turn input for these unread rooms (texts.md)."""
+        ...
+
+    def save_session(self, session_id: str, model: str) -> None:
+        """Record the engine session to continue next turn (session.json)."""
+        ...
+
+
+class TurnGate:
+    """At most `capacity` turns at once; the others wait in FIFO order (`queued`)."""
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be at least 1")
+        self.capacity = capacity
+        self.running = 0
+        self.peak = 0
+        self._waiters: deque[anyio.Event] = deque()
+
+    @property
+    def queued(self) -> int:
+        return len(self._waiters)
+
+    @asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        """Hold one slot for the body; wait in line when all are taken."""
+        await self._acquire()
+        try:
+            yield
+        finally:
+            self._release()
+
+    async def _acquire(self) -> None:
+        if self.running < self.capacity and not self._waiters:
+            self._take()
+            return
+        granted = anyio.Event()
+        self._waiters.append(granted)
+        try:
+            await granted.wait()
+        except BaseException:
+            # Cancelled in line: leave the line, or pass on a slot handed over meanwhile.
+            if granted.is_set():
+                self._release()
+            else:
+                self._waiters.remove(granted)
+            raise
+
+    def _take(self) -> None:
+        self.running += 1
+        self.peak = max(self.peak, self.running)
+
+    def _release(self) -> None:
+        if self._waiters:
+            # Hand the slot straight to the next in line: `running` stays the same.
+            self._waiters.popleft().set()
+        else:
+            self.running -= 1
+
+
+@dataclass
+class TurnRecord:
+    """One finished turn, as `GET /agents/{id}` shows it."""
+
+    id: str
+    status: str
+    duration_ms: int
+    input_tokens: int
+    output_tokens: int
+    cost: float
+    failure_class: str | None
+    reason: str | None
+
+
+class Runner:
+    """The serial turn loop of one agent. The service owns the task running `run()`."""
+
+    def __init__(
+        self,
+        agent: AgentRecord,
+        *,
+        upstream: Upstream,
+        engine: Engine,
+        workspace: AgentWorkspace,
+        gate: TurnGate,
+        metrics: Metrics,
+        publish: Publish = lambda kind, data: None,
+        wall_clock_limit_s: float = 30 * 60,
+    ) -> None:
+        self.agent = agent
+        self._upstream = upstream
+        self._engine = engine
+        self._workspace = workspace
+        self._gate = gate
+        self._metrics = metrics
+        self._publish = publish
+        self._wall_clock_limit_s = wall_clock_limit_s
+        self.state = RunnerState.IDLE
+        self.current_turn_id: str | None = None
+        self.pending_wake = False
+        self.last_result: str | None = None
+        self.last_reason: str | None = None
+        self.session_id: str | None = None
+        self.fenced_out = False
+        self.recent: deque[TurnRecord] = deque(maxlen=RECENT_TURNS)
+        self._woken = anyio.Event()
+        self._stop: anyio.Event | None = None
+        self._closing = False
+        self.finished = anyio.Event()
+
+    # Control, from the service and the introspection API.
+
+    def wake(self) -> None:
+        """Ask for a turn; wakes during a turn merge into one next turn."""
+        if self._closing:
+            return
+        self.pending_wake = True
+        self._woken.set()
+        self._changed()
+
+    def stop_turn(self) -> bool:
+        """Stop the current turn (it ends as cancelled, no ack). False when none is running."""
+        if self._stop is None or self._stop.is_set():
+            return False
+        self._stop.set()
+        if self.state is RunnerState.RUNNING:
+            self.state = RunnerState.STOPPING
+            self._changed()
+        return True
+
+    def close(self) -> None:
+        """End the loop: stop the current turn; `run()` returns once it is recorded."""
+        self._closing = True
+        self.stop_turn()
+        self._woken.set()
+
+    # The loop.
+
+    async def run(self) -> None:
+        """Sleep until woken, run one turn, repeat; return on `close()` or when fenced out."""
+        try:
+            while not self._closing and not self.fenced_out:
+                await self._woken.wait()
+                if self._closing:
+                    break
+                self._woken = anyio.Event()
+                self.pending_wake = False
+                try:
+                    await self._turn()
+                except Exception:
+                    # A bug in one turn must not end the agent's runner.
+                    log.exception(
+                        "agent %s: turn crashed; waiting for the next wake-up", self.agent.handle
+                    )
+                finally:
+                    self.current_turn_id = None
+                    self._stop = None
+                    self._set_state(RunnerState.IDLE)
+        finally:
+            self.finished.set()
+
+    async def _turn(self) -> None:
+        stop = anyio.Event()
+        self._stop = stop
+        self._set_state(RunnerState.QUEUED)
+        async with self._gate.slot():
+            if stop.is_set():
+                return
+            self._set_state(RunnerState.RUNNING)
+            started = time.monotonic()
+            try:
+                rooms = await self._upstream.claim_unread(self.agent.id)
+            except StaleTurn:
+                self._fence_out()
+                return
+            except UpstreamError as exc:
+                log.warning("agent %s: claiming unread messages failed: %s", self.agent.handle, exc)
+                return
+            if not rooms:
+                return
+            if stop.is_set():
+                log.info(
+                    "agent %s: stopped while claiming; the turn is not started", self.agent.handle
+                )
+                return
+            await self._run_claimed(rooms, stop, started)
+
+    async def _run_claimed(
+        self, rooms: list[UnreadRoom], stop: anyio.Event, started: float
+    ) -> None:
+        agent = self.agent
+        plan = self._engine.plan_session(agent.id, agent.model, self._workspace.agents_md)
+        turn_input = self._workspace.render_input(rooms, plan.is_new)
+        turn_rooms = [
+            TurnRoom(room_id=r.room.id, from_seq=r.seq_range()[0], to_seq=r.seq_range()[1])
+            for r in rooms
+        ]
+        try:
+            turn = await self._upstream.register_turn(
+                agent.id, turn_rooms, turn_input, self._engine.name, agent.model, plan.session_id
+            )
+        except StaleTurn:
+            self._fence_out()
+            return
+        except UpstreamError as exc:
+            log.warning("agent %s: registering the turn failed: %s", agent.handle, exc)
+            return
+        self.current_turn_id = turn.turn_id
+        self._changed()
+        request = TurnRequest(
+            agent_id=agent.id,
+            model=agent.model,
+            plan=plan,
+            render_input=lambda new_session: self._workspace.render_input(rooms, new_session),
+            wall_clock_limit_s=self._wall_clock_limit_s,
+        )
+        status, failure, usage = await self._run_engine(turn, request, stop)
+        if self.fenced_out:
+            # Another Computer owns the agent: any further write would be refused.
+            return
+        await self._finish(turn, status, failure, usage, time.monotonic() - started)
+
+    async def _run_engine(
+        self, turn: RegisteredTurn, request: TurnRequest, stop: anyio.Event
+    ) -> tuple[Literal["succeeded", "failed", "cancelled"], Failure | None, Usage]:
+        """Run the engine, then decide the outcome: ack only after a clean success."""
+
+        async def send(first_index: int, events: list[dict[str, Any]]) -> None:
+            await self._upstream.report_events(turn.turn_id, turn.fence, first_index, events)
+
+        def on_stale() -> None:
+            self._fence_out()
+            stop.set()
+
+        result: TurnResult
+        try:
+            async with RunReporter(send, self._metrics, on_stale) as reporter:
+
+                async def on_event(event: EngineEvent) -> None:
+                    self._publish(
+                        "engine",
+                        {"agent_id": self.agent.id, "turn_id": turn.turn_id, **event.as_upstream()},
+                    )
+                    await reporter.report(event)
+
+                result = await self._engine.run_turn(request, on_event, stop)
+        except Exception as exc:
+            # run_turn must never raise; one that does broke its contract.
+            log.exception("agent %s: the engine broke its contract", self.agent.handle)
+            return "failed", _processing_failed(exc), Usage()
+        if self.fenced_out:
+            return "cancelled", None, result.usage
+        if stop.is_set() or result.status == "cancelled":
+            # Stop and completion at the same moment count as stopped: no ack.
+            return "cancelled", Failure(FailureClass.STOPPED, "stopped"), result.usage
+        if result.status != "succeeded":
+            failure = result.failure or Failure(FailureClass.ENGINE_ERROR, "the engine failed")
+            return "failed", failure, result.usage
+        try:
+            if result.session_id:
+                self._workspace.save_session(result.session_id, self.agent.model)
+                self.session_id = result.session_id
+            await self._upstream.ack(self.agent.id, turn.turn_id, turn.fence)
+        except StaleTurn:
+            self._fence_out()
+            return "cancelled", None, result.usage
+        except Exception as exc:
+            log.exception("agent %s: saving the session or the ack failed", self.agent.handle)
+            return "failed", _processing_failed(exc), result.usage
+        return "succeeded", None, result.usage
+
+    async def _finish(
+        self,
+        turn: RegisteredTurn,
+        status: Literal["succeeded", "failed", "cancelled"],
+        failure: Failure | None,
+        usage: Usage,
+        duration_s: float,
+    ) -> None:
+        failure_body = failure.as_upstream() if failure is not None else None
+        # The last report of a stopped turn must still go out: shield it, but bound it.
+        with anyio.CancelScope(shield=True), anyio.move_on_after(FINISH_TIMEOUT_S):
+            try:
+                await self._upstream.finish_turn(
+                    turn.turn_id, turn.fence, status, failure_body, usage.as_upstream()
+                )
+            except StaleTurn:
+                self._fence_out()
+            except UpstreamError as exc:
+                # The server marks it `interrupted` when the next Computer connects.
+                log.warning(
+                    "agent %s: recording the turn as %s failed: %s", self.agent.handle, status, exc
+                )
+        self._metrics.turn_finished(status, duration_s)
+        self.last_result = status
+        self.last_reason = failure.reason if failure is not None and status == "failed" else None
+        self.recent.appendleft(
+            TurnRecord(
+                id=turn.turn_id,
+                status=status,
+                duration_ms=int(duration_s * 1000),
+                input_tokens=usage.input_tokens,
+                output_tokens=usage.output_tokens,
+                cost=usage.cost,
+                failure_class=failure.cls.value if failure is not None else None,
+                reason=failure.reason if failure is not None else None,
+            )
+        )
+        self._publish(
+            "turn",
+            {
+                "agent_id": self.agent.id,
+                "turn_id": turn.turn_id,
+                "status": status,
+                "failure": failure_body,
+            },
+        )
+
+    # State.
+
+    def _fence_out(self) -> None:
+        if not self.fenced_out:
+            log.warning(
+                "agent %s: the server says another Computer owns it now; dropping its runner "
+                "until the next agent sync",
+                self.agent.handle,
+            )
+        self.fenced_out = True
+
+    def _set_state(self, state: RunnerState) -> None:
+        if state is RunnerState.RUNNING and self._stop is not None and self._stop.is_set():
+            state = RunnerState.STOPPING
+        if self.state is not state:
+            self.state = state
+            self._changed()
+
+    def _changed(self) -> None:
+        self._publish("state", self.row())
+
+    def row(self) -> dict[str, Any]:
+        """This runner as one row of `GET /agents`."""
+        return {
+            "id": self.agent.id,
+            "handle": self.agent.handle,
+            "state": self.state.value,
+            "turn_id": self.current_turn_id,
+            "pending_wake": self.pending_wake,
+            "last_result": self.last_result,
+            "last_reason": self.last_reason,
+            "session_id": self.session_id,
+            "model": self.agent.model,
+            "problem": None,
+        }
+
+    def recent_turns(self) -> list[dict[str, Any]]:
+        return [asdict(record) for record in self.recent]
+
+
+def _processing_failed(exc: BaseException) -> Failure:
+    detail = str(exc) or type(exc).__name__
+    return Failure(FailureClass.ENGINE_ERROR, f"processing failed: {detail}"[:500])

@@ -1,0 +1,320 @@
+"""The upstream client: the Computer's HTTP calls to the crew server (upstream.md).
+
+One `Upstream` wraps an `httpx.AsyncClient` with the Computer's bearer token.
+Answers are validated with pydantic; every failure a caller can act on is its
+own error type (`StaleTurn` for a fenced-out write, `Unauthorized`, …).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, Literal, TypeVar
+
+import httpx
+import orjson
+from httpx_sse import EventSource, aconnect_sse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T", bound=BaseModel)
+
+# The server pings every 15 s; three missed pings mean the stream is dead.
+SSE_READ_TIMEOUT_S = 45.0
+
+
+class UpstreamError(Exception):
+    """A call to the crew server failed. `status` is the HTTP status, if any."""
+
+    def __init__(self, message: str, *, status: int | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+class UpstreamUnavailable(UpstreamError):
+    """The server could not be reached or answered 5xx; retrying later may work."""
+
+
+class Unauthorized(UpstreamError):
+    """The server refused the Computer's credential (401)."""
+
+
+class StaleTurn(UpstreamError):
+    """409 `stale_turn`: another Computer (or a newer connection) owns this agent now."""
+
+
+class UpstreamRejected(UpstreamError):
+    """The server refused the request (4xx other than 401 and stale_turn)."""
+
+
+class BadAnswer(UpstreamError):
+    """The server answered something that does not match the upstream contract."""
+
+
+# --- answers -----------------------------------------------------------------
+
+
+class _Answer(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class ConnectAnswer(_Answer):
+    computer_id: str
+    epoch: int
+    server_time: str
+
+
+class AgentRecord(_Answer):
+    """An agent assigned to this Computer; the settings whose change replaces its runner."""
+
+    id: str = Field(min_length=1, max_length=100)
+    handle: str
+    name: str
+    persona: str = ""
+    engine: str = "opencode"
+    model: str
+
+    def settings(self) -> tuple[str, str, str, str, str]:
+        """The fields that, when changed, require a new runner (computer.md §1)."""
+        return (self.name, self.handle, self.persona, self.engine, self.model)
+
+
+class TokenAnswer(_Answer):
+    token: str = Field(min_length=1)
+
+
+class RoomRef(BaseModel):
+    """A room as the server sends it; the fields we rely on, everything else kept."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str
+    kind: str
+
+
+class MessageRef(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    id: str
+    seq: int
+
+
+class UnreadRoom(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    room: RoomRef
+    messages: list[MessageRef]
+
+    def seq_range(self) -> tuple[int, int]:
+        seqs = [m.seq for m in self.messages]
+        return min(seqs), max(seqs)
+
+
+class UnreadAnswer(_Answer):
+    rooms: list[UnreadRoom]
+
+
+class RegisteredTurn(_Answer):
+    turn_id: str
+    fence: int
+
+
+class TurnRoom(BaseModel):
+    room_id: str
+    from_seq: int
+    to_seq: int
+
+
+class _ErrorBody(_Answer):
+    code: str = "error"
+    message: str = ""
+
+
+class _ErrorAnswer(_Answer):
+    error: _ErrorBody
+
+
+# --- client ------------------------------------------------------------------
+
+
+class Upstream:
+    """The crew server as seen by this Computer (`Authorization: Bearer <computer token>`)."""
+
+    def __init__(
+        self,
+        server_url: str,
+        token: str,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+        timeout_s: float = 10.0,
+    ) -> None:
+        self.server_url = server_url.rstrip("/")
+        self._client = httpx.AsyncClient(
+            base_url=self.server_url,
+            headers={"Authorization": f"Bearer {token}", "User-Agent": "crew-computer"},
+            timeout=httpx.Timeout(timeout_s),
+            transport=transport,
+        )
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    # Connection and agents.
+
+    async def connect(
+        self, hostname: str, platform: str, version: str, capacity: int
+    ) -> ConnectAnswer:
+        """`POST /computer/connect`: confirm the address and the credential; get an epoch."""
+        body = {
+            "hostname": hostname,
+            "platform": platform,
+            "version": version,
+            "capacity": capacity,
+        }
+        return await self._call("POST", "/computer/connect", body, ConnectAnswer)
+
+    async def agents(self) -> list[AgentRecord]:
+        """`GET /computer/agents`: the agents assigned to this Computer."""
+        data = await self._call_raw("GET", "/computer/agents", None)
+        if not isinstance(data, list):
+            raise BadAnswer("GET /computer/agents did not answer a list")
+        return [_validate(AgentRecord, item, "GET /computer/agents") for item in data]
+
+    async def put_models(self, models: list[str]) -> None:
+        await self._call_raw("PUT", "/computer/models", {"models": models})
+
+    async def set_problem(self, agent_id: str, reason: str) -> None:
+        """Tell the server (and so the user) why this agent cannot run."""
+        await self._call_raw("PUT", f"/computer/agents/{agent_id}/problem", {"reason": reason})
+
+    async def clear_problem(self, agent_id: str) -> None:
+        await self._call_raw("DELETE", f"/computer/agents/{agent_id}/problem", None)
+
+    async def issue_token(self, agent_id: str) -> str:
+        answer = await self._call("POST", f"/computer/agents/{agent_id}/token", None, TokenAnswer)
+        return answer.token
+
+    # One turn.
+
+    async def claim_unread(self, agent_id: str) -> list[UnreadRoom]:
+        """`POST …/unread`: the unread messages by room; the server marks them delivered."""
+        answer = await self._call("POST", f"/computer/agents/{agent_id}/unread", None, UnreadAnswer)
+        return [room for room in answer.rooms if room.messages]
+
+    async def register_turn(
+        self,
+        agent_id: str,
+        rooms: list[TurnRoom],
+        turn_input: str,
+        engine: str,
+        model: str,
+        session_id: str | None,
+    ) -> RegisteredTurn:
+        body = {
+            "rooms": [r.model_dump() for r in rooms],
+            "input": turn_input,
+            "engine": engine,
+            "model": model,
+            "session_id": session_id,
+        }
+        return await self._call("POST", f"/computer/agents/{agent_id}/turns", body, RegisteredTurn)
+
+    async def report_events(
+        self, turn_id: str, fence: int, first_index: int, events: list[dict[str, Any]]
+    ) -> None:
+        body = {"fence": fence, "first_index": first_index, "events": events}
+        await self._call_raw("POST", f"/computer/turns/{turn_id}/events", body)
+
+    async def finish_turn(
+        self,
+        turn_id: str,
+        fence: int,
+        status: Literal["succeeded", "failed", "cancelled"],
+        failure: dict[str, str] | None,
+        usage: dict[str, Any],
+    ) -> None:
+        body = {"fence": fence, "status": status, "failure": failure, "usage": usage}
+        await self._call_raw("POST", f"/computer/turns/{turn_id}/finish", body)
+
+    async def ack(self, agent_id: str, turn_id: str, fence: int) -> None:
+        """`POST …/ack`: the read position moves to the delivered position."""
+        await self._call_raw(
+            "POST", f"/computer/agents/{agent_id}/ack", {"turn_id": turn_id, "fence": fence}
+        )
+
+    # The event stream.
+
+    @asynccontextmanager
+    async def events(self, last_event_id: str | None) -> AsyncIterator[EventSource]:
+        """Open `GET /computer/events` (SSE); raise an `UpstreamError` unless it is a 200 stream."""
+        headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
+        timeout = httpx.Timeout(10.0, read=SSE_READ_TIMEOUT_S)
+        try:
+            async with aconnect_sse(
+                self._client, "GET", "/computer/events", headers=headers, timeout=timeout
+            ) as source:
+                response = source.response
+                if response.status_code != 200:
+                    await response.aread()
+                    raise _error_of(response, "GET /computer/events")
+                yield source
+        except httpx.TransportError as exc:
+            raise UpstreamUnavailable(f"event stream failed: {_describe(exc)}") from exc
+
+    # Plumbing.
+
+    async def _call(self, method: str, path: str, body: Any, answer: type[T]) -> T:
+        data = await self._call_raw(method, path, body)
+        return _validate(answer, data, f"{method} {path}")
+
+    async def _call_raw(self, method: str, path: str, body: Any) -> Any:
+        what = f"{method} {path}"
+        content = orjson.dumps(body) if body is not None else None
+        headers = {"Content-Type": "application/json"} if content is not None else None
+        try:
+            response = await self._client.request(method, path, content=content, headers=headers)
+        except httpx.TransportError as exc:
+            raise UpstreamUnavailable(
+                f"{what}: cannot reach the crew server at {self.server_url} ({_describe(exc)}); "
+                "check that it is running"
+            ) from exc
+        if response.status_code >= 300:
+            raise _error_of(response, what)
+        if response.status_code == 204 or not response.content:
+            return None
+        try:
+            return orjson.loads(response.content)
+        except orjson.JSONDecodeError:
+            raise BadAnswer(f"{what}: the server answered non-JSON") from None
+
+
+def _validate(model: type[T], data: Any, what: str) -> T:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise BadAnswer(f"{what}: unexpected answer ({exc.error_count()} problems)") from None
+
+
+def _describe(exc: httpx.TransportError) -> str:
+    return str(exc) or type(exc).__name__
+
+
+def _error_of(response: httpx.Response, what: str) -> UpstreamError:
+    """Turn a non-2xx answer into the typed error a caller can act on."""
+    code, message = "error", ""
+    try:
+        parsed = _ErrorAnswer.model_validate(orjson.loads(response.content))
+        code, message = parsed.error.code, parsed.error.message
+    except (orjson.JSONDecodeError, ValidationError):
+        message = response.text[:200]
+    status = response.status_code
+    text = f"{what}: {status} {code}" + (f": {message}" if message else "")
+    if status == 401:
+        return Unauthorized(
+            f"{text}; the Computer token was refused — create a new one", status=status, code=code
+        )
+    if status == 409 and code == "stale_turn":
+        return StaleTurn(text, status=status, code=code)
+    if status >= 500:
+        return UpstreamUnavailable(text, status=status, code=code)
+    return UpstreamRejected(text, status=status, code=code)
