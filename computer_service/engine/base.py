@@ -67,13 +67,16 @@ class EngineEvent:
 
     `type` is one of step_start, text, reasoning, tool_use, step_finish, error,
     other; `at` is RFC 3339; `data` as in upstream.md. `session_id` is the
-    engine's session id when the line carried one (not sent upstream).
+    engine's session id when the line carried one, and `facts` what failure
+    classification needs beyond `data` (e.g. `{"status_code": 401}` of an
+    APIError); neither is sent upstream.
     """
 
     type: str
     at: str
     data: dict[str, Any]
     session_id: str | None = None
+    facts: dict[str, Any] | None = None
 
     def as_upstream(self) -> dict[str, Any]:
         return {"type": self.type, "at": self.at, "data": self.data}
@@ -134,6 +137,13 @@ class Engine(Protocol):
 
     def plan_session(self, agent_id: str, model: str, agents_md: str) -> SessionPlan:
         """Continue the saved session when engine, model and AGENTS.md are unchanged."""
+        ...
+
+    def save_session(self, agent_id: str, model: str, agents_md: str, session_id: str) -> None:
+        """Record the session a succeeded turn used, for `plan_session` next time.
+
+        Raises on failure (the runner finishes the turn as `processing failed`).
+        """
         ...
 
     async def run_turn(

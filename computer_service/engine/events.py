@@ -1,0 +1,206 @@
+"""OpenCode's `--format json` stdout lines → run-record events (computer.md §3).
+
+One pure function, `engine_event_of(line)`. Every line gives exactly one
+event: known types map to the upstream shapes (upstream.md "event"), unknown
+types become `other` with their type name, and a line that is not JSON, not
+UTF-8 or not an object becomes `other` with `type: "unparsed"` and the
+(cut, repaired) text, so nothing is dropped silently and nothing is fatal.
+
+Texts, tool outputs and titles are cut to 4,096 characters on a code-point
+boundary. Tool input stays an object with every string in it cut the same way;
+an input whose JSON is still over 16 KiB becomes `{"_cut": <its JSON, cut>}`.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+
+from computer_service.engine.base import EngineEvent
+
+TEXT_LIMIT = 4096
+INPUT_JSON_LIMIT = 16 * 1024
+
+
+def cut_text(text: str, limit: int = TEXT_LIMIT) -> str:
+    """The first `limit` code points of `text`, never ending in half a surrogate pair.
+
+    Python strings from valid UTF-8 never hold surrogates; this also repairs
+    any lone surrogate so the result always encodes as UTF-8.
+    """
+    if len(text) > limit:
+        text = text[:limit]
+        if "\ud800" <= text[-1] <= "\udbff":
+            text = text[:-1]
+    return text.encode("utf-8", "replace").decode("utf-8") if _has_surrogate(text) else text
+
+
+def _has_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _cut_strings(value: Any, depth: int = 0) -> Any:
+    if isinstance(value, str):
+        return cut_text(value)
+    if depth > 32:
+        return cut_text(orjson.dumps(value).decode())
+    if isinstance(value, dict):
+        return {cut_text(str(k), 256): _cut_strings(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_cut_strings(v, depth + 1) for v in value]
+    return value
+
+
+def _tool_input(raw: Any) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        return {} if raw is None else {"_value": _cut_strings(raw)}
+    cut = _cut_strings(raw)
+    encoded = orjson.dumps(cut)
+    if len(encoded) > INPUT_JSON_LIMIT:
+        return {"_cut": cut_text(encoded.decode())}
+    return dict(cut)
+
+
+def _as_text(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return cut_text(value)
+    return cut_text(orjson.dumps(value, default=str).decode())
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return 0.0
+
+
+def _at(timestamp: Any, now: datetime | None) -> str:
+    if isinstance(timestamp, int | float) and not isinstance(timestamp, bool):
+        try:
+            return datetime.fromtimestamp(timestamp / 1000, UTC).isoformat(timespec="milliseconds")
+        except (OverflowError, OSError, ValueError):
+            pass
+    return (now or datetime.now(UTC)).isoformat(timespec="milliseconds")
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _unparsed(kind: str, text: str, now: datetime | None) -> EngineEvent:
+    return EngineEvent(
+        type="other",
+        at=_at(None, now),
+        data={"type": "unparsed", "problem": kind, "text": cut_text(text)},
+    )
+
+
+def engine_event_of(line: bytes | str, now: datetime | None = None) -> EngineEvent:
+    """Turn one stdout line of `opencode run --format json` into an `EngineEvent`.
+
+    Never raises. `now` stamps events whose line has no usable timestamp
+    (default: the current time).
+    """
+    raw = line.encode("utf-8", "surrogatepass") if isinstance(line, str) else bytes(line)
+    raw = raw.rstrip(b"\r\n")
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        try:
+            text = raw.decode("utf-8")
+            problem = "not JSON"
+        except UnicodeDecodeError:
+            text = raw.decode("utf-8", "replace")
+            problem = "not UTF-8"
+        return _unparsed(problem, text, now)
+    if not isinstance(obj, dict):
+        return _unparsed("not a JSON object", raw.decode("utf-8", "replace"), now)
+    return _event_of_object(obj, now)
+
+
+def _event_of_object(obj: dict[str, Any], now: datetime | None) -> EngineEvent:
+    kind = obj.get("type")
+    part = _dict(obj.get("part"))
+    session_id = obj.get("sessionID") or part.get("sessionID")
+    session_id = session_id if isinstance(session_id, str) and session_id else None
+    at = _at(obj.get("timestamp"), now)
+    facts: dict[str, Any] | None = None
+
+    if kind == "step_start":
+        data: dict[str, Any] = {}
+    elif kind in ("text", "reasoning"):
+        data = {"text": _as_text(part.get("text"))}
+    elif kind == "tool_use":
+        data = _tool_use(part)
+    elif kind == "step_finish":
+        tokens = _dict(part.get("tokens"))
+        cache = _dict(tokens.get("cache"))
+        reason = part.get("reason")
+        data = {
+            "reason": cut_text(reason, 64) if isinstance(reason, str) else "unknown",
+            "tokens": {
+                "input": _int(tokens.get("input")),
+                "output": _int(tokens.get("output")),
+                "reasoning": _int(tokens.get("reasoning")),
+                "cache_read": _int(cache.get("read")),
+                "cache_write": _int(cache.get("write")),
+            },
+            "cost": _number(part.get("cost")),
+        }
+    elif kind == "error":
+        error = _dict(obj.get("error"))
+        err_data = _dict(error.get("data"))
+        name = error.get("name")
+        data = {
+            "name": cut_text(name, 256) if isinstance(name, str) else "Error",
+            "message": _as_text(err_data.get("message") or error.get("message")),
+        }
+        facts = {}
+        status = err_data.get("statusCode")
+        if isinstance(status, int) and not isinstance(status, bool):
+            facts["status_code"] = status
+        if isinstance(err_data.get("isRetryable"), bool):
+            facts["retryable"] = err_data["isRetryable"]
+    else:
+        name = kind if isinstance(kind, str) and kind else "missing"
+        data = {"type": cut_text(name, 256)}
+        kind = "other"
+
+    return EngineEvent(type=str(kind), at=at, data=data, session_id=session_id, facts=facts)
+
+
+def _tool_use(part: dict[str, Any]) -> dict[str, Any]:
+    state = _dict(part.get("state"))
+    time = _dict(state.get("time"))
+    start, end = time.get("start"), time.get("end")
+    duration = (
+        int(end - start)
+        if isinstance(start, int | float)
+        and isinstance(end, int | float)
+        and not isinstance(start, bool)
+        and not isinstance(end, bool)
+        else None
+    )
+    failed = state.get("status") == "error"
+    output = state.get("error") if failed else state.get("output")
+    tool = part.get("tool")
+    title = state.get("title")
+    return {
+        "tool": cut_text(tool, 256) if isinstance(tool, str) else "unknown",
+        "title": cut_text(title) if isinstance(title, str) else None,
+        "input": _tool_input(state.get("input")),
+        "output": _as_text(output),
+        "duration_ms": duration,
+        "failed": failed,
+    }

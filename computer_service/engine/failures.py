@@ -1,0 +1,133 @@
+"""Why an OpenCode run failed: a pure classification (computer.md §3 "Classifying failures").
+
+Input is what the run left behind — exit status, the launcher's reason, the
+last `error` event, whether stdout was empty, the last 64 KiB of stderr — and
+the output is a `Failure` with a fixed class and a short English reason, or
+None for success. Reasons are redacted: no agent directory path, no token.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from computer_service.engine.base import EngineEvent, Failure, FailureClass
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_RATE_LIMIT = re.compile(r"rate.?limit|too many requests|quota", re.IGNORECASE)
+_MODEL_NOT_FOUND = re.compile(r"Model not found: ?([^\s\"'\\]*)")
+_SESSION_NOT_FOUND = "Session not found"
+_REASON_LIMIT = 500
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """What one engine process left behind, as the launcher reported it."""
+
+    exit_code: int | None
+    signal: int | None
+    launcher_reason: str | None  # None, "stopped" or "output_too_large"
+    last_error: EngineEvent | None
+    stdout_empty: bool
+    stderr_tail: str
+
+
+def redact(text: str, secrets: Iterable[str]) -> str:
+    """Replace every occurrence of each secret (paths, tokens) in `text`.
+
+    Each becomes `<redacted>`. Longer secrets go first so a path inside
+    another is replaced whole; anything shorter than 4 characters is ignored
+    (it would shred ordinary words).
+    """
+    for secret in sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True):
+        text = text.replace(secret, "<redacted>")
+    return text
+
+
+def _short(text: str) -> str:
+    text = " ".join(_ANSI.sub("", text).split())
+    return text if len(text) <= _REASON_LIMIT else text[: _REASON_LIMIT - 1] + "…"
+
+
+def _last_error_line(stderr: str) -> str:
+    """The most telling stderr line: the last `Error:` line, else the last non-empty one."""
+    lines = [_ANSI.sub("", x).strip() for x in stderr.splitlines()]
+    lines = [x for x in lines if x]
+    for line in reversed(lines):
+        if line.startswith("Error:") or "level=ERROR" in line:
+            return line
+    return lines[-1] if lines else ""
+
+
+def classify(outcome: RunOutcome, secrets: Iterable[str] = ()) -> Failure | None:
+    """Classify a finished run; None when it succeeded.
+
+    Order matters: the launcher's own verdicts first, then what OpenCode said
+    (its `error` event, then its `--print-logs` stderr), then the bare exit.
+    """
+    failure = _classify(outcome)
+    if failure is None:
+        return None
+    return Failure(failure.cls, _short(redact(failure.reason, secrets)))
+
+
+def _classify(o: RunOutcome) -> Failure | None:
+    if o.launcher_reason == "stopped":
+        return Failure(FailureClass.STOPPED, "the turn was stopped")
+    if o.launcher_reason == "output_too_large":
+        return Failure(
+            FailureClass.OUTPUT_TOO_LARGE,
+            "OpenCode printed more than the output limit (8 MiB); the run was ended. "
+            "Ask the agent for shorter tool output.",
+        )
+
+    if o.exit_code == 0 and o.signal is None and o.last_error is None:
+        return None
+
+    model = _MODEL_NOT_FOUND.search(o.stderr_tail)
+    if model:
+        name = model.group(1).rstrip(".") or "the configured model"
+        return Failure(
+            FailureClass.MODEL_UNAVAILABLE,
+            f"model not found: {name}. Pick a model from `opencode models` for this agent.",
+        )
+
+    if o.last_error is not None:
+        return _classify_error_event(o.last_error)
+
+    if o.exit_code == 1 and o.stdout_empty and _SESSION_NOT_FOUND in o.stderr_tail:
+        return Failure(
+            FailureClass.SESSION_INVALID,
+            "the saved OpenCode session no longer exists; a new session is needed",
+        )
+
+    if o.signal is not None:
+        how = f"was killed by signal {o.signal}"
+    else:
+        how = f"exited with code {o.exit_code}"
+    detail = _last_error_line(o.stderr_tail)
+    reason = f"OpenCode {how}" + (f": {detail}" if detail else " with no error message")
+    return Failure(FailureClass.PROCESS_CRASHED, reason)
+
+
+def _classify_error_event(event: EngineEvent) -> Failure:
+    name = str(event.data.get("name") or "Error")
+    message = str(event.data.get("message") or "no message")
+    status = (event.facts or {}).get("status_code")
+    if name == "APIError":
+        if status == 401:
+            return Failure(
+                FailureClass.NOT_LOGGED_IN,
+                f"the model provider refused the credentials (HTTP 401: {message}). "
+                "Log in again with `opencode auth login`.",
+            )
+        if status == 429 or _RATE_LIMIT.search(message):
+            return Failure(
+                FailureClass.RATE_LIMITED,
+                f"the model provider is rate limiting requests ({message}). "
+                "The messages are kept and handled at the next wake-up.",
+            )
+        code = f"HTTP {status}: " if status is not None else ""
+        return Failure(FailureClass.ENGINE_ERROR, f"the model call failed ({code}{message})")
+    return Failure(FailureClass.ENGINE_ERROR, f"OpenCode reported {name}: {message}")
