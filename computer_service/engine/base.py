@@ -139,13 +139,6 @@ class Engine(Protocol):
         """Continue the saved session when engine, model and AGENTS.md are unchanged."""
         ...
 
-    def save_session(self, agent_id: str, model: str, agents_md: str, session_id: str) -> None:
-        """Record the session a succeeded turn used, for `plan_session` next time.
-
-        Raises on failure (the runner finishes the turn as `processing failed`).
-        """
-        ...
-
     async def run_turn(
         self, request: TurnRequest, on_event: EventSink, stop: StopSignal
     ) -> TurnResult:
