@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -344,7 +344,7 @@ def test_turn_input_accepts_models_and_needs_aware_time() -> None:
     ("when", "expected"),
     [
         (datetime(2026, 10, 5, 19, 14, tzinfo=TZ), "Monday 2026-10-05 19:14 (+08:00)"),
-        (datetime(2026, 1, 1, 0, 0, tzinfo=timezone.utc), "Thursday 2026-01-01 00:00 (+00:00)"),
+        (datetime(2026, 1, 1, 0, 0, tzinfo=UTC), "Thursday 2026-01-01 00:00 (+00:00)"),
         (
             datetime(2026, 3, 1, 9, 5, tzinfo=timezone(-timedelta(hours=3, minutes=30))),
             "Sunday 2026-03-01 09:05 (-03:30)",
