@@ -1,0 +1,303 @@
+"""Agent home directories and this run's directory (computer.md §4).
+
+`AgentHome` prepares one agent: its persistent directory (AGENTS.md, `work/`
+with a MEMORY.md template, the engine's data dir and `session.json`) and its
+runtime directory for this run (token, OpenCode config/cache/state/tmp, the
+npm stub). `RunDirectory` owns `runtime/<run-id>/`: cleaned at start, `bin/crew`
+written, deleted at exit. Every file operation goes through `safe_fs`, since
+the agent can write both of its directories from inside the sandbox.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import shlex
+import stat
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from computer_service import safe_fs
+from computer_service.engine.base import AgentPaths, SessionPlan
+from computer_service.safe_fs import UnsafePath
+from computer_service.texts import (
+    MEMORY_TEMPLATE,
+    AgentIdentity,
+    render_agents_md,
+    render_turn_input,
+)
+
+log = logging.getLogger(__name__)
+
+ENGINE_NAME = "opencode"
+SESSION_FILE_LIMIT = 64 * 1024
+PRICE_TABLE_LIMIT = 32 * 1024 * 1024
+
+# Without this stub OpenCode forks `npm install @opencode-ai/plugin` into its
+# config dir on every run (samples/opencode/REPORT.md §1).
+NPM_STUB_LOCK = (
+    b'{"lockfileVersion":3,"packages":{"":{"dependencies":{"@opencode-ai/plugin":"*"}}}}\n'
+)
+
+
+class AgentHomeError(Exception):
+    """Preparing an agent's directories failed; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class SessionRecord:
+    """The content of `engines/opencode/session.json`."""
+
+    engine: str
+    model: str
+    agents_md_digest: str
+    session_id: str
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(
+            {
+                "engine": self.engine,
+                "model": self.model,
+                "agents_md_sha256": self.agents_md_digest,
+                "session_id": self.session_id,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, data: bytes) -> SessionRecord | None:
+        """Parse a record; None for anything malformed (the agent may have edited it)."""
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return None
+        if not isinstance(obj, dict):
+            return None
+        fields = [obj.get(k) for k in ("engine", "model", "agents_md_sha256", "session_id")]
+        if not all(isinstance(f, str) and f for f in fields):
+            return None
+        engine, model, digest, session_id = (str(f) for f in fields)
+        return cls(engine, model, digest, session_id)
+
+
+def agents_md_digest(agents_md: str) -> str:
+    """The digest that ties a saved session to the AGENTS.md it started with."""
+    return hashlib.sha256(agents_md.encode("utf-8")).hexdigest()
+
+
+def plan_session(
+    record: SessionRecord | None, engine: str, model: str, agents_md: str
+) -> SessionPlan:
+    """Continue the saved session only when engine, model and AGENTS.md are all unchanged."""
+    if (
+        record is not None
+        and record.engine == engine
+        and record.model == model
+        and record.agents_md_digest == agents_md_digest(agents_md)
+    ):
+        return SessionPlan(record.session_id)
+    return SessionPlan(None)
+
+
+def read_session_record(paths: AgentPaths) -> SessionRecord | None:
+    """The saved session of an agent; None when missing, malformed or not a regular file."""
+    try:
+        data = safe_fs.read_regular_file(paths.crew_home, paths.session_file, SESSION_FILE_LIMIT)
+    except UnsafePath as exc:
+        log.warning("agent %s: ignoring the saved session: %s", paths.agent_id, exc)
+        return None
+    return None if data is None else SessionRecord.from_json(data)
+
+
+def write_session_record(paths: AgentPaths, record: SessionRecord) -> None:
+    """Save the session record (temp file + rename, 0600). Raises `UnsafePath`."""
+    safe_fs.write_file_atomic(paths.crew_home, paths.session_file, record.to_json())
+
+
+def local_now() -> datetime:
+    """The current time in the machine's zone, aware."""
+    return datetime.now().astimezone()
+
+
+class AgentHome:
+    """One agent's directories and texts, for one run of the Computer.
+
+    Satisfies the runner's `AgentWorkspace`: `agents_md`, `render_input`,
+    `save_session`.
+    """
+
+    def __init__(
+        self,
+        paths: AgentPaths,
+        agent: AgentIdentity,
+        *,
+        clock: Callable[[], datetime] = local_now,
+    ) -> None:
+        self.paths = paths
+        self.agent = agent
+        self._clock = clock
+        self._agents_md = render_agents_md(agent)
+
+    @property
+    def agents_md(self) -> str:
+        """The AGENTS.md text for this agent's settings."""
+        return self._agents_md
+
+    def prepare(self, token: str) -> None:
+        """Create the agent's directories and files; raise `AgentHomeError` with a reason.
+
+        Directories are 0700 and files 0600, every level checked (no symlink,
+        no other file type). Writes the token, AGENTS.md, the npm stub, and the
+        MEMORY.md template when `work/MEMORY.md` does not exist at all.
+        """
+        p = self.paths
+        try:
+            for d in (
+                p.agent_dir,
+                p.work_dir,
+                p.data_dir,
+                p.runtime_dir,
+                p.config_dir,
+                p.cache_dir,
+                p.state_dir,
+                p.tmp_dir,
+                p.config_dir / "opencode" / "node_modules",
+            ):
+                safe_fs.ensure_dir(p.crew_home, d)
+            safe_fs.write_file_atomic(p.crew_home, p.token_file, token.encode("utf-8"))
+            safe_fs.write_file_atomic(p.crew_home, p.agents_md, self._agents_md.encode("utf-8"))
+            safe_fs.write_file_atomic(
+                p.crew_home, p.config_dir / "opencode" / "package-lock.json", NPM_STUB_LOCK
+            )
+            # An existing MEMORY.md is the agent's, whatever it is (even a FIFO).
+            if safe_fs.lstat_entry(p.crew_home, p.memory_md) is None:
+                safe_fs.write_file_atomic(p.crew_home, p.memory_md, MEMORY_TEMPLATE.encode())
+        except (UnsafePath, OSError) as exc:
+            raise AgentHomeError(
+                f"cannot prepare the directories of agent @{self.agent.handle}: {_relative(exc, p)}"
+            ) from exc
+
+    def write_token(self, token: str) -> None:
+        """Replace the token file (e.g. after a reconnect issued a new token)."""
+        try:
+            safe_fs.write_file_atomic(
+                self.paths.crew_home, self.paths.token_file, token.encode("utf-8")
+            )
+        except (UnsafePath, OSError) as exc:
+            raise AgentHomeError(
+                f"cannot write the token of agent @{self.agent.handle}: {_relative(exc, self.paths)}"
+            ) from exc
+
+    def memory_size(self) -> int | None:
+        """MEMORY.md's size in bytes; None when missing or not a regular file."""
+        try:
+            st = safe_fs.lstat_entry(self.paths.crew_home, self.paths.memory_md)
+        except UnsafePath as exc:
+            log.warning("agent %s: cannot look at MEMORY.md: %s", self.paths.agent_id, exc)
+            return None
+        return st.st_size if st is not None and stat.S_ISREG(st.st_mode) else None
+
+    def render_input(self, rooms: Sequence[Any], new_session: bool) -> str:
+        """The turn input for these unread rooms, stamped with the local time now."""
+        size = self.memory_size() if new_session else None
+        return render_turn_input(self._clock(), rooms, self.agent, new_session, size)
+
+    def save_session(self, session_id: str, model: str) -> None:
+        """Record the session to continue next turn; raises `AgentHomeError` on failure."""
+        record = SessionRecord(ENGINE_NAME, model, agents_md_digest(self._agents_md), session_id)
+        try:
+            write_session_record(self.paths, record)
+        except (UnsafePath, OSError) as exc:
+            raise AgentHomeError(
+                f"cannot save the session of agent @{self.agent.handle}: {_relative(exc, self.paths)}"
+            ) from exc
+
+    def copy_price_table(self, source: Path) -> bool:
+        """Copy the user's OpenCode price table into the agent's cache dir when newer.
+
+        Returns True when copied. Never raises: a failed copy only costs the
+        turn its prices (cost 0), so it is logged and the turn goes on.
+        """
+        dest = self.paths.cache_dir / "opencode" / "models.json"
+        try:
+            return safe_fs.copy_if_newer(source, self.paths.crew_home, dest, PRICE_TABLE_LIMIT)
+        except (UnsafePath, OSError) as exc:
+            log.warning(
+                "agent %s: price table not copied (costs will read 0): %s",
+                self.paths.agent_id,
+                _relative(exc, self.paths),
+            )
+            return False
+
+
+def _relative(exc: BaseException, paths: AgentPaths) -> str:
+    """The error text with the crew home path taken out (reasons go to the server)."""
+    return str(exc).replace(str(paths.crew_home) + "/", "").replace(str(paths.crew_home), "~crew")
+
+
+def crew_wrapper_script(interpreter: str) -> str:
+    """`bin/crew`: run the shim with this interpreter, isolated (no venv, no PYTHONPATH)."""
+    return f'#!/bin/sh\nexec {shlex.quote(interpreter)} -I -m crew_shim "$@"\n'
+
+
+class RunDirectory:
+    """`runtime/<run-id>/` of this Computer run: cleaned at start, deleted at exit."""
+
+    def __init__(self, crew_home: Path, run_id: str, interpreter: str | None = None) -> None:
+        self.crew_home = crew_home
+        self.run_id = run_id
+        self.interpreter = interpreter or sys.executable
+        self.path = crew_home / "runtime" / run_id
+        self.bin_dir = self.path / "bin"
+
+    def prepare(self) -> None:
+        """Delete what earlier runs left in `runtime/`, create this run's dir and `bin/crew`.
+
+        Raises `AgentHomeError` with the reason (the Computer then exits 1).
+        """
+        try:
+            safe_fs.ensure_dir(self.crew_home, ".")
+            safe_fs.ensure_dir(self.crew_home, "runtime")
+            safe_fs.clear_dir(self.crew_home, "runtime")
+            safe_fs.ensure_dir(self.crew_home, self.bin_dir)
+            safe_fs.write_file_atomic(
+                self.crew_home,
+                self.bin_dir / "crew",
+                crew_wrapper_script(self.interpreter).encode(),
+                mode=0o700,
+            )
+        except (UnsafePath, OSError) as exc:
+            raise AgentHomeError(f"cannot prepare the run directory {self.path}: {exc}") from exc
+
+    def remove(self) -> None:
+        """Delete this run's directory (at exit). Logs, never raises."""
+        try:
+            safe_fs.remove_tree(self.crew_home, self.path)
+        except (UnsafePath, OSError) as exc:
+            log.warning("could not delete the run directory %s: %s", self.path, exc)
+
+    def interpreter_dirs(self) -> list[Path]:
+        """What `bin/crew` needs to read inside the sandbox: interpreter, stdlib, the shim.
+
+        The interpreter may live in `$HOME` (pyenv, a venv in a checkout), so
+        these are passed to the launcher as extra read roots.
+        """
+        import crew_shim
+
+        shim_dir = Path(crew_shim.__file__).resolve().parent
+        candidates = [
+            Path(sys.prefix),
+            Path(sys.base_prefix),
+            shim_dir,
+        ]
+        seen: list[Path] = []
+        for c in candidates:
+            c = c.resolve()
+            if c not in seen:
+                seen.append(c)
+        return seen

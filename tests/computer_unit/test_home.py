@@ -1,0 +1,302 @@
+"""Agent homes and the run directory: modes, templates, sessions, planted links and FIFOs."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import orjson
+import pytest
+
+from computer_service.engine.base import AgentPaths
+from computer_service.home import (
+    NPM_STUB_LOCK,
+    AgentHome,
+    AgentHomeError,
+    RunDirectory,
+    SessionRecord,
+    agents_md_digest,
+    plan_session,
+    read_session_record,
+)
+from computer_service.texts import MEMORY_TEMPLATE, render_agents_md
+
+
+@dataclass(frozen=True)
+class Agent:
+    id: str
+    handle: str
+    name: str
+    persona: str
+
+
+AGENT = Agent("agent-1", "alice", "Alice", "Writes notes.")
+
+
+def make_home(tmp_path: Path, agent: Agent = AGENT, run_id: str = "run-1") -> AgentHome:
+    paths = AgentPaths(crew_home=tmp_path / "crew", run_id=run_id, agent_id=agent.id)
+    return AgentHome(paths, agent, clock=lambda: datetime(2026, 10, 6, 9, 0, tzinfo=UTC))
+
+
+def mode(p: Path) -> int:
+    return stat.S_IMODE(os.lstat(p).st_mode)
+
+
+def test_prepare_builds_the_tree_with_modes(tmp_path: Path) -> None:
+    home = make_home(tmp_path)
+    home.prepare("tok-123")
+    p = home.paths
+    for d in (
+        p.agent_dir,
+        p.work_dir,
+        p.data_dir,
+        p.engine_dir,
+        p.runtime_dir,
+        p.config_dir,
+        p.cache_dir,
+        p.state_dir,
+        p.tmp_dir,
+        p.crew_home / "agents",
+        p.run_dir,
+    ):
+        assert d.is_dir() and not d.is_symlink(), d
+        assert mode(d) == 0o700, d
+    assert p.token_file.read_text() == "tok-123" and mode(p.token_file) == 0o600
+    assert p.agents_md.read_text() == render_agents_md(AGENT) and mode(p.agents_md) == 0o600
+    assert p.memory_md.read_text() == MEMORY_TEMPLATE and mode(p.memory_md) == 0o600
+    assert (p.config_dir / "opencode" / "package-lock.json").read_bytes() == NPM_STUB_LOCK
+    assert (p.config_dir / "opencode" / "node_modules").is_dir()
+    assert home.agents_md == render_agents_md(AGENT)
+
+
+def test_existing_memory_is_left_alone_even_a_fifo(tmp_path: Path) -> None:
+    home = make_home(tmp_path)
+    home.paths.work_dir.mkdir(parents=True)
+    home.paths.memory_md.write_text("my own notes")
+    home.prepare("t")
+    assert home.paths.memory_md.read_text() == "my own notes"
+    home.paths.memory_md.unlink()
+    os.mkfifo(home.paths.memory_md)
+    home.prepare("t")
+    assert stat.S_ISFIFO(os.lstat(home.paths.memory_md).st_mode)
+    assert home.memory_size() is None
+    home.paths.memory_md.unlink()
+    home.paths.memory_md.symlink_to("/etc/passwd")
+    home.prepare("t")
+    assert home.paths.memory_md.is_symlink()
+    assert home.memory_size() is None
+
+
+def test_symlinked_work_dir_fails_with_reason_and_writes_nothing(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    home = make_home(tmp_path)
+    home.paths.agent_dir.mkdir(parents=True)
+    home.paths.work_dir.symlink_to(elsewhere)
+    with pytest.raises(AgentHomeError) as info:
+        home.prepare("t")
+    msg = str(info.value)
+    assert "@alice" in msg and "symlink" in msg and "agents/agent-1/work" in msg
+    assert str(tmp_path) not in msg  # no absolute paths in a reason sent upstream
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_symlinked_agents_md_is_replaced_not_followed(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    home = make_home(tmp_path)
+    home.paths.agent_dir.mkdir(parents=True)
+    home.paths.agents_md.symlink_to(victim)
+    home.prepare("t")
+    assert victim.read_text() == "keep"
+    assert not home.paths.agents_md.is_symlink()
+
+
+def test_session_roundtrip_and_plan(tmp_path: Path) -> None:
+    home = make_home(tmp_path)
+    home.prepare("t")
+    assert read_session_record(home.paths) is None
+    home.save_session("ses_abc", "local/m1")
+    assert mode(home.paths.session_file) == 0o600
+    record = read_session_record(home.paths)
+    assert record == SessionRecord(
+        "opencode", "local/m1", agents_md_digest(home.agents_md), "ses_abc"
+    )
+    on_disk = orjson.loads(home.paths.session_file.read_bytes())
+    assert on_disk["session_id"] == "ses_abc" and on_disk["engine"] == "opencode"
+
+
+@pytest.mark.parametrize(
+    ("engine", "model", "agents_md", "continues"),
+    [
+        ("opencode", "local/m1", "AGENTS v1", True),
+        ("opencode", "local/m2", "AGENTS v1", False),
+        ("opencode", "local/m1", "AGENTS v2", False),
+        ("other", "local/m1", "AGENTS v1", False),
+    ],
+)
+def test_plan_session_table(engine: str, model: str, agents_md: str, continues: bool) -> None:
+    record = SessionRecord("opencode", "local/m1", agents_md_digest("AGENTS v1"), "ses_1")
+    plan = plan_session(record, engine, model, agents_md)
+    assert plan.session_id == ("ses_1" if continues else None)
+    assert plan.is_new is not continues
+    assert plan_session(None, engine, model, agents_md).is_new
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"",
+        b"not json",
+        b"[]",
+        b'{"engine":"opencode"}',
+        b'{"engine":1,"model":"m","agents_md_sha256":"d","session_id":"s"}',
+    ],
+)
+def test_malformed_session_file_counts_as_none(tmp_path: Path, content: bytes) -> None:
+    home = make_home(tmp_path)
+    home.prepare("t")
+    home.paths.session_file.write_bytes(content)
+    assert read_session_record(home.paths) is None
+
+
+@pytest.mark.timeout(10)
+def test_fifo_session_counts_as_none_never_blocks(tmp_path: Path) -> None:
+    home = make_home(tmp_path)
+    home.prepare("t")
+    os.mkfifo(home.paths.session_file)
+    out: list[object] = []
+    t = threading.Thread(target=lambda: out.append(read_session_record(home.paths)))
+    t.start()
+    t.join(5)
+    assert not t.is_alive() and out == [None]
+    # Saving replaces the FIFO with a regular file.
+    home.save_session("ses_new", "m")
+    assert stat.S_ISREG(os.lstat(home.paths.session_file).st_mode)
+
+
+def test_symlinked_session_counts_as_none(tmp_path: Path) -> None:
+    home = make_home(tmp_path)
+    home.prepare("t")
+    real = tmp_path / "real.json"
+    real.write_bytes(SessionRecord("opencode", "m", "d", "ses_x").to_json())
+    home.paths.session_file.symlink_to(real)
+    assert read_session_record(home.paths) is None
+
+
+def test_symlinked_engines_dir_counts_as_none_and_save_fails(tmp_path: Path) -> None:
+    home = make_home(tmp_path)
+    home.prepare("t")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    engines = home.paths.agent_dir / "engines"
+    os.rename(engines, tmp_path / "old-engines")
+    engines.symlink_to(elsewhere)
+    assert read_session_record(home.paths) is None
+    with pytest.raises(AgentHomeError, match="symlink"):
+        home.save_session("ses", "m")
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_memory_size_and_render_input(tmp_path: Path) -> None:
+    home = make_home(tmp_path)
+    home.prepare("t")
+    home.paths.memory_md.write_bytes(b"x" * 20_000)
+    assert home.memory_size() == 20_000
+    text = home.render_input([], new_session=True)
+    assert text.startswith("It is Tuesday 2026-10-06 09:00 (+00:00).\nThis is a new session")
+    assert "over the 16 KB limit" in text
+    assert "new session" not in home.render_input([], new_session=False)
+
+
+def test_price_table_copy(tmp_path: Path) -> None:
+    home = make_home(tmp_path)
+    home.prepare("t")
+    src = tmp_path / "models.json"
+    assert home.copy_price_table(src) is False  # no source: nothing, no error
+    src.write_text('{"prices":1}')
+    os.utime(src, (1_000_000, 1_000_000))
+    assert home.copy_price_table(src) is True
+    dest = home.paths.cache_dir / "opencode" / "models.json"
+    assert dest.read_text() == '{"prices":1}'
+    assert home.copy_price_table(src) is False  # not older: skipped
+    os.utime(src, (2_000_000, 2_000_000))
+    assert home.copy_price_table(src) is True
+
+
+def test_price_table_never_through_a_link_and_failure_only_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    home = make_home(tmp_path)
+    home.prepare("t")
+    src = tmp_path / "models.json"
+    src.write_text("{}")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (home.paths.cache_dir / "opencode").symlink_to(elsewhere)
+    assert home.copy_price_table(src) is False
+    assert list(elsewhere.iterdir()) == []
+    assert "price table not copied" in caplog.text
+
+
+def test_run_directory_cleans_writes_wrapper_and_removes(tmp_path: Path) -> None:
+    crew = tmp_path / "crew"
+    stale = crew / "runtime" / "old-run" / "agents" / "x"
+    stale.mkdir(parents=True)
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    (stale / "link").symlink_to(keep)
+    (crew / "runtime" / "stray").write_text("x")
+    run = RunDirectory(crew, "run-2")
+    run.prepare()
+    assert sorted(p.name for p in (crew / "runtime").iterdir()) == ["run-2"]
+    assert keep.exists()
+    wrapper = crew / "runtime" / "run-2" / "bin" / "crew"
+    assert mode(wrapper) == 0o700
+    text = wrapper.read_text()
+    assert text.startswith("#!/bin/sh\nexec ") and f'{sys.executable} -I -m crew_shim "$@"' in text
+    assert mode(crew) == 0o700 and mode(crew / "runtime") == 0o700
+    run.remove()
+    assert not (crew / "runtime" / "run-2").exists()
+    run.remove()  # twice is fine
+
+
+def test_wrapper_runs_the_interpreter_isolated(tmp_path: Path) -> None:
+    """bin/crew execs the interpreter with -I: check with a stand-in interpreter script."""
+    fake = tmp_path / "fake python"
+    fake.write_text('#!/bin/sh\nprintf "%s|" "$@"\n')
+    fake.chmod(0o755)
+    run = RunDirectory(tmp_path / "crew", "r", interpreter=str(fake))
+    run.prepare()
+    out = subprocess.run(
+        [str(run.bin_dir / "crew"), "reply", "a b", "$x"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout == "-I|-m|crew_shim|reply|a b|$x|"
+
+
+def test_run_directory_refuses_symlinked_runtime(tmp_path: Path) -> None:
+    crew = tmp_path / "crew"
+    crew.mkdir()
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    (keep / "precious").write_text("x")
+    (crew / "runtime").symlink_to(keep)
+    with pytest.raises(AgentHomeError, match="symlink"):
+        RunDirectory(crew, "r").prepare()
+    assert (keep / "precious").exists()
+
+
+def test_interpreter_dirs_cover_prefix_and_shim() -> None:
+    dirs = RunDirectory(Path("/nonexistent"), "r").interpreter_dirs()
+    assert Path(sys.prefix).resolve() in dirs
+    assert any((d / "__main__.py").exists() or d.name == "crew_shim" for d in dirs)
+    assert len(dirs) == len(set(dirs))
