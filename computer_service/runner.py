@@ -70,7 +70,7 @@ class AgentWorkspace(Protocol):
         ...
 
     def save_session(self, session_id: str, model: str) -> None:
-        """Record the engine session to continue next turn (session.json)."""
+        """Record the session a succeeded turn used (raises on failure)."""
         ...
 
 

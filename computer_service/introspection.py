@@ -1,0 +1,412 @@
+"""The introspection API on `<crew home>/sockets/computer.sock` (computer.md §5).
+
+A small Starlette app over a narrow `ComputerView` of the service, an
+`EventBus` for `GET /events`, and `IntrospectionServer`, which serves the app
+with uvicorn on a 0600 Unix socket in a 0700 directory and refuses peers of
+another uid. `openapi/computer.yaml` documents the routes (a test checks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import stat
+import struct
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import anyio
+import orjson
+import uvicorn
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from pydantic import BaseModel
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from computer_service.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+# A slow `/events` reader loses events past this backlog instead of slowing the runners.
+SUBSCRIBER_BACKLOG = 1024
+SSE_PING_S = 15.0
+
+
+# --- the view of the service -------------------------------------------------
+
+
+class SandboxHealth(BaseModel):
+    ok: bool
+    backend: str | None
+    reason: str | None
+
+
+class EngineHealth(BaseModel):
+    found: bool
+    version: str | None
+
+
+class Health(BaseModel):
+    ready: bool
+    connected: bool
+    sandbox: SandboxHealth
+    engine: EngineHealth
+    agents: int
+    running_turns: int
+    queued: int
+
+
+class AgentRow(BaseModel):
+    id: str
+    handle: str
+    state: Literal["idle", "queued", "running", "stopping", "problem"]
+    turn_id: str | None
+    pending_wake: bool
+    last_result: str | None
+    last_reason: str | None
+    session_id: str | None
+    model: str
+    problem: str | None
+
+
+class TurnSummary(BaseModel):
+    id: str
+    status: str
+    duration_ms: int
+    input_tokens: int
+    output_tokens: int
+    cost: float
+    failure_class: str | None
+    reason: str | None
+
+
+class AgentDetail(AgentRow):
+    recent_turns: list[TurnSummary]
+
+
+class ControlAnswer(BaseModel):
+    """The answer to wake and stop: whether it did something."""
+
+    id: str
+    accepted: bool
+
+
+class ComputerView(Protocol):
+    """What the introspection API reads from and asks of the running service."""
+
+    metrics: Metrics
+
+    def health(self) -> Health: ...
+
+    def agent_rows(self) -> list[AgentRow]: ...
+
+    def agent_detail(self, agent_id: str) -> AgentDetail | None: ...
+
+    def wake_agent(self, agent_id: str) -> bool | None:
+        """None: no such agent; False: it cannot run now (a problem); True: woken."""
+        ...
+
+    def stop_agent(self, agent_id: str) -> bool | None:
+        """None: no such agent; False: no turn running; True: the turn is stopping."""
+        ...
+
+
+# --- the event bus -----------------------------------------------------------
+
+
+class EventBus:
+    """Fan-out of runner state changes and engine events to `/events` readers."""
+
+    def __init__(self) -> None:
+        self._subscribers: set[MemoryObjectSendStream[tuple[str, dict[str, Any]]]] = set()
+        self._closed = anyio.Event()
+        self.dropped = 0
+
+    @property
+    def has_subscribers(self) -> bool:
+        return bool(self._subscribers)
+
+    def publish(self, kind: str, data: dict[str, Any]) -> None:
+        """Hand one event to every reader without waiting; a full reader loses it."""
+        for stream in tuple(self._subscribers):
+            try:
+                stream.send_nowait((kind, data))
+            except anyio.WouldBlock:
+                self.dropped += 1
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                self._subscribers.discard(stream)
+
+    @asynccontextmanager
+    async def subscribe(
+        self,
+    ) -> AsyncIterator[MemoryObjectReceiveStream[tuple[str, dict[str, Any]]]]:
+        send, receive = anyio.create_memory_object_stream[tuple[str, dict[str, Any]]](
+            SUBSCRIBER_BACKLOG
+        )
+        self._subscribers.add(send)
+        try:
+            yield receive
+        finally:
+            self._subscribers.discard(send)
+            send.close()
+            receive.close()
+
+    def close(self) -> None:
+        """End every `/events` stream (at shutdown)."""
+        self._closed.set()
+        for stream in tuple(self._subscribers):
+            stream.close()
+        self._subscribers.clear()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
+
+
+# --- the app -----------------------------------------------------------------
+
+
+def create_app(view: ComputerView, bus: EventBus) -> Starlette:
+    """The introspection Starlette app over `view`."""
+
+    async def health(request: Request) -> Response:
+        return _json(view.health())
+
+    async def agents(request: Request) -> Response:
+        return _json([row.model_dump() for row in view.agent_rows()])
+
+    async def agent(request: Request) -> Response:
+        detail = view.agent_detail(request.path_params["agent_id"])
+        if detail is None:
+            raise _no_agent(request.path_params["agent_id"])
+        return _json(detail)
+
+    async def wake(request: Request) -> Response:
+        agent_id = request.path_params["agent_id"]
+        woken = view.wake_agent(agent_id)
+        if woken is None:
+            raise _no_agent(agent_id)
+        if not woken:
+            raise HTTPException(
+                409, "this agent cannot run now (see its problem in GET /agents/{id})"
+            )
+        return _json(ControlAnswer(id=agent_id, accepted=True), status=202)
+
+    async def stop(request: Request) -> Response:
+        agent_id = request.path_params["agent_id"]
+        stopping = view.stop_agent(agent_id)
+        if stopping is None:
+            raise _no_agent(agent_id)
+        return _json(ControlAnswer(id=agent_id, accepted=stopping), status=202 if stopping else 200)
+
+    async def events(request: Request) -> Response:
+        return StreamingResponse(
+            _sse(bus),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        )
+
+    async def metrics(request: Request) -> Response:
+        return Response(
+            view.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8"
+        )
+
+    routes = [
+        Route("/health", health, methods=["GET"]),
+        Route("/agents", agents, methods=["GET"]),
+        Route("/agents/{agent_id}", agent, methods=["GET"]),
+        Route("/agents/{agent_id}/wake", wake, methods=["POST"]),
+        Route("/agents/{agent_id}/stop", stop, methods=["POST"]),
+        Route("/events", events, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
+    return Starlette(
+        routes=routes,
+        exception_handlers={HTTPException: _http_error, Exception: _internal_error},
+    )
+
+
+async def _sse(bus: EventBus) -> AsyncIterator[bytes]:
+    if bus.closed:
+        return
+    # A comment first, so a client sees the stream is open before any event.
+    yield b": crew computer events\n\n"
+    async with bus.subscribe() as receive:
+        while True:
+            with anyio.move_on_after(SSE_PING_S) as timer:
+                try:
+                    kind, data = await receive.receive()
+                except anyio.EndOfStream:
+                    return
+            if timer.cancelled_caught:
+                yield b": ping\n\n"
+                continue
+            yield b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+
+def _json(model: BaseModel | list[Any], status: int = 200) -> Response:
+    body = model.model_dump() if isinstance(model, BaseModel) else model
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+
+
+def _no_agent(agent_id: str) -> HTTPException:
+    return HTTPException(404, f"no agent {agent_id[:100]!r} on this Computer (see GET /agents)")
+
+
+_CODES = {404: "not_found", 405: "method_not_allowed", 409: "conflict", 400: "bad_request"}
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    code = _CODES.get(exc.status_code, "error")
+    message = (
+        exc.detail
+        if exc.status_code != 404 or "agent" in exc.detail
+        else (f"no route {request.method} {request.url.path[:200]} (see openapi/computer.yaml)")
+    )
+    body = {"error": {"code": code, "message": message}}
+    return Response(
+        orjson.dumps(body),
+        status_code=exc.status_code,
+        media_type="application/json",
+        headers=exc.headers,
+    )
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    log.exception("introspection %s %s failed", request.method, request.url.path)
+    body = {"error": {"code": "internal", "message": f"the Computer failed to answer: {exc}"}}
+    return Response(orjson.dumps(body), status_code=500, media_type="application/json")
+
+
+# --- serving on the Unix socket ----------------------------------------------
+
+
+class SocketInUse(Exception):
+    """Another Computer already answers on this crew home's socket."""
+
+
+def peer_uid(sock: socket.socket) -> int | None:
+    """The uid of the process on the other end of a Unix socket (None if unknown)."""
+    if sys.platform.startswith("linux"):
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        _pid, uid, _gid = struct.unpack("3i", creds)
+        return int(uid)
+    if sys.platform == "darwin":
+        # LOCAL_PEERCRED (SOL_LOCAL=0, 0x001) gives a struct xucred: version, uid, …
+        creds = sock.getsockopt(0, 0x001, struct.calcsize("IIh16I"))
+        _version, uid = struct.unpack_from("Ii", creds)
+        return int(uid)
+    return None
+
+
+class PeerCheckedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol, refusing connections from processes of another uid."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        sock = transport.get_extra_info("socket")
+        uid = None
+        try:
+            uid = peer_uid(sock) if sock is not None else None
+        except OSError as exc:
+            log.warning("introspection: cannot read the peer's credentials: %s", exc)
+        if uid != os.getuid():
+            log.warning("introspection: refused a connection from uid %s", uid)
+            self.transport = transport
+            transport.close()
+            return
+        super().connection_made(transport)
+
+
+def bind_private_socket(path: Path) -> socket.socket:
+    """Bind a listening Unix socket at `path`: 0600, in a 0700 directory we own."""
+    directory = path.parent
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = os.lstat(directory)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        raise OSError(f"{directory} is not a directory owned by this user: remove it and restart")
+    os.chmod(directory, 0o700)
+    if os.path.lexists(path):
+        if _answers(path):
+            raise SocketInUse(f"another Computer is already running on {path}: stop it first")
+        # A leftover of a Computer that did not stop cleanly.
+        os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        # No window in which the socket exists with looser permissions.
+        old_umask = os.umask(0o177)
+        try:
+            sock.bind(str(path))
+        finally:
+            os.umask(old_umask)
+        os.chmod(path, 0o600)
+        sock.listen(128)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _answers(path: Path) -> bool:
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
+
+
+class IntrospectionServer:
+    """uvicorn serving the introspection app on the private socket; start, then stop."""
+
+    def __init__(self, app: Starlette, path: Path) -> None:
+        self.path = path
+        self._app = app
+        self._sock: socket.socket | None = None
+        self._server: uvicorn.Server | None = None
+
+    async def start(self) -> None:
+        """Bind the socket and start serving (raises `OSError`/`SocketInUse`)."""
+        self._sock = bind_private_socket(self.path)
+        config = uvicorn.Config(
+            self._app,
+            http=PeerCheckedH11Protocol,
+            lifespan="off",
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=2,
+        )
+        config.load()
+        server = uvicorn.Server(config)
+        # We drive startup/shutdown ourselves: uvicorn's serve() would take over the signals.
+        server.lifespan = config.lifespan_class(config)
+        await server.startup(sockets=[self._sock])
+        self._server = server
+
+    async def stop(self) -> None:
+        """Stop accepting, end open connections (bounded), and remove the socket file."""
+        try:
+            if self._server is not None:
+                self._server.should_exit = True
+                await self._server.shutdown(sockets=[self._sock] if self._sock else None)
+        finally:
+            self._server = None
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)

@@ -1,0 +1,515 @@
+"""The Computer service's life: serve → startup → main loop → shutdown (computer.md §1).
+
+`ComputerService.serve()` reads top-down like uvicorn's server: `startup`
+connects upstream, prints `ready`, opens the introspection socket, starts the
+launcher and prepares this run's directory; `main_loop` follows the server's
+event stream (sync agents, wake runners) until stdin closes or a signal
+arrives; `shutdown` stops the runners, the launcher, the socket, and removes
+the run directory. Every task has an owner: the task groups in `serve`.
+
+The machinery that touches the machine (launcher, directories, engine) sits
+behind `Parts`, so tests and benchmarks can drive the same service.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import random
+import signal
+import socket
+from dataclasses import dataclass
+from typing import Any, BinaryIO, Protocol
+
+import anyio
+import httpx
+import orjson
+from anyio.abc import TaskGroup
+from httpx_sse import ServerSentEvent, SSEError
+
+from computer_service.bootstrap import Bootstrap
+from computer_service.engine.base import Engine
+from computer_service.introspection import (
+    AgentDetail,
+    AgentRow,
+    EngineHealth,
+    EventBus,
+    Health,
+    IntrospectionServer,
+    SandboxHealth,
+    SocketInUse,
+    TurnSummary,
+    create_app,
+)
+from computer_service.metrics import Metrics
+from computer_service.runner import AgentWorkspace, Runner, TurnGate
+from computer_service.upstream import AgentRecord, Upstream, UpstreamError
+
+log = logging.getLogger(__name__)
+
+VERSION = "0.1.0"
+# Stopping a turn is SIGINT, then SIGKILL after 2 s, then a last report: give it room.
+RUNNER_STOP_TIMEOUT_S = 10.0
+BACKOFF_INITIAL_S = 0.5
+BACKOFF_CAP_S = 30.0
+
+
+class StartupFailed(Exception):
+    """The Computer cannot start; the message is the one line written to stderr."""
+
+
+class AgentPreparationFailed(Exception):
+    """One agent's directory or credential could not be prepared (reported for that agent)."""
+
+
+@dataclass(frozen=True)
+class LauncherStatus:
+    """What the launcher's `/health` says (or why there is no launcher)."""
+
+    sandbox_ok: bool
+    backend: str | None
+    reason: str | None
+    engine_found: bool
+    engine_version: str | None
+
+    def unavailable_reason(self) -> str | None:
+        """Why no agent can run, or None when the sandbox and the engine are usable."""
+        if not self.sandbox_ok:
+            return f"sandbox unavailable: {self.reason or 'the self-test failed'}"
+        if not self.engine_found:
+            return "engine unavailable: opencode not found (install OpenCode or set opencode_path)"
+        return None
+
+
+class Parts(Protocol):
+    """The machine-facing parts the service drives (real: `LocalParts`)."""
+
+    async def start_launcher(self) -> LauncherStatus:
+        """Start the launcher and read its health; a launcher that cannot start is `ok: false`."""
+        ...
+
+    async def stop_launcher(self) -> None: ...
+
+    async def models(self) -> list[str]:
+        """`opencode models` through the launcher: the `provider/model` lines."""
+        ...
+
+    def prepare_run_dir(self) -> None:
+        """Clean `runtime/*`, create `runtime/<run-id>/`, write `bin/crew` (raises on failure)."""
+        ...
+
+    def remove_run_dir(self) -> None: ...
+
+    def engine(self) -> Engine:
+        """The engine runners use (only called when the launcher is usable)."""
+        ...
+
+    def prepare_agent(self, agent: AgentRecord, token: str) -> AgentWorkspace:
+        """Create the agent's directories, token file and AGENTS.md (`AgentPreparationFailed`)."""
+        ...
+
+
+class Backoff:
+    """Capped exponential backoff with jitter; the server's `retry:` sets the base."""
+
+    def __init__(self, initial_s: float = BACKOFF_INITIAL_S, cap_s: float = BACKOFF_CAP_S):
+        self.base_s = initial_s
+        self.cap_s = cap_s
+        self.attempt = 0
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+    def server_retry(self, retry_ms: int) -> None:
+        self.base_s = min(max(retry_ms / 1000, 0.05), self.cap_s)
+
+    def next_delay(self) -> float:
+        delay = min(self.cap_s, self.base_s * 2**self.attempt)
+        self.attempt = min(self.attempt + 1, 30)
+        # Full jitter on the upper half: many Computers do not reconnect in lockstep.
+        return delay * random.uniform(0.5, 1.0)
+
+
+class ComputerService:
+    """One Computer: its runners, its event stream and its introspection socket."""
+
+    def __init__(
+        self,
+        bootstrap: Bootstrap,
+        parts: Parts,
+        *,
+        upstream: Upstream | None = None,
+        stdout: BinaryIO | None = None,
+        stdin_fd: int | None = None,
+        handle_signals: bool = True,
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.crew_home = bootstrap.resolved_crew_home()
+        self.parts = parts
+        self.upstream = upstream or Upstream(bootstrap.server_url, bootstrap.token)
+        self.metrics = Metrics()
+        self.gate = TurnGate(bootstrap.turn_capacity())
+        self.metrics.queue_length = lambda: self.gate.queued
+        self.metrics.running_turns = lambda: self.gate.running
+        self.bus = EventBus()
+        self.runners: dict[str, Runner] = {}
+        self.problems: dict[str, tuple[AgentRecord, str]] = {}
+        self.connected = False
+        self.ready = False
+        self.launcher = LauncherStatus(False, None, "not started yet", False, None)
+        self.unavailable: str | None = "starting"
+        self.stop_requested = anyio.Event()
+        self._stdout = stdout
+        self._stdin_fd = stdin_fd
+        self._handle_signals = handle_signals
+        self._runner_group: TaskGroup | None = None
+        self._engine: Engine | None = None
+        self._introspection: IntrospectionServer | None = None
+        self._last_event_id: str | None = None
+        self.synced = anyio.Event()
+
+    # --- life ----------------------------------------------------------------
+
+    async def serve(self) -> int:
+        """Run until stopped; the exit status (0 after an orderly stop, 1 when start failed)."""
+        try:
+            await self.startup()
+        except StartupFailed as exc:
+            log.error("%s", exc)
+            await self.shutdown()
+            raise
+        try:
+            await self.main_loop()
+        finally:
+            await self.shutdown()
+        return 0
+
+    async def startup(self) -> None:
+        """Connect, say `ready`, open the socket, start the launcher, prepare the run dir."""
+        await self._connect()
+        self._say_ready()
+        await self._open_introspection()
+        self.launcher = await self.parts.start_launcher()
+        self.unavailable = self.launcher.unavailable_reason()
+        if self.unavailable:
+            log.warning("no agent can run on this Computer: %s", self.unavailable)
+        try:
+            self.parts.prepare_run_dir()
+        except (OSError, ValueError) as exc:
+            raise StartupFailed(f"cannot prepare the run directory: {exc}") from exc
+        if self.unavailable is None:
+            self._engine = self.parts.engine()
+
+    async def main_loop(self) -> None:
+        """Follow the event stream and run turns until stdin closes, SIGTERM or SIGINT."""
+        async with anyio.create_task_group() as runner_group:
+            self._runner_group = runner_group
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(self._watch_stdin)
+                if self._handle_signals:
+                    tasks.start_soon(self._watch_signals)
+                if self.unavailable is None:
+                    tasks.start_soon(self._report_models)
+                tasks.start_soon(self._follow_events)
+                await self.stop_requested.wait()
+                # Abort the event stream and the sync at once…
+                tasks.cancel_scope.cancel()
+            # …and every runner: running turns are stopped and recorded as cancelled.
+            for runner in list(self.runners.values()):
+                runner.close()
+            with anyio.move_on_after(RUNNER_STOP_TIMEOUT_S) as waiting:
+                for runner in list(self.runners.values()):
+                    await runner.finished.wait()
+            if waiting.cancelled_caught:
+                log.warning(
+                    "runners did not stop within %.0f s; cancelling them", RUNNER_STOP_TIMEOUT_S
+                )
+                runner_group.cancel_scope.cancel()
+
+    async def shutdown(self) -> None:
+        """Stop the launcher and the socket, remove this run's directory (each step logged)."""
+        self.bus.close()
+        with anyio.CancelScope(shield=True):
+            if self._introspection is not None:
+                try:
+                    await self._introspection.stop()
+                except OSError as exc:
+                    log.warning("removing the introspection socket failed: %s", exc)
+            try:
+                await self.parts.stop_launcher()
+            except Exception:
+                log.exception("stopping the launcher failed")
+            try:
+                self.parts.remove_run_dir()
+            except OSError as exc:
+                log.warning("removing the run directory failed: %s", exc)
+            await self.upstream.aclose()
+
+    def request_stop(self) -> None:
+        self.stop_requested.set()
+
+    # --- startup steps -------------------------------------------------------
+
+    async def _connect(self) -> None:
+        try:
+            answer = await self.upstream.connect(
+                hostname=socket.gethostname(),
+                platform=platform.system().lower(),
+                version=VERSION,
+                capacity=self.gate.capacity,
+            )
+        except UpstreamError as exc:
+            raise StartupFailed(f"cannot connect to the crew server: {exc}") from exc
+        log.info("connected as computer %s (epoch %d)", answer.computer_id, answer.epoch)
+
+    def _say_ready(self) -> None:
+        if self._stdout is not None:
+            self._stdout.write(b"ready\n")
+            self._stdout.flush()
+        self.ready = True
+
+    async def _open_introspection(self) -> None:
+        server = IntrospectionServer(
+            create_app(self, self.bus), self.crew_home / "sockets" / "computer.sock"
+        )
+        try:
+            await server.start()
+        except (OSError, SocketInUse) as exc:
+            raise StartupFailed(f"cannot open the introspection socket: {exc}") from exc
+        self._introspection = server
+
+    async def _report_models(self) -> None:
+        try:
+            models = await self.parts.models()
+            await self.upstream.put_models(models)
+        except UpstreamError as exc:
+            log.warning("reporting the available models failed: %s", exc)
+        except Exception:
+            log.exception("reading the available models failed")
+        else:
+            log.info("reported %d models", len(models))
+
+    # --- stop requests -------------------------------------------------------
+
+    async def _watch_stdin(self) -> None:
+        """Stdin closing means stop (the desktop app went away)."""
+        fd = self._stdin_fd
+        if fd is None:
+            await anyio.sleep_forever()
+            return
+        os.set_blocking(fd, False)
+        while True:
+            await anyio.wait_readable(fd)
+            try:
+                data = os.read(fd, 4096)
+            except BlockingIOError:
+                continue
+            if not data:
+                log.info("stdin closed: stopping")
+                self.request_stop()
+                return
+
+    async def _watch_signals(self) -> None:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                # SIGTERM: sent by `kill` and the desktop app; SIGINT: Ctrl+C.
+                log.info("%s received: stopping", signal.Signals(signum).name)
+                self.request_stop()
+                return
+
+    # --- the event stream ----------------------------------------------------
+
+    async def _follow_events(self) -> None:
+        """Subscribe to `GET /computer/events`; after every (re)connect sync, then wake all."""
+        backoff = Backoff()
+        while True:
+            try:
+                async with self.upstream.events(self._last_event_id) as source:
+                    self.connected = True
+                    backoff.reset()
+                    await self.sync_agents()
+                    self.wake_all()
+                    async for event in source.aiter_sse():
+                        if event.retry is not None:
+                            backoff.server_retry(event.retry)
+                        await self._on_event(event)
+                        if event.id:
+                            self._last_event_id = event.id
+                log.warning("the event stream ended; reconnecting")
+            except (UpstreamError, httpx.HTTPError, SSEError) as exc:
+                log.warning("event stream: %s; reconnecting", exc)
+            finally:
+                self.connected = False
+            await anyio.sleep(backoff.next_delay())
+
+    async def _on_event(self, event: ServerSentEvent) -> None:
+        if event.event == "wake":
+            agent_id = _agent_id_of(event.data)
+            if agent_id is None:
+                log.warning("ignored a malformed wake event: %.200r", event.data)
+                return
+            runner = self.runners.get(agent_id)
+            if runner is not None:
+                runner.wake()
+            elif agent_id not in self.problems:
+                # Not known yet (e.g. just assigned): a sync creates it; then wake it.
+                await self.sync_agents()
+                if (runner := self.runners.get(agent_id)) is not None:
+                    runner.wake()
+        elif event.event == "agents":
+            await self.sync_agents()
+            self.wake_all()
+        elif event.event not in ("ping", "message"):
+            log.info("ignored an unknown event %.50r", event.event)
+
+    # --- agents and runners --------------------------------------------------
+
+    async def sync_agents(self) -> None:
+        """Create, replace and drop runners to match the server's agent list."""
+        agents = {agent.id: agent for agent in await self.upstream.agents()}
+        for agent_id in [a for a in self.runners if a not in agents]:
+            await self._drop_runner(agent_id)
+        for agent_id in [a for a in self.problems if a not in agents]:
+            del self.problems[agent_id]
+        for agent in agents.values():
+            current = self.runners.get(agent.id)
+            if current is not None and current.agent.settings() == agent.settings():
+                continue
+            if current is not None:
+                await self._drop_runner(agent.id)
+            # Agents with a problem are tried again: a later success clears it.
+            await self._add_runner(agent)
+        self.synced.set()
+
+    async def _drop_runner(self, agent_id: str) -> None:
+        runner = self.runners.pop(agent_id, None)
+        if runner is None:
+            return
+        runner.close()
+        with anyio.move_on_after(RUNNER_STOP_TIMEOUT_S):
+            await runner.finished.wait()
+
+    async def _add_runner(self, agent: AgentRecord) -> None:
+        if self.unavailable is not None or self._engine is None:
+            await self._report_problem(agent, self.unavailable or "engine unavailable")
+            return
+        try:
+            token = await self.upstream.issue_token(agent.id)
+            workspace = self.parts.prepare_agent(agent, token)
+        except UpstreamError as exc:
+            log.warning("agent %s: issuing its token failed: %s", agent.handle, exc)
+            return
+        except AgentPreparationFailed as exc:
+            await self._report_problem(agent, f"cannot prepare the agent's directory: {exc}")
+            return
+        runner = Runner(
+            agent,
+            upstream=self.upstream,
+            engine=self._engine,
+            workspace=workspace,
+            gate=self.gate,
+            metrics=self.metrics,
+            publish=self.bus.publish,
+        )
+        self.runners[agent.id] = runner
+        assert self._runner_group is not None
+        self._runner_group.start_soon(self._run_runner, runner)
+        try:
+            # Cleared also when set by an earlier run: the server keeps problems.
+            await self.upstream.clear_problem(agent.id)
+        except UpstreamError as exc:
+            log.warning("agent %s: clearing its problem failed: %s", agent.handle, exc)
+        self.problems.pop(agent.id, None)
+
+    async def _run_runner(self, runner: Runner) -> None:
+        try:
+            await runner.run()
+        finally:
+            if self.runners.get(runner.agent.id) is runner:
+                # Fenced out: dropped until the next agent sync says otherwise.
+                del self.runners[runner.agent.id]
+
+    async def _report_problem(self, agent: AgentRecord, reason: str) -> None:
+        known = self.problems.get(agent.id)
+        self.problems[agent.id] = (agent, reason)
+        if known is not None and known[1] == reason:
+            return
+        log.warning("agent %s cannot run: %s", agent.handle, reason)
+        try:
+            await self.upstream.set_problem(agent.id, reason)
+        except UpstreamError as exc:
+            log.warning("agent %s: reporting its problem failed: %s", agent.handle, exc)
+
+    def wake_all(self) -> None:
+        for runner in self.runners.values():
+            runner.wake()
+
+    # --- the introspection view (ComputerView) -------------------------------
+
+    def health(self) -> Health:
+        return Health(
+            ready=self.ready,
+            connected=self.connected,
+            sandbox=SandboxHealth(
+                ok=self.launcher.sandbox_ok,
+                backend=self.launcher.backend,
+                reason=self.launcher.reason,
+            ),
+            engine=EngineHealth(
+                found=self.launcher.engine_found, version=self.launcher.engine_version
+            ),
+            agents=len(self.runners) + len(self.problems),
+            running_turns=self.gate.running,
+            queued=self.gate.queued,
+        )
+
+    def agent_rows(self) -> list[AgentRow]:
+        rows = [AgentRow.model_validate(runner.row()) for runner in self.runners.values()]
+        rows += [_problem_row(agent, reason) for agent, reason in self.problems.values()]
+        return sorted(rows, key=lambda row: row.handle)
+
+    def agent_detail(self, agent_id: str) -> AgentDetail | None:
+        if (runner := self.runners.get(agent_id)) is not None:
+            turns = [TurnSummary.model_validate(t) for t in runner.recent_turns()]
+            return AgentDetail.model_validate({**runner.row(), "recent_turns": turns})
+        if (problem := self.problems.get(agent_id)) is not None:
+            row = _problem_row(*problem)
+            return AgentDetail.model_validate({**row.model_dump(), "recent_turns": []})
+        return None
+
+    def wake_agent(self, agent_id: str) -> bool | None:
+        if (runner := self.runners.get(agent_id)) is not None:
+            runner.wake()
+            return True
+        return False if agent_id in self.problems else None
+
+    def stop_agent(self, agent_id: str) -> bool | None:
+        if (runner := self.runners.get(agent_id)) is not None:
+            return runner.stop_turn()
+        return False if agent_id in self.problems else None
+
+
+def _problem_row(agent: AgentRecord, reason: str) -> AgentRow:
+    return AgentRow(
+        id=agent.id,
+        handle=agent.handle,
+        state="problem",
+        turn_id=None,
+        pending_wake=False,
+        last_result=None,
+        last_reason=None,
+        session_id=None,
+        model=agent.model,
+        problem=reason,
+    )
+
+
+def _agent_id_of(data: str) -> str | None:
+    try:
+        parsed: Any = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    if isinstance(parsed, dict) and isinstance(parsed.get("agent_id"), str):
+        return str(parsed["agent_id"])
+    return None

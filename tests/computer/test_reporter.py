@@ -1,0 +1,115 @@
+"""RunReporter: ordered, non-overlapping batches; a failed batch is dropped, the turn goes on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+
+from computer_service.engine.base import EngineEvent
+from computer_service.metrics import Metrics
+from computer_service.reporter import MAX_BATCH_EVENTS, RunReporter
+from computer_service.upstream import StaleTurn, UpstreamUnavailable
+
+pytestmark = pytest.mark.anyio
+
+
+def event(n: int) -> EngineEvent:
+    return EngineEvent(type="text", at="2026-01-01T00:00:00+00:00", data={"text": str(n)})
+
+
+class RecordingSender:
+    """Records batches; can hold a batch in flight and fail chosen batches."""
+
+    def __init__(self, fail: dict[int, Exception] | None = None) -> None:
+        self.batches: list[tuple[int, list[str]]] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.release = anyio.Event()
+        self.entered = anyio.Event()
+        self.hold_first = False
+        self.fail = fail or {}
+
+    async def __call__(self, first_index: int, events: list[dict[str, Any]]) -> None:
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            call = len(self.batches)
+            self.batches.append((first_index, [e["data"]["text"] for e in events]))
+            if call == 0 and self.hold_first:
+                self.entered.set()
+                await self.release.wait()
+            if call in self.fail:
+                raise self.fail[call]
+        finally:
+            self.in_flight -= 1
+
+
+async def test_events_arriving_in_flight_form_the_next_batch_in_order() -> None:
+    sender = RecordingSender()
+    sender.hold_first = True
+    metrics = Metrics()
+    async with RunReporter(sender, metrics) as reporter:
+        await reporter.report(event(0))
+        await sender.entered.wait()
+        for n in range(1, 6):
+            await reporter.report(event(n))
+        sender.release.set()
+    assert sender.batches == [(0, ["0"]), (1, ["1", "2", "3", "4", "5"])]
+    assert sender.max_in_flight == 1
+    assert metrics.batches_sent == 2 and metrics.batches_dropped == 0
+    assert metrics.events_reported == 6
+
+
+async def test_a_failed_batch_is_dropped_and_later_batches_keep_their_indexes() -> None:
+    sender = RecordingSender(fail={0: UpstreamUnavailable("server restarting")})
+    sender.hold_first = True
+    metrics = Metrics()
+    async with RunReporter(sender, metrics) as reporter:
+        await reporter.report(event(0))
+        await reporter.report(event(1))
+        await sender.entered.wait()
+        await reporter.report(event(2))
+        sender.release.set()
+    # The dropped batch leaves a gap (indexes 0-1); the next starts at 2.
+    assert sender.batches == [(0, ["0", "1"]), (2, ["2"])]
+    assert reporter.batches_dropped == 1 and reporter.batches_sent == 1
+    assert metrics.batches_dropped == 1
+
+
+async def test_close_flushes_everything_and_a_flood_is_split_in_order() -> None:
+    sender = RecordingSender()
+    total = MAX_BATCH_EVENTS * 2 + 7
+    async with RunReporter(sender, Metrics()) as reporter:
+        for n in range(total):
+            await reporter.report(event(n))
+    flat = [text for _, texts in sender.batches for text in texts]
+    assert flat == [str(n) for n in range(total)]
+    indexes = [first for first, _ in sender.batches]
+    sizes = [len(texts) for _, texts in sender.batches]
+    assert indexes == [sum(sizes[:i]) for i in range(len(sizes))]
+    assert max(sizes) <= MAX_BATCH_EVENTS
+    assert sender.max_in_flight == 1
+
+
+async def test_stale_turn_calls_back_once_and_sends_nothing_more() -> None:
+    sender = RecordingSender(fail={0: StaleTurn("stale", status=409, code="stale_turn")})
+    sender.hold_first = True
+    stale_calls = []
+    async with RunReporter(sender, Metrics(), on_stale=lambda: stale_calls.append(1)) as reporter:
+        await reporter.report(event(0))
+        await sender.entered.wait()
+        await reporter.report(event(1))
+        sender.release.set()
+    assert stale_calls == [1]
+    assert reporter.stale
+    assert len(sender.batches) == 1  # the batch after the stale answer was never sent
+    assert reporter.batches_dropped == 2
+
+
+async def test_no_events_no_request() -> None:
+    sender = RecordingSender()
+    async with RunReporter(sender, Metrics()):
+        pass
+    assert sender.batches == []
