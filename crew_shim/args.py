@@ -64,12 +64,11 @@ def parse_args(argv: Sequence[str], *, options: Mapping[str, int], command: str)
         if name in args.options:
             raise UsageError(f"--{name} was given twice. Give it once.")
         wanted = options[name]
-        values = [inline] if has_inline else []
+        values = _split(inline, wanted) if has_inline else []
+        if not values and index < len(tokens):
+            values = _split(tokens[index], wanted)
+            index += 1
         while len(values) < wanted and index < len(tokens):
-            if wanted == 2 and len(values) == 0 and " " in tokens[index].strip():
-                values.extend(tokens[index].split(maxsplit=1))
-                index += 1
-                break
             values.append(tokens[index])
             index += 1
         if len(values) < wanted:
@@ -103,3 +102,10 @@ def expect_positionals(args: Args, names: Sequence[str], *, command: str) -> lis
             f"Quote a value with spaces, or run crew {command} --help."
         )
     return list(args.positionals)
+
+
+def _split(word: str, wanted: int) -> list[str]:
+    """One word as the values of an option: `"mon 09:00"` gives two when two are wanted."""
+    if wanted > 1 and " " in word.strip():
+        return word.split(maxsplit=wanted - 1)
+    return [word]
