@@ -1,0 +1,452 @@
+"""The whole chain, end to end: a user message → crew-server → crew-computer → launcher →
+the real `opencode` in bwrap, driven by the scripted model → `crew …` → the server's database.
+
+One Computer serves every test in this module (see `conftest.py`); each test
+uses its own agents and rooms and sets the model's script for them.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from crew_server.scripted_model import ROOM_ID
+from tests.e2e.conftest import Chain, wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+
+REPLY_ROOM = rf"Reply with: crew reply (?P<room>{ROOM_ID})"
+
+
+def having(*patterns: str) -> str:
+    """A regex that needs every pattern somewhere (any order), then names the reply room."""
+    return "".join(f"(?=.*{p})" for p in patterns) + rf".*{REPLY_ROOM}"
+
+
+def heredoc(room: str, body: str) -> str:
+    return f"crew reply {room} <<'EOF'\n{body}\nEOF"
+
+
+def event_types(turn: dict[str, Any]) -> list[str]:
+    return [e["type"] for e in turn["events"]]
+
+
+def tool_outputs(turn: dict[str, Any]) -> list[str]:
+    return [e["data"]["output"] for e in turn["events"] if e["type"] == "tool_use"]
+
+
+def sessions_of(chain: Chain, marker: str) -> set[str | None]:
+    """The OpenCode session ids of the model requests whose turn input holds `marker`."""
+    return {
+        r.session
+        for r in chain.model.requests()
+        if r.body["messages"] and marker in _first_user_text(r.body["messages"])
+    }
+
+
+def _first_user_text(messages: list[dict[str, Any]]) -> str:
+    from crew_server.scripted_model import message_text
+
+    users = [message_text(m) for m in messages if m.get("role") == "user"]
+    return users[-1] if users else ""
+
+
+def no_new_turn(chain: Chain, agent_id: str, before: int, settle: float = 3.0) -> None:
+    """After `settle` seconds the agent still has only `before` turns."""
+    time.sleep(settle)
+    assert len(chain.turns(agent_id)) == before
+
+
+# ---------------------------------------------------------------- 1. DM
+
+
+def test_dm_agent_writes_a_file_and_replies(chain: Chain) -> None:
+    chain.script(
+        [
+            {
+                "role": "user",
+                "match": having("DM-1"),
+                "reply": {
+                    "bash": "echo 'first note' > note.txt && "
+                    + heredoc("{{room}}", "I wrote note.txt — costs `$0`.")
+                },
+            }
+        ]
+    )
+    ada = chain.agent("ada")
+    room = chain.dm(ada["id"])
+    sent = chain.post(room["id"], "DM-1: please leave a note")
+
+    [turn] = chain.finished_turns(ada["id"], 1)
+
+    assert turn["status"] == "succeeded", (turn["failure"], chain.diagnostics())
+    [reply] = chain.agent_messages(room["id"], ada["id"])
+    assert reply["body"] == "I wrote note.txt — costs `$0`."
+    note = chain.crew_home / "agents" / ada["id"] / "work" / "note.txt"
+    assert note.read_text() == "first note\n"
+    assert "DM-1: please leave a note" in turn["input"]
+    assert turn["rooms"] == [
+        {"room_id": room["id"], "from_seq": sent["seq"], "to_seq": sent["seq"]}
+    ]
+    assert event_types(turn) == [
+        "step_start",
+        "tool_use",
+        "step_finish",
+        "step_start",
+        "text",
+        "step_finish",
+    ]
+    assert [e["index"] for e in turn["events"]] == list(range(6))
+    tool = turn["events"][1]["data"]
+    assert tool["tool"] == "bash" and not tool["failed"]
+    assert f"Message sent to room {room['id']}." in tool["output"]
+    usage = turn["usage"]
+    assert usage["input_tokens"] == 2 * 99 and usage["output_tokens"] == 2 * 20
+    assert usage["cache_read"] == 2 * 10
+    assert usage["cost"] == pytest.approx(2 * 0.000144)
+
+
+# ---------------------------------------------------------------- 2. group, HELD
+
+
+def test_group_held_reply_is_sent_again_with_the_news_and_the_other_agent_stays_silent(
+    chain: Chain,
+) -> None:
+    chain.script(
+        [
+            {  # Alice's first try is slow, so the user's second message lands first.
+                "role": "user",
+                "match": having("GROUP-2", r"\(@alice, you\)"),
+                "times": 1,
+                "reply": {"bash": heredoc("{{room}}", "Plan: ship on Friday."), "delay_s": 3},
+            },
+            {
+                "role": "tool",
+                "match": r"Not sent: new messages arrived.*(?P<news>NEWS-\w+)",
+                "capture": {"room": rf"crew reply ({ROOM_ID})"},
+                "reply": {"bash": heredoc("{{room}}", "Plan: ship on Friday, noted {{news}}.")},
+            },
+            # Bob reads everything and has nothing to add: no crew reply.
+            {"role": "user", "match": r"\(@bob, you\)", "reply": {"text": "Nothing to add."}},
+        ]
+    )
+    alice, bob = chain.agent("alice"), chain.agent("bob")
+    group = chain.group("launch", [alice["id"], bob["id"]])
+    chain.post(group["id"], "GROUP-2: what is the plan?")
+    wait_for(
+        "Alice's first model request",
+        lambda: any("(@alice, you)" in r.last_text() for r in chain.model.requests()),
+        timeout=60,
+    )
+    chain.post(group["id"], "Update: NEWS-freeze starts Thursday")
+
+    alice_turns = chain.finished_turns(alice["id"], 1)
+    chain.finished_turns(bob["id"], 1)
+
+    first = alice_turns[0]
+    assert first["status"] == "succeeded", (first["failure"], chain.diagnostics())
+    outputs = tool_outputs(first)
+    assert len(outputs) == 2
+    assert outputs[0].startswith("Not sent: new messages arrived in this room.")
+    assert "NEWS-freeze" in outputs[0]
+    assert f"Message sent to room {group['id']}." in outputs[1]
+    bodies = [m["body"] for m in chain.agent_messages(group["id"], alice["id"])]
+    assert bodies == ["Plan: ship on Friday, noted NEWS-freeze."]
+    assert chain.agent_messages(group["id"], bob["id"]) == []
+    assert all(t["status"] == "succeeded" for t in chain.turns(bob["id"]))
+
+
+# ---------------------------------------------------------------- 3. thread
+
+
+def test_thread_mention_wakes_only_that_agent_and_the_group_shows_a_summary(chain: Chain) -> None:
+    chain.script(
+        [
+            {
+                "role": "user",
+                "match": having("THREAD-3", r"\(@cleo, you\)"),
+                "reply": {"bash": heredoc("{{room}}", "Answered in the thread.")},
+            }
+        ]
+    )
+    cleo, dan = chain.agent("cleo"), chain.agent("dan")
+    group = chain.group("ops", [cleo["id"], dan["id"]])
+    root = chain.post(group["id"], "Root message for a thread")
+    chain.finished_turns(cleo["id"], 1)
+    chain.finished_turns(dan["id"], 1)
+    dan_turns = len(chain.turns(dan["id"]))
+
+    chain.post(group["id"], "THREAD-3 @cleo can you look at this?", thread_of=root["id"])
+    turns = chain.finished_turns(cleo["id"], 2)
+
+    assert turns[1]["status"] == "succeeded", (turns[1]["failure"], chain.diagnostics())
+    timeline = chain.messages(group["id"])
+    [root_now] = [m for m in timeline if m["id"] == root["id"]]
+    thread_id = root_now["thread"]["id"]
+    assert root_now["thread"]["replies"] == 2
+    thread = chain.messages(thread_id)
+    assert [m["body"] for m in thread] == [
+        "THREAD-3 @cleo can you look at this?",
+        "Answered in the thread.",
+    ]
+    assert thread[1]["author"]["id"] == cleo["id"]
+    assert all(m["body"] != "Answered in the thread." for m in timeline)
+    no_new_turn(chain, dan["id"], dan_turns)
+
+
+# ---------------------------------------------------------------- 4. task
+
+
+def test_task_is_claimed_worked_on_and_sent_to_review_with_a_note(chain: Chain) -> None:
+    chain.script(
+        [
+            {
+                "role": "user",
+                "match": rf"\[task #(?P<n>\d+) todo, assigned to @erin\].*{REPLY_ROOM}",
+                "reply": {
+                    "bash": "crew task claim {{room}} {{n}} && echo 'the summary' > summary.md && "
+                    "crew task status {{room}} {{n}} in_review --note 'Wrote summary.md'"
+                },
+            }
+        ]
+    )
+    erin = chain.agent("erin")
+    group = chain.group("tasks", [erin["id"]])
+    message = chain.post(group["id"], "TASK-4 write the summary")
+    chain.finished_turns(erin["id"], 1)
+    task = chain._ok(
+        chain.http.post(
+            "/api/tasks/convert", json={"message_id": message["id"], "assignee": "erin"}
+        )
+    )
+
+    def reviewed() -> dict[str, Any] | None:
+        [host] = [m for m in chain.messages(group["id"]) if m["id"] == message["id"]]
+        return host if (host["task"] or {}).get("status") == "in_review" else None
+
+    host = wait_for("the task to reach in_review", reviewed, timeout=90)
+    assert host["task"]["assignee"] == "erin"
+    summary = chain.crew_home / "agents" / erin["id"] / "work" / "summary.md"
+    assert summary.read_text() == "the summary\n"
+    notes = [m["body"] for m in chain.messages(task["thread_id"]) if m["kind"] == "notice"]
+    assert any("Wrote summary.md" in body for body in notes), notes
+    turns = chain.finished_turns(erin["id"], 2)
+    [worked] = [t for t in turns if "todo, assigned to @erin]" in t["input"]]
+    assert worked["status"] == "succeeded", (worked["failure"], chain.diagnostics())
+
+
+# ---------------------------------------------------------------- 5 + 6. memory and sessions
+
+
+def test_session_continues_then_restarts_and_memory_is_read(chain: Chain) -> None:
+    chain.script(
+        [
+            {
+                "role": "user",
+                "match": having("MEM-1"),
+                "reply": {
+                    "bash": "echo 'The user likes tea.' >> MEMORY.md && "
+                    + heredoc("{{room}}", "Noted in my memory.")
+                },
+            },
+            {
+                "role": "user",
+                "match": having("MEM-3"),
+                "reply": {"bash": "grep 'likes tea' MEMORY.md | crew reply {{room}}"},
+            },
+        ]
+    )
+    fay = chain.agent("fay")
+    room = chain.dm(fay["id"])
+    chain.post(room["id"], "MEM-1 remember: I like tea")
+    chain.finished_turns(fay["id"], 1)
+    chain.post(room["id"], "MEM-2 anything new?")
+    first, second = chain.finished_turns(fay["id"], 2)
+    [session_1], [session_2] = sessions_of(chain, "MEM-1"), sessions_of(chain, "MEM-2")
+
+    assert session_1 is not None and session_1 == session_2  # 6. the session continues
+    assert "This is a new session: read MEMORY.md first." in first["input"]
+    assert "new session" not in second["input"]
+
+    # A changed persona changes AGENTS.md: the session is dropped.
+    chain._ok(chain.http.patch(f"/api/agents/{fay['id']}", json={"persona": "Terse."}))
+    time.sleep(1)  # the Computer replaces the runner on the `agents` event
+    chain.post(room["id"], "MEM-3 what do I like?")
+    third = chain.finished_turns(fay["id"], 3)[-1]
+    [session_3] = sessions_of(chain, "MEM-3")
+
+    assert third["status"] == "succeeded", (third["failure"], chain.diagnostics())
+    assert "This is a new session: read MEMORY.md first." in third["input"]
+    assert session_3 is not None and session_3 != session_1
+    bodies = [m["body"] for m in chain.agent_messages(room["id"], fay["id"])]
+    assert bodies == ["Noted in my memory.", "The user likes tea."]
+
+
+# ---------------------------------------------------------------- 7. reminder
+
+
+def test_reminder_fires_and_wakes_the_agent(chain: Chain) -> None:
+    chain.script(
+        [
+            {
+                "role": "user",
+                "match": having("REMIND-7"),
+                "reply": {
+                    "bash": "crew remind {{room}} 'check the oven' --in 20m && "
+                    + heredoc("{{room}}", "I will check in 20 minutes.")
+                },
+            },
+            {
+                "role": "user",
+                "match": having("Reminder from @gus: check the oven"),
+                "reply": {"bash": heredoc("{{room}}", "The oven is checked.")},
+            },
+        ]
+    )
+    gus = chain.agent("gus")
+    room = chain.dm(gus["id"])
+    chain.post(room["id"], "REMIND-7 check the oven later please")
+    [first] = chain.finished_turns(gus["id"], 1)
+    assert first["status"] == "succeeded", (first["failure"], chain.diagnostics())
+
+    chain.dev_clock(21 * 60)
+    second = chain.finished_turns(gus["id"], 2)[-1]
+
+    assert second["status"] == "succeeded", (second["failure"], chain.diagnostics())
+    assert "Reminder from @gus: check the oven" in second["input"]
+    messages = chain.messages(room["id"])
+    assert [m["kind"] for m in messages][-2:] == ["notice", "normal"]
+    assert messages[-1]["body"] == "The oven is checked."
+
+
+# ---------------------------------------------------------------- 8. mute
+
+
+def test_muted_group_wakes_only_on_a_mention(chain: Chain) -> None:
+    chain.script(
+        [
+            {
+                "role": "user",
+                "match": having("MUTE-8 please mute"),
+                "reply": {"bash": "crew mute {{room}}"},
+            },
+            {
+                "role": "user",
+                "match": having(r"\(you muted it\)", "@hal ping"),
+                "reply": {"bash": heredoc("{{room}}", "Pong, I saw both messages.")},
+            },
+        ]
+    )
+    hal = chain.agent("hal")
+    group = chain.group("noisy", [hal["id"]])
+    chain.post(group["id"], "MUTE-8 please mute this group")
+    chain.finished_turns(hal["id"], 1)
+
+    chain.post(group["id"], "just chatter, no mention")
+    no_new_turn(chain, hal["id"], 1)
+    chain.post(group["id"], "@hal ping")
+    second = chain.finished_turns(hal["id"], 2)[-1]
+
+    assert second["status"] == "succeeded", (second["failure"], chain.diagnostics())
+    assert "(you muted it)" in second["input"]
+    assert "just chatter, no mention" in second["input"]
+    assert "@hal ping [mentions you]" in second["input"]
+    bodies = [m["body"] for m in chain.agent_messages(group["id"], hal["id"])]
+    assert bodies == ["Pong, I saw both messages."]
+
+
+# ---------------------------------------------------------------- 9. stop
+
+
+def test_stop_mid_turn_cancels_without_ack_and_the_next_turn_gets_the_same_messages(
+    chain: Chain,
+) -> None:
+    chain.script([{"role": "user", "match": "STOP-9", "reply": {"hang": "headers"}}])
+    ivy = chain.agent("ivy")
+    room = chain.dm(ivy["id"])
+    sent = chain.post(room["id"], "STOP-9 this will hang")
+    wait_for(
+        "the hanging model request",
+        lambda: any("STOP-9" in r.last_text() for r in chain.model.requests()),
+        timeout=60,
+    )
+    with chain.computer.introspection() as local:
+        stopped = local.post(f"/agents/{ivy['id']}/stop")
+        assert stopped.status_code < 300, stopped.text
+        [cancelled] = chain.finished_turns(ivy["id"], 1, timeout=30)
+        assert cancelled["status"] == "cancelled"
+        assert chain.agent_messages(room["id"], ivy["id"]) == []
+
+        chain.script(
+            [
+                {
+                    "role": "user",
+                    "match": having("STOP-9"),
+                    "reply": {"bash": heredoc("{{room}}", "Back, and answering now.")},
+                }
+            ]
+        )
+        woken = local.post(f"/agents/{ivy['id']}/wake")
+        assert woken.status_code < 300, woken.text
+    second = chain.finished_turns(ivy["id"], 2)[-1]
+
+    assert second["status"] == "succeeded", (second["failure"], chain.diagnostics())
+    assert (
+        second["rooms"]
+        == cancelled["rooms"]
+        == [{"room_id": room["id"], "from_seq": sent["seq"], "to_seq": sent["seq"]}]
+    )
+    assert "STOP-9 this will hang" in second["input"]
+
+
+# ---------------------------------------------------------------- 10. model errors
+
+
+def test_model_errors_fail_the_turn_with_their_class_and_keep_the_messages(chain: Chain) -> None:
+    chain.script(
+        [
+            {
+                "match": "ERR-10",
+                "times": 1,
+                "reply": {"error": {"status": 401, "message": "bad key"}},
+            },
+            {"match": "ERR-10", "reply": {"error": {"status": 429, "retry_after_ms": 10}}},
+        ]
+    )
+    jo = chain.agent("jo")
+    room = chain.dm(jo["id"])
+    sent = chain.post(room["id"], "ERR-10 hello")
+    [denied] = chain.finished_turns(jo["id"], 1)
+    assert denied["status"] == "failed"
+    assert denied["failure"]["class"] == "not_logged_in"
+
+    _wake(chain, jo["id"])
+    limited = chain.finished_turns(jo["id"], 2)[-1]
+    assert limited["status"] == "failed"
+    assert limited["failure"]["class"] == "rate_limited"
+    assert chain.agent_messages(room["id"], jo["id"]) == []
+    chain.script(
+        [
+            {
+                "role": "user",
+                "match": having("ERR-10"),
+                "reply": {"bash": heredoc("{{room}}", "Working again.")},
+            }
+        ]
+    )
+
+    _wake(chain, jo["id"])
+    third = chain.finished_turns(jo["id"], 3)[-1]
+    assert third["status"] == "succeeded", (third["failure"], chain.diagnostics())
+    expected = [{"room_id": room["id"], "from_seq": sent["seq"], "to_seq": sent["seq"]}]
+    assert denied["rooms"] == limited["rooms"] == third["rooms"] == expected
+    assert [m["body"] for m in chain.agent_messages(room["id"], jo["id"])] == ["Working again."]
+
+
+def _wake(chain: Chain, agent_id: str) -> None:
+    with chain.computer.introspection() as local:
+        response: httpx.Response = local.post(f"/agents/{agent_id}/wake")
+        assert response.status_code < 300, response.text
