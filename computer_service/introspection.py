@@ -46,7 +46,9 @@ SSE_PING_S = 15.0
 
 
 class SandboxHealth(BaseModel):
-    ok: bool
+    """`ok` is None while the launcher is still starting (its self-test not in yet)."""
+
+    ok: bool | None
     backend: str | None
     reason: str | None
 

@@ -67,7 +67,7 @@ class AgentPreparationFailed(Exception):
 class LauncherStatus:
     """What the launcher's `/health` says (or why there is no launcher)."""
 
-    sandbox_ok: bool
+    sandbox_ok: bool | None
     backend: str | None
     reason: str | None
     engine_found: bool
@@ -75,6 +75,8 @@ class LauncherStatus:
 
     def unavailable_reason(self) -> str | None:
         """Why no agent can run, or None when the sandbox and the engine are usable."""
+        if self.sandbox_ok is None:
+            return "starting"
         if not self.sandbox_ok:
             return f"sandbox unavailable: {self.reason or 'the self-test failed'}"
         if not self.engine_found:
@@ -157,7 +159,7 @@ class ComputerService:
         self.problems: dict[str, tuple[AgentRecord, str]] = {}
         self.connected = False
         self.ready = False
-        self.launcher = LauncherStatus(False, None, "not started yet", False, None)
+        self.launcher = LauncherStatus(None, None, "the launcher is starting", False, None)
         self.unavailable: str | None = "starting"
         self.stop_requested = anyio.Event()
         self._stdout = stdout

@@ -1,0 +1,297 @@
+"""The introspection app: routes, errors, SSE, metrics; the socket's permissions; the schema."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+import yaml
+
+from computer_service.introspection import (
+    AgentDetail,
+    AgentRow,
+    EngineHealth,
+    EventBus,
+    Health,
+    IntrospectionServer,
+    SandboxHealth,
+    SocketInUse,
+    TurnSummary,
+    bind_private_socket,
+    create_app,
+    peer_uid,
+)
+from computer_service.metrics import Metrics
+
+OPENAPI = Path(__file__).resolve().parents[2] / "openapi" / "computer.yaml"
+
+
+class StaticView:
+    """A ComputerView with two agents: one that can run, one with a problem."""
+
+    def __init__(self) -> None:
+        self.metrics = Metrics()
+        self.woken: list[str] = []
+        self.stopped: list[str] = []
+        self.running = {"a1": True}
+
+    def health(self) -> Health:
+        return Health(
+            ready=True,
+            connected=True,
+            sandbox=SandboxHealth(ok=True, backend="bwrap", reason=None),
+            engine=EngineHealth(found=True, version="1.18.33"),
+            agents=2,
+            running_turns=1,
+            queued=0,
+        )
+
+    def _row(self, agent_id: str) -> AgentRow:
+        problem = agent_id == "a2"
+        return AgentRow(
+            id=agent_id,
+            handle="alice" if agent_id == "a1" else "bob",
+            state="problem" if problem else "running",
+            turn_id=None if problem else "t1",
+            pending_wake=False,
+            last_result=None,
+            last_reason=None,
+            session_id=None,
+            model="p/m",
+            problem="cannot prepare" if problem else None,
+        )
+
+    def agent_rows(self) -> list[AgentRow]:
+        return [self._row("a1"), self._row("a2")]
+
+    def agent_detail(self, agent_id: str) -> AgentDetail | None:
+        if agent_id not in ("a1", "a2"):
+            return None
+        turns = [
+            TurnSummary(
+                id="t0",
+                status="failed",
+                duration_ms=5,
+                input_tokens=1,
+                output_tokens=2,
+                cost=0.5,
+                failure_class="engine_error",
+                reason="x",
+            )
+        ]
+        return AgentDetail(**self._row(agent_id).model_dump(), recent_turns=turns)
+
+    def wake_agent(self, agent_id: str) -> bool | None:
+        if agent_id == "a2":
+            return False
+        if agent_id != "a1":
+            return None
+        self.woken.append(agent_id)
+        return True
+
+    def stop_agent(self, agent_id: str) -> bool | None:
+        if agent_id not in ("a1", "a2"):
+            return None
+        stopping = self.running.pop(agent_id, False)
+        if stopping:
+            self.stopped.append(agent_id)
+        return stopping
+
+
+@pytest.fixture
+def view() -> StaticView:
+    return StaticView()
+
+
+def client_for(view: StaticView, bus: EventBus | None = None) -> httpx.AsyncClient:
+    app = create_app(view, bus or EventBus())
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://computer")
+
+
+@pytest.mark.anyio
+async def test_routes_answer_and_errors_are_json(view: StaticView) -> None:
+    async with client_for(view) as client:
+        health = (await client.get("/health")).json()
+        assert health["sandbox"] == {"ok": True, "backend": "bwrap", "reason": None}
+        rows = (await client.get("/agents")).json()
+        assert [r["handle"] for r in rows] == ["alice", "bob"]
+        detail = (await client.get("/agents/a1")).json()
+        assert detail["recent_turns"][0]["failure_class"] == "engine_error"
+
+        missing = await client.get("/agents/nope")
+        assert missing.status_code == 404
+        assert missing.json()["error"]["code"] == "not_found"
+        assert "nope" in missing.json()["error"]["message"]
+
+        assert (await client.post("/agents/a1/wake")).status_code == 202
+        assert view.woken == ["a1"]
+        refused = await client.post("/agents/a2/wake")
+        assert refused.status_code == 409 and refused.json()["error"]["code"] == "conflict"
+
+        stop = await client.post("/agents/a1/stop")
+        assert stop.status_code == 202 and stop.json() == {"id": "a1", "accepted": True}
+        again = await client.post("/agents/a1/stop")
+        assert again.status_code == 200 and again.json()["accepted"] is False
+
+        wrong_method = await client.delete("/health")
+        assert wrong_method.status_code == 405
+        assert wrong_method.json()["error"]["code"] == "method_not_allowed"
+        unknown = await client.get("/nowhere")
+        assert unknown.status_code == 404 and "no route" in unknown.json()["error"]["message"]
+
+
+@pytest.mark.anyio
+async def test_metrics_are_prometheus_text(view: StaticView) -> None:
+    view.metrics.turn_finished("succeeded", 0.3)
+    view.metrics.turn_finished("failed", 12.0)
+    view.metrics.batches_sent = 4
+    view.metrics.batches_dropped = 1
+    view.metrics.queue_length = lambda: 7
+    async with client_for(view) as client:
+        response = await client.get("/metrics")
+    assert response.headers["content-type"].startswith("text/plain")
+    text = response.text
+    assert 'crew_turns_total{result="succeeded"} 1' in text
+    assert 'crew_turns_total{result="failed"} 1' in text
+    assert 'crew_turn_duration_seconds_bucket{le="0.5"} 1' in text
+    assert 'crew_turn_duration_seconds_bucket{le="+Inf"} 2' in text
+    assert 'crew_report_batches_total{outcome="dropped"} 1' in text
+    assert "crew_turn_queue_length 7" in text
+
+
+@pytest.mark.anyio
+async def test_events_stream_state_changes_until_the_bus_closes(view: StaticView) -> None:
+    bus = EventBus()
+    app = create_app(view, bus)
+    received: list[bytes] = []
+
+    async def reader() -> None:
+        # Drive the ASGI app directly: ASGITransport buffers whole responses.
+        messages: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            await anyio.sleep_forever()
+            return {}
+
+        async def send(message: dict[str, Any]) -> None:
+            messages.append(message)
+            if message["type"] == "http.response.body" and message.get("body"):
+                received.append(message["body"])
+
+        scope = {
+            "type": "http",
+            "method": "GET",
+            "path": "/events",
+            "headers": [],
+            "query_string": b"",
+            "root_path": "",
+            "scheme": "http",
+            "http_version": "1.1",
+            "server": ("computer", 80),
+            "client": None,
+            "asgi": {"version": "3.0"},
+        }
+        await app(scope, receive, send)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(reader)
+        with anyio.fail_after(5):
+            while not bus.has_subscribers:
+                await anyio.sleep(0.01)
+        bus.publish("state", {"id": "a1", "state": "running"})
+        bus.publish("engine", {"agent_id": "a1", "type": "text", "data": {"text": "hi"}})
+        with anyio.fail_after(5):
+            while len(received) < 3:
+                await anyio.sleep(0.01)
+        bus.close()
+    body = b"".join(received)
+    assert b'event: state\ndata: {"id":"a1","state":"running"}\n\n' in body
+    assert b"event: engine\n" in body
+    assert body.index(b"event: state") < body.index(b"event: engine")
+
+
+def test_a_full_reader_loses_events_instead_of_blocking() -> None:
+    bus = EventBus()
+
+    async def main() -> None:
+        async with bus.subscribe() as receive:
+            for n in range(2000):
+                bus.publish("state", {"n": n})
+            assert bus.dropped == 2000 - 1024
+            first = await receive.receive()
+            assert first == ("state", {"n": 0})
+
+    anyio.run(main)
+
+
+def test_socket_is_private_and_refuses_a_second_computer(tmp_path: Path) -> None:
+    path = tmp_path / "crew" / "sockets" / "computer.sock"
+    sock = bind_private_socket(path)
+    try:
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
+        with pytest.raises(SocketInUse):
+            bind_private_socket(path)
+    finally:
+        sock.close()
+    # A leftover socket of a Computer that died is replaced.
+    again = bind_private_socket(path)
+    again.close()
+
+
+def test_socket_directory_must_not_be_a_symlink(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    home = tmp_path / "crew"
+    home.mkdir()
+    (home / "sockets").symlink_to(elsewhere)
+    with pytest.raises(OSError, match="not a directory owned by this user"):
+        bind_private_socket(home / "sockets" / "computer.sock")
+
+
+def test_peer_uid_is_read_from_the_connection() -> None:
+    left, right = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with left, right:
+        assert peer_uid(left) == os.getuid()
+
+
+@pytest.mark.anyio
+async def test_served_on_the_unix_socket(tmp_path: Path, view: StaticView) -> None:
+    path = tmp_path / "sockets" / "computer.sock"
+    server = IntrospectionServer(create_app(view, EventBus()), path)
+    await server.start()
+    try:
+        transport = httpx.AsyncHTTPTransport(uds=str(path))
+        async with httpx.AsyncClient(transport=transport, base_url="http://computer") as client:
+            assert (await client.get("/health")).json()["ready"] is True
+    finally:
+        await server.stop()
+    assert not path.exists()
+
+
+def test_openapi_documents_every_route_and_the_models() -> None:
+    spec = yaml.safe_load(OPENAPI.read_text())
+    app = create_app(StaticView(), EventBus())
+    routes = {(m, r.path) for r in app.routes for m in getattr(r, "methods", set()) if m != "HEAD"}
+    documented = {
+        (m.upper(), p.replace("{agent_id}", "{agent_id}"))
+        for p, ops in spec["paths"].items()
+        for m in ops
+        if m != "parameters"
+    }
+    assert routes == documented
+    schemas = spec["components"]["schemas"]
+    for model, name in (
+        (Health, "Health"),
+        (AgentRow, "AgentRow"),
+        (AgentDetail, "AgentDetail"),
+        (TurnSummary, "TurnSummary"),
+    ):
+        assert set(model.model_fields) == set(schemas[name]["properties"]), name
+        assert set(schemas[name]["required"]) == set(model.model_fields), name
