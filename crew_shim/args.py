@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 
 from crew_shim.errors import UsageError
 
@@ -16,13 +15,15 @@ _DATE_ONLY = re.compile(r"\d{4}-\d{2}-\d{2}")
 _CLOCK_ONLY = re.compile(r"\d{1,2}:\d{2}")
 
 
-@dataclass
 class Args:
     """What was given: positionals in order, option values by name (without `--`)."""
 
-    positionals: list[str] = field(default_factory=list)
-    options: dict[str, list[str]] = field(default_factory=dict)
-    help: bool = False
+    __slots__ = ("help", "options", "positionals")
+
+    def __init__(self) -> None:
+        self.positionals: list[str] = []
+        self.options: dict[str, list[str]] = {}
+        self.help = False
 
     def option(self, name: str) -> str | None:
         """The value of a one-value option, or None when it was not given."""

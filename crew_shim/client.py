@@ -1,8 +1,10 @@
 """The one HTTP call each `crew` command makes to the crew server.
 
-Standard library `http.client`, not httpx: importing httpx costs ~100 ms per
-run, and `crew` runs many times per turn (figures in crew_shim/README.md).
-One request, a 10 s timeout, never a retry: a retried reply could post twice.
+No httpx and, for `http://`, not even `http.client`: importing httpx costs
+~80 ms and http.client ~12 ms (email parser, ssl) per run, and `crew` runs many
+times per turn (figures in crew_shim/README.md). A plain HTTP/1.1 exchange over
+a socket is all one JSON request needs; `https://` goes through http.client.
+One request, a 10 s deadline, never a retry: a retried reply could post twice.
 """
 
 from __future__ import annotations
@@ -10,22 +12,27 @@ from __future__ import annotations
 import json
 import os
 import socket
-from dataclasses import dataclass
-from typing import Any
+import time
 from urllib.parse import urlsplit
 
 from crew_shim.errors import CrewError, ServerTimeout, ServerUnreachable
+
+TYPE_CHECKING = False  # typing costs ~2 ms to import; annotations are strings here
+if TYPE_CHECKING:
+    from typing import Any
 
 TIMEOUT_S = 10.0
 _MAX_ANSWER = 8 * 1024 * 1024
 
 
-@dataclass(frozen=True)
 class Answer:
     """The server's status and decoded JSON (None for an empty body)."""
 
-    status: int
-    data: Any
+    __slots__ = ("data", "status")
+
+    def __init__(self, status: int, data: Any) -> None:
+        self.status = status
+        self.data = data
 
     @property
     def ok(self) -> bool:
@@ -43,16 +50,22 @@ class Answer:
         return message.strip() if isinstance(message, str) and message.strip() else None
 
 
-@dataclass(frozen=True)
 class Effect:
     """How the command's outcome reads when the server is silent or unreachable.
 
-    `unsent` completes "Nothing was …"; `maybe` says what may have happened
+    `unsent` completes "nothing was …"; `maybe` says what may have happened
     and what to check before trying again.
     """
 
-    unsent: str
-    maybe: str
+    __slots__ = ("maybe", "unsent")
+
+    def __init__(self, *, unsent: str, maybe: str) -> None:
+        self.unsent = unsent
+        self.maybe = maybe
+
+
+class ProtocolError(Exception):
+    """The server's answer is not an HTTP/1.1 response we can read."""
 
 
 class CrewServer:
@@ -102,38 +115,149 @@ class CrewServer:
 
     def call(self, method: str, path: str, body: Any = None, *, effect: Effect) -> Answer:
         """Send one request and return the answer; network failures become CrewErrors."""
+        payload = b"" if body is None else json.dumps(body, ensure_ascii=False).encode("utf-8")
+        headers = {"Authorization": f"Bearer {self._token}", "Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        target = self._prefix + path
+        if self._https:
+            status, raw = self._exchange_https(method, target, headers, payload, effect)
+        else:
+            status, raw = self._exchange_plain(method, target, headers, payload, effect)
+        return Answer(status, _decode(raw))
+
+    def _exchange_plain(
+        self, method: str, target: str, headers: dict[str, str], payload: bytes, effect: Effect
+    ) -> tuple[int, bytes]:
+        deadline = time.monotonic() + self._timeout
+        port = self._port or 80
+        try:
+            sock = socket.create_connection((self._host, port), timeout=self._timeout)
+        except TimeoutError as exc:
+            raise self._unreachable("no connection within the timeout", effect) from exc
+        except OSError as exc:
+            raise self._unreachable(exc.strerror or str(exc), effect) from exc
+        head = [f"{method} {target} HTTP/1.1", f"Host: {self._host}:{port}", "Connection: close"]
+        head += [f"{name}: {value}" for name, value in headers.items()]
+        head.append(f"Content-Length: {len(payload)}")
+        request = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + payload
+        received = bytearray()
+        try:
+            with sock:
+                sock.sendall(request)
+                while True:
+                    sock.settimeout(max(deadline - time.monotonic(), 0.001))
+                    chunk = sock.recv(65536)
+                    if not chunk:
+                        break
+                    received += chunk
+                    if len(received) > _MAX_ANSWER:
+                        raise ProtocolError("the answer is larger than 8 MiB")
+                    if _complete(received):
+                        break
+            return parse_response(bytes(received))
+        except TimeoutError as exc:
+            raise self._silent(effect) from exc
+        except (OSError, ProtocolError) as exc:
+            raise self._broken(exc, effect) from exc
+
+    def _exchange_https(
+        self, method: str, target: str, headers: dict[str, str], payload: bytes, effect: Effect
+    ) -> tuple[int, bytes]:
         import http.client
 
-        connection_class = (
-            http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-        )
-        connection = connection_class(self._host, self._port, timeout=self._timeout)
-        payload = None if body is None else json.dumps(body, ensure_ascii=False).encode("utf-8")
-        headers = {"Authorization": f"Bearer {self._token}", "Accept": "application/json"}
-        if payload is not None:
-            headers["Content-Type"] = "application/json"
+        connection = http.client.HTTPSConnection(self._host, self._port, timeout=self._timeout)
         try:
-            connection.request(method, self._prefix + path, body=payload, headers=headers)
+            try:
+                connection.connect()
+            except TimeoutError as exc:
+                raise self._unreachable("no connection within the timeout", effect) from exc
+            except OSError as exc:
+                raise self._unreachable(exc.strerror or str(exc), effect) from exc
+            connection.request(method, target, body=payload or None, headers=headers)
             response = connection.getresponse()
-            raw = response.read(_MAX_ANSWER)
+            return response.status, response.read(_MAX_ANSWER)
         except TimeoutError as exc:
-            raise ServerTimeout(
-                f"the crew server did not answer within {self._timeout:g} seconds, so "
-                f"{effect.maybe}"
-            ) from exc
-        except (ConnectionRefusedError, socket.gaierror) as exc:
-            raise ServerUnreachable(
-                f"cannot reach the crew server ({exc.strerror or exc}); nothing was "
-                f"{effect.unsent}. Try again in a minute; if it keeps failing, tell the user."
-            ) from exc
+            raise self._silent(effect) from exc
         except (OSError, http.client.HTTPException) as exc:
-            # The connection broke after the request may have gone out.
-            raise ServerTimeout(
-                f"the connection to the crew server broke ({type(exc).__name__}), so {effect.maybe}"
-            ) from exc
+            raise self._broken(exc, effect) from exc
         finally:
             connection.close()
-        return Answer(response.status, _decode(raw))
+
+    def _unreachable(self, reason: str, effect: Effect) -> ServerUnreachable:
+        return ServerUnreachable(
+            f"cannot reach the crew server ({reason}); nothing was {effect.unsent}. "
+            "Try again in a minute; if it keeps failing, tell the user."
+        )
+
+    def _silent(self, effect: Effect) -> ServerTimeout:
+        return ServerTimeout(
+            f"the crew server did not answer within {self._timeout:g} seconds, so {effect.maybe}."
+        )
+
+    def _broken(self, exc: BaseException, effect: Effect) -> ServerTimeout:
+        # The request may have reached the server before the connection broke.
+        return ServerTimeout(f"the connection to the crew server broke ({exc}), so {effect.maybe}.")
+
+
+def parse_response(raw: bytes) -> tuple[int, bytes]:
+    """Status and body of a whole HTTP/1.1 response (Content-Length, chunked or until close)."""
+    head, sep, body = raw.partition(b"\r\n\r\n")
+    if not sep:
+        raise ProtocolError("the answer ended before its headers did")
+    lines = head.split(b"\r\n")
+    parts = lines[0].split(None, 2)
+    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+        raise ProtocolError(f"not an HTTP/1.1 answer: {lines[0][:80]!r}")
+    fields = _fields(lines[1:])
+    if b"chunked" in fields.get(b"transfer-encoding", b"").lower():
+        return int(parts[1]), _dechunk(body)
+    length = fields.get(b"content-length")
+    if length is not None:
+        if not length.strip().isdigit() or len(body) < int(length):
+            raise ProtocolError("the answer is shorter than its Content-Length")
+        body = body[: int(length)]
+    return int(parts[1]), body
+
+
+def _fields(lines: list[bytes]) -> dict[bytes, bytes]:
+    fields = {}
+    for line in lines:
+        name, _, value = line.partition(b":")
+        fields[name.strip().lower()] = value.strip()
+    return fields
+
+
+def _complete(received: bytearray) -> bool:
+    """Whether a Content-Length answer is all here (so we need not wait for the close)."""
+    end = received.find(b"\r\n\r\n")
+    if end < 0:
+        return False
+    fields = _fields(bytes(received[:end]).split(b"\r\n")[1:])
+    length = fields.get(b"content-length")
+    if length is None or not length.strip().isdigit():
+        return False
+    return len(received) - end - 4 >= int(length)
+
+
+def _dechunk(body: bytes) -> bytes:
+    out = bytearray()
+    pos = 0
+    while True:
+        line_end = body.find(b"\r\n", pos)
+        if line_end < 0:
+            raise ProtocolError("a chunked answer ended early")
+        try:
+            size = int(body[pos:line_end].split(b";")[0], 16)
+        except ValueError as exc:
+            raise ProtocolError("a chunked answer has a bad chunk size") from exc
+        if size == 0:
+            return bytes(out)
+        start = line_end + 2
+        if len(body) < start + size:
+            raise ProtocolError("a chunked answer ended early")
+        out += body[start : start + size]
+        pos = start + size + 2
 
 
 def _decode(raw: bytes) -> Any:
