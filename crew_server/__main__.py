@@ -1,0 +1,77 @@
+"""`crew-server --db PATH --host 127.0.0.1 --port N [--dev]`: the reference crew server.
+
+Reads top-down: parse arguments → open the store (migrations run) → make sure a
+user token exists (printed once) → serve with uvicorn until SIGINT/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import sys
+
+import uvicorn
+
+from crew_server.app import create_app
+from crew_server.clock import Clock
+from crew_server.store import Store
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="crew-server", description=__doc__)
+    parser.add_argument("--db", required=True, help="SQLite file (created when missing), or :memory:")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument(
+        "--dev", action="store_true",
+        help="no user auth and a movable clock (POST /api/dev/clock); loopback only",
+    )
+    parser.add_argument("--reset-user-token", action="store_true",
+                        help="replace the user token and print the new one")
+    parser.add_argument("--log-level", default="warning")
+    return parser.parse_args(argv)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    if args.dev and not is_loopback(args.host):
+        print(
+            f"crew-server: --dev turns user auth off, so it may only bind to loopback, "
+            f"not {args.host}; use --host 127.0.0.1 or drop --dev",
+            file=sys.stderr,
+        )
+        return 2
+    clock = Clock()
+    try:
+        store = Store(args.db, clock)
+    except Exception as exc:  # any failure to open or migrate the db ends the start
+        print(f"crew-server: cannot open the database {args.db}: {exc}", file=sys.stderr)
+        return 1
+    if args.reset_user_token:
+        print(f"user token (shown once): {store.reset_user_token()}", flush=True)
+    elif not args.dev:
+        token = store.ensure_user_token()
+        if token is not None:
+            print(f"user token (shown once, keep it): {token}", flush=True)
+    app = create_app(store, clock, dev=args.dev)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                    access_log=False, lifespan="on")
+    finally:
+        store.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,582 @@
+"""The reference crew server's HTTP API (Starlette): computer, agent and user endpoints.
+
+`create_app(store, clock, dev)` builds it; tests drive it in-process through
+`httpx.ASGITransport`, `crew-server` serves it with uvicorn. The routes are
+listed at the bottom, grouped by who calls them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import anyio
+import orjson
+from pydantic import BaseModel, ValidationError
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from crew_server import models as m
+from crew_server import rules
+from crew_server.clock import Clock, iso
+from crew_server.errors import ApiError, BadJson, Invalid, TooLarge, Unauthorized
+from crew_server.store import USER, Actor, AgentIdentity, Store
+
+log = logging.getLogger("crew_server.app")
+
+MAX_BODY = 1024 * 1024
+PING_SECONDS = 15.0
+M = TypeVar("M", bound=BaseModel)
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def json_response(data: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(data), status_code=status, media_type="application/json")
+
+
+def no_content() -> Response:
+    return Response(status_code=204)
+
+
+class EventHub:
+    """Wakes the SSE streams of a Computer when the store committed events for it."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[str, set[asyncio.Event]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def subscribe(self, computer_id: str) -> asyncio.Event:
+        self._loop = asyncio.get_running_loop()
+        flag = asyncio.Event()
+        self._waiting.setdefault(computer_id, set()).add(flag)
+        return flag
+
+    def unsubscribe(self, computer_id: str, flag: asyncio.Event) -> None:
+        flags = self._waiting.get(computer_id)
+        if flags is not None:
+            flags.discard(flag)
+            if not flags:
+                del self._waiting[computer_id]
+
+    def notify(self, computer_ids: set[str]) -> None:
+        """Called by the store after a commit, possibly from another thread."""
+        loop = self._loop
+        if loop is None:
+            return
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            self._set(computer_ids)
+        elif not loop.is_closed():
+            loop.call_soon_threadsafe(self._set, computer_ids)
+
+    def _set(self, computer_ids: set[str]) -> None:
+        for computer_id in computer_ids:
+            for flag in self._waiting.get(computer_id, ()):
+                flag.set()
+
+
+class ReminderScheduler:
+    """Fires due reminders: sleeps until the next one is due, or until poked."""
+
+    def __init__(self, store: Store, clock: Clock) -> None:
+        self.store = store
+        self.clock = clock
+        self._poke: asyncio.Event | None = None
+
+    def poke(self) -> None:
+        """Reminders changed (or the clock moved): look again now."""
+        if self._poke is not None:
+            self._poke.set()
+
+    def run_due(self) -> int:
+        """Fire what is due now; a failure is logged and retried on the next round."""
+        try:
+            return self.store.fire_due_reminders()
+        except Exception:
+            log.exception("firing due reminders failed; will retry")
+            return 0
+
+    async def run(self) -> None:
+        self._poke = asyncio.Event()
+        while True:
+            self._poke.clear()
+            self.run_due()
+            following = self.store.next_reminder_at()
+            delay = 60.0
+            if following is not None:
+                delay = min(delay, max(0.0, (following - self.clock.now()).total_seconds()))
+            with anyio.move_on_after(delay):
+                await self._poke.wait()
+
+
+async def read_body(request: Request, model: type[M]) -> M:
+    """The request's JSON body validated by `model`; 413 over 1 MiB, 400/422 when bad."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise BadJson("the Content-Length header is not a number")
+        if int(declared) > MAX_BODY:
+            raise TooLarge("the request body is over 1 MiB; send less")
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > MAX_BODY:
+            raise TooLarge("the request body is over 1 MiB; send less")
+    try:
+        data = orjson.loads(raw) if raw.strip() else {}
+    except orjson.JSONDecodeError as exc:
+        raise BadJson(f"the request body is not valid JSON ({exc}); send a JSON object") from exc
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}"
+            for err in exc.errors()[:5]
+        )
+        raise Invalid(f"the request body is invalid: {problems}") from exc
+
+
+def bearer(request: Request) -> str:
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthorized("missing bearer token; send Authorization: Bearer <token>")
+    return token.strip()
+
+
+def int_param(request: Request, name: str, default: int, low: int, high: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError as exc:
+        raise Invalid(f"query parameter {name} must be an integer") from exc
+    if not low <= value <= high:
+        raise Invalid(f"query parameter {name} must be between {low} and {high}")
+    return value
+
+
+def create_app(
+    store: Store,
+    clock: Clock,
+    dev: bool = False,
+    *,
+    ping_seconds: float = PING_SECONDS,
+    run_scheduler: bool = True,
+) -> Starlette:
+    """The ASGI app. `dev` turns user auth off and enables `POST /api/dev/clock`."""
+    hub = EventHub()
+    store.listener = hub.notify
+    scheduler = ReminderScheduler(store, clock)
+
+    # ------------------------------------------------------------ who is calling
+
+    def user(request: Request) -> Actor:
+        if not dev and not store.check_user_token(bearer(request)):
+            raise Unauthorized("the user token is not valid; use the token printed at first start")
+        return USER
+
+    def computer(request: Request) -> str:
+        return store.computer_by_token(bearer(request))
+
+    def agent(request: Request) -> AgentIdentity:
+        return store.agent_by_token(bearer(request))
+
+    def agent_actor(identity: AgentIdentity) -> Actor:
+        return Actor("agent", identity.agent_id, identity.handle)
+
+    def task_number(request: Request) -> int:
+        raw = request.path_params["number"]
+        if not raw.isdigit() or len(raw) > 12:
+            raise Invalid("the task number must be a positive integer, like 3")
+        return int(raw)
+
+    # ------------------------------------------------------------ public
+
+    async def health(request: Request) -> Response:
+        return json_response({"ok": True})
+
+    # ------------------------------------------------------------ user API
+
+    async def post_computer(request: Request) -> Response:
+        user(request)
+        body = await read_body(request, m.ComputerCreate)
+        computer_id, token = store.create_computer(body.name)
+        return json_response({"computer_id": computer_id, "token": token}, 201)
+
+    async def get_computers(request: Request) -> Response:
+        user(request)
+        return json_response(store.list_computers())
+
+    async def post_agent(request: Request) -> Response:
+        user(request)
+        body = await read_body(request, m.AgentCreate)
+        created = store.create_agent(body.handle, body.name, body.persona, body.model,
+                                     body.engine, body.computer_id)
+        return json_response(created, 201)
+
+    async def patch_agent(request: Request) -> Response:
+        user(request)
+        body = await read_body(request, m.AgentPatch)
+        changes = body.model_dump(exclude_unset=True)
+        for key in ("name", "persona", "model", "engine"):
+            if key in changes and changes[key] is None:
+                raise Invalid(f"{key} cannot be null")
+        return json_response(store.update_agent(request.path_params["agent_id"], changes))
+
+    async def get_agents(request: Request) -> Response:
+        user(request)
+        return json_response(store.list_agents())
+
+    async def get_positions(request: Request) -> Response:
+        user(request)
+        return json_response(store.positions(request.path_params["agent_id"]))
+
+    async def delete_user_mute(request: Request) -> Response:
+        user(request)
+        store.unmute(request.path_params["agent_id"], request.path_params["room_id"])
+        return no_content()
+
+    async def post_room(request: Request) -> Response:
+        user(request)
+        body = await read_body(request, m.RoomCreate)
+        room, created = store.create_room(body.kind, body.title, body.agent_ids)
+        return json_response(room, 201 if created else 200)
+
+    async def get_rooms(request: Request) -> Response:
+        user(request)
+        return json_response(store.list_rooms())
+
+    async def get_room(request: Request) -> Response:
+        user(request)
+        return json_response(store.get_room(request.path_params["room_id"]))
+
+    async def post_message(request: Request) -> Response:
+        user(request)
+        body = await read_body(request, m.MessageCreate)
+        message = store.user_post(request.path_params["room_id"], body.body, body.thread_of)
+        return json_response(message, 201)
+
+    async def get_messages(request: Request) -> Response:
+        user(request)
+        after = int_param(request, "after_seq", 0, 0, 2**53)
+        limit = int_param(request, "limit", 500, 1, 1000)
+        return json_response(store.list_messages(request.path_params["room_id"], after, limit))
+
+    async def get_turns(request: Request) -> Response:
+        user(request)
+        limit = int_param(request, "limit", 100, 1, 1000)
+        return json_response(store.list_turns(request.query_params.get("agent_id"), limit))
+
+    async def get_turn(request: Request) -> Response:
+        user(request)
+        return json_response(store.get_turn(request.path_params["turn_id"]))
+
+    async def get_user_tasks(request: Request) -> Response:
+        actor = user(request)
+        return json_response(store.list_tasks(actor, request.query_params.get("room_id")))
+
+    async def post_user_task(request: Request) -> Response:
+        actor = user(request)
+        body = await read_body(request, m.TaskCreate)
+        return json_response(store.create_task(actor, body.room_id, body.title, body.assignee), 201)
+
+    async def post_user_convert(request: Request) -> Response:
+        actor = user(request)
+        body = await read_body(request, m.TaskConvert)
+        return json_response(store.convert_task(actor, body.message_id, body.assignee), 201)
+
+    async def post_user_status(request: Request) -> Response:
+        actor = user(request)
+        body = await read_body(request, m.TaskStatusSet)
+        return json_response(store.set_task_status(actor, task_number(request), body.status, body.note))
+
+    async def post_user_assign(request: Request) -> Response:
+        actor = user(request)
+        body = await read_body(request, m.TaskAssign)
+        return json_response(store.assign_task(actor, task_number(request), body.assignee))
+
+    async def post_dev_clock(request: Request) -> Response:
+        if not dev:
+            raise ApiError("the clock hook exists only on a server started with --dev")
+        body = await read_body(request, m.DevClock)
+        now = clock.advance(body.advance_seconds)
+        fired = scheduler.run_due()
+        scheduler.poke()
+        return json_response({"now": iso(now), "fired": fired})
+
+    # ------------------------------------------------------------ computer API
+
+    async def post_connect(request: Request) -> Response:
+        computer_id = computer(request)
+        body = await read_body(request, m.Connect)
+        return json_response(
+            store.connect(computer_id, body.hostname, body.platform, body.version, body.capacity)
+        )
+
+    async def get_computer_agents(request: Request) -> Response:
+        return json_response(store.computer_agents(computer(request)))
+
+    async def put_models(request: Request) -> Response:
+        computer_id = computer(request)
+        body = await read_body(request, m.ModelsPut)
+        store.set_models(computer_id, body.models)
+        return no_content()
+
+    async def put_problem(request: Request) -> Response:
+        computer_id = computer(request)
+        body = await read_body(request, m.ProblemPut)
+        store.set_problem(computer_id, request.path_params["agent_id"], body.reason)
+        return no_content()
+
+    async def delete_problem(request: Request) -> Response:
+        store.set_problem(computer(request), request.path_params["agent_id"], None)
+        return no_content()
+
+    async def post_agent_token(request: Request) -> Response:
+        token = store.issue_agent_token(computer(request), request.path_params["agent_id"])
+        return json_response({"token": token})
+
+    async def post_unread(request: Request) -> Response:
+        rooms = store.claim_unread(computer(request), request.path_params["agent_id"])
+        return json_response({"rooms": rooms})
+
+    async def post_turn(request: Request) -> Response:
+        computer_id = computer(request)
+        body = await read_body(request, m.TurnRegister)
+        registered = store.register_turn(
+            computer_id, request.path_params["agent_id"],
+            [r.model_dump() for r in body.rooms], body.input, body.engine, body.model,
+            body.session_id,
+        )
+        return json_response(registered, 201)
+
+    async def post_events(request: Request) -> Response:
+        computer_id = computer(request)
+        body = await read_body(request, m.EventsBatch)
+        events = [{"type": e.type, "at": iso(e.at), "data": e.data} for e in body.events]
+        store.add_events(computer_id, request.path_params["turn_id"], body.fence,
+                         body.first_index, events)
+        return no_content()
+
+    async def post_finish(request: Request) -> Response:
+        computer_id = computer(request)
+        body = await read_body(request, m.TurnFinish)
+        store.finish_turn(
+            computer_id, request.path_params["turn_id"], body.fence, body.status,
+            body.failure.model_dump(by_alias=True) if body.failure else None,
+            body.usage.model_dump() if body.usage else None,
+        )
+        return no_content()
+
+    async def post_ack(request: Request) -> Response:
+        computer_id = computer(request)
+        body = await read_body(request, m.Ack)
+        store.ack(computer_id, request.path_params["agent_id"], body.turn_id, body.fence)
+        return no_content()
+
+    async def get_events(request: Request) -> Response:
+        computer_id = computer(request)
+        newest = store.last_event_id()
+        raw = request.headers.get("last-event-id")
+        if raw is None or not raw.strip():
+            cursor = newest
+        elif raw.strip().isdigit():
+            # An id from before a database reset would hide every new event: start afresh.
+            cursor = min(int(raw), newest)
+        else:
+            raise Invalid("Last-Event-ID must be an id this server sent (an integer)")
+        flag = hub.subscribe(computer_id)
+
+        async def stream() -> AsyncIterator[bytes]:
+            nonlocal cursor
+            try:
+                yield b"retry: 2000\n\n"
+                while True:
+                    flag.clear()
+                    rows = store.events_after(computer_id, cursor)
+                    for event_id, event, data in rows:
+                        cursor = event_id
+                        yield f"id: {event_id}\nevent: {event}\ndata: {data}\n\n".encode()
+                    if rows:
+                        continue
+                    with anyio.move_on_after(ping_seconds) as waited:
+                        await flag.wait()
+                    if waited.cancelled_caught:
+                        yield f"id: {cursor}\nevent: ping\ndata: {{}}\n\n".encode()
+            finally:
+                hub.unsubscribe(computer_id, flag)
+
+        return StreamingResponse(
+            stream(), media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    # ------------------------------------------------------------ agent API
+
+    async def post_reply(request: Request) -> Response:
+        identity = agent(request)
+        body = await read_body(request, m.Reply)
+        return json_response(store.reply(identity, body.room_id, body.body, body.thread_of), 201)
+
+    async def get_agent_tasks(request: Request) -> Response:
+        identity = agent(request)
+        return json_response(
+            store.list_tasks(agent_actor(identity), request.query_params.get("room_id"))
+        )
+
+    async def post_agent_task(request: Request) -> Response:
+        identity = agent(request)
+        body = await read_body(request, m.TaskCreate)
+        task = store.create_task(agent_actor(identity), body.room_id, body.title, body.assignee)
+        return json_response(task, 201)
+
+    async def post_agent_convert(request: Request) -> Response:
+        identity = agent(request)
+        body = await read_body(request, m.TaskConvert)
+        task = store.convert_task(agent_actor(identity), body.message_id, body.assignee)
+        return json_response(task, 201)
+
+    async def post_agent_claim(request: Request) -> Response:
+        identity = agent(request)
+        return json_response(store.claim_task(agent_actor(identity), task_number(request)))
+
+    async def post_agent_status(request: Request) -> Response:
+        identity = agent(request)
+        body = await read_body(request, m.TaskStatusSet)
+        return json_response(
+            store.set_task_status(agent_actor(identity), task_number(request), body.status, body.note)
+        )
+
+    async def post_agent_assign(request: Request) -> Response:
+        identity = agent(request)
+        body = await read_body(request, m.TaskAssign)
+        return json_response(
+            store.assign_task(agent_actor(identity), task_number(request), body.assignee)
+        )
+
+    async def post_reminder(request: Request) -> Response:
+        identity = agent(request)
+        body = await read_body(request, m.ReminderCreate)
+        try:
+            rules.zone_of(body.tz)
+        except ValueError as exc:
+            raise Invalid(str(exc)) from exc
+        schedule = rules.Schedule(
+            at=body.at, every=body.every, daily=body.daily,
+            weekly_day=body.weekly.day if body.weekly else None,
+            weekly_time=body.weekly.time if body.weekly else None, tz=body.tz,
+        )
+        reminder = store.create_reminder(identity, body.room_id, body.title, schedule)
+        scheduler.poke()
+        return json_response(reminder, 201)
+
+    async def get_reminders(request: Request) -> Response:
+        return json_response(store.list_reminders(agent(request).agent_id))
+
+    async def delete_reminder(request: Request) -> Response:
+        store.delete_reminder(agent(request).agent_id, request.path_params["reminder_id"])
+        scheduler.poke()
+        return no_content()
+
+    async def put_mute(request: Request) -> Response:
+        identity = agent(request)
+        body = await read_body(request, m.MuteSet)
+        return json_response(store.mute(identity, request.path_params["room_id"], body.until))
+
+    async def delete_mute(request: Request) -> Response:
+        identity = agent(request)
+        store.unmute(identity.agent_id, request.path_params["room_id"])
+        return no_content()
+
+    # ------------------------------------------------------------ errors and life
+
+    async def api_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ApiError)
+        return json_response(exc.body(), exc.status)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "bad_request")
+        message = {
+            404: f"no such endpoint {request.url.path}; see openapi/upstream.yaml",
+            405: f"{request.method} is not allowed on {request.url.path}",
+        }.get(exc.status_code, str(exc.detail))
+        return json_response({"error": {"code": code, "message": message}}, exc.status_code)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with anyio.create_task_group() as tasks:
+            if run_scheduler:
+                tasks.start_soon(scheduler.run)
+            yield
+            tasks.cancel_scope.cancel()
+
+    routes = [
+        Route("/health", health, methods=["GET"]),
+        # the Computer
+        Route("/computer/connect", post_connect, methods=["POST"]),
+        Route("/computer/events", get_events, methods=["GET"]),
+        Route("/computer/agents", get_computer_agents, methods=["GET"]),
+        Route("/computer/models", put_models, methods=["PUT"]),
+        Route("/computer/agents/{agent_id}/problem", put_problem, methods=["PUT"]),
+        Route("/computer/agents/{agent_id}/problem", delete_problem, methods=["DELETE"]),
+        Route("/computer/agents/{agent_id}/token", post_agent_token, methods=["POST"]),
+        Route("/computer/agents/{agent_id}/unread", post_unread, methods=["POST"]),
+        Route("/computer/agents/{agent_id}/turns", post_turn, methods=["POST"]),
+        Route("/computer/agents/{agent_id}/ack", post_ack, methods=["POST"]),
+        Route("/computer/turns/{turn_id}/events", post_events, methods=["POST"]),
+        Route("/computer/turns/{turn_id}/finish", post_finish, methods=["POST"]),
+        # agents, through `crew`
+        Route("/agent/reply", post_reply, methods=["POST"]),
+        Route("/agent/tasks", get_agent_tasks, methods=["GET"]),
+        Route("/agent/tasks", post_agent_task, methods=["POST"]),
+        Route("/agent/tasks/convert", post_agent_convert, methods=["POST"]),
+        Route("/agent/tasks/{number}/claim", post_agent_claim, methods=["POST"]),
+        Route("/agent/tasks/{number}/status", post_agent_status, methods=["POST"]),
+        Route("/agent/tasks/{number}/assign", post_agent_assign, methods=["POST"]),
+        Route("/agent/reminders", post_reminder, methods=["POST"]),
+        Route("/agent/reminders", get_reminders, methods=["GET"]),
+        Route("/agent/reminders/{reminder_id}", delete_reminder, methods=["DELETE"]),
+        Route("/agent/mutes/{room_id}", put_mute, methods=["PUT"]),
+        Route("/agent/mutes/{room_id}", delete_mute, methods=["DELETE"]),
+        # the user (demo, UI, tests)
+        Route("/api/computers", post_computer, methods=["POST"]),
+        Route("/api/computers", get_computers, methods=["GET"]),
+        Route("/api/agents", post_agent, methods=["POST"]),
+        Route("/api/agents", get_agents, methods=["GET"]),
+        Route("/api/agents/{agent_id}", patch_agent, methods=["PATCH"]),
+        Route("/api/agents/{agent_id}/positions", get_positions, methods=["GET"]),
+        Route("/api/agents/{agent_id}/mutes/{room_id}", delete_user_mute, methods=["DELETE"]),
+        Route("/api/rooms", post_room, methods=["POST"]),
+        Route("/api/rooms", get_rooms, methods=["GET"]),
+        Route("/api/rooms/{room_id}", get_room, methods=["GET"]),
+        Route("/api/rooms/{room_id}/messages", post_message, methods=["POST"]),
+        Route("/api/rooms/{room_id}/messages", get_messages, methods=["GET"]),
+        Route("/api/turns", get_turns, methods=["GET"]),
+        Route("/api/turns/{turn_id}", get_turn, methods=["GET"]),
+        Route("/api/tasks", get_user_tasks, methods=["GET"]),
+        Route("/api/tasks", post_user_task, methods=["POST"]),
+        Route("/api/tasks/convert", post_user_convert, methods=["POST"]),
+        Route("/api/tasks/{number}/status", post_user_status, methods=["POST"]),
+        Route("/api/tasks/{number}/assign", post_user_assign, methods=["POST"]),
+        Route("/api/dev/clock", post_dev_clock, methods=["POST"]),
+    ]
+    app = Starlette(
+        routes=routes,
+        exception_handlers={ApiError: api_error, HTTPException: http_error},
+        lifespan=lifespan,
+    )
+    app.state.store = store
+    app.state.scheduler = scheduler
+    return app

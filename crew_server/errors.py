@@ -1,0 +1,89 @@
+"""Typed errors the API turns into `{"error": {"code", "message"}}` answers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ApiError(Exception):
+    """A failure the caller can act on: an HTTP status, a stable code and an English message."""
+
+    status = 400
+    code = "bad_request"
+
+    def __init__(self, message: str, *, extra: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.extra = extra or {}
+
+    def body(self) -> dict[str, Any]:
+        """The JSON answer for this error."""
+        return {"error": {"code": self.code, "message": self.message, **self.extra}}
+
+
+class BadJson(ApiError):
+    status = 400
+    code = "bad_json"
+
+
+class Invalid(ApiError):
+    status = 422
+    code = "invalid"
+
+
+class Unauthorized(ApiError):
+    status = 401
+    code = "unauthorized"
+
+
+class Forbidden(ApiError):
+    status = 403
+    code = "forbidden"
+
+
+class NotFound(ApiError):
+    status = 404
+    code = "not_found"
+
+
+class Refused(ApiError):
+    """A refusal a user should read (`crew` prints the message as is)."""
+
+    status = 409
+    code = "refused"
+
+
+class Conflict(ApiError):
+    status = 409
+    code = "conflict"
+
+
+class StaleTurn(ApiError):
+    """The turn is no longer running, or a newer connection of its Computer exists."""
+
+    status = 409
+    code = "stale_turn"
+
+
+class NotConnected(ApiError):
+    status = 409
+    code = "not_connected"
+
+
+class TooLarge(ApiError):
+    status = 413
+    code = "too_large"
+
+
+class Held(ApiError):
+    """A reply held back because the agent has not seen newer messages in that room."""
+
+    status = 409
+    code = "held"
+
+    def __init__(self, rooms: list[dict[str, Any]]) -> None:
+        super().__init__("new messages arrived in this room; read them, then send again or not")
+        self.rooms = rooms
+
+    def body(self) -> dict[str, Any]:
+        return {"held": True, "rooms": self.rooms}

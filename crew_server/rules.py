@@ -1,0 +1,223 @@
+"""Pure domain rules: mentions, who is woken, reminder schedules, mute limits, notices.
+
+No I/O here; the store feeds these functions what it read and writes what they decide.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta, timezone, tzinfo
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+HANDLE_RE = re.compile(r"^[a-z0-9_-]{1,32}$")
+_MENTION_RE = re.compile(r"(?<![A-Za-z0-9_@.-])@([a-z0-9_-]{1,32})")
+
+MUTE_MIN = timedelta(minutes=15)
+MUTE_MAX = timedelta(days=7)
+EVERY_MIN_SECONDS = 900
+WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+TASK_STATUSES = ("todo", "in_progress", "in_review", "done")
+
+
+def mentioned_ids(body: str, members_by_handle: Mapping[str, str]) -> list[str]:
+    """Agent ids @mentioned in `body`, in order of first mention, members only.
+
+    A handle may be followed by punctuation (`@bob,`); `@bob-x` mentions `bob-x`
+    when that agent exists, else `bob` when a trailing `-`/`_` was sentence punctuation.
+    """
+    found: list[str] = []
+    for match in _MENTION_RE.finditer(body):
+        handle = match.group(1)
+        agent_id = members_by_handle.get(handle) or members_by_handle.get(handle.rstrip("-_"))
+        if agent_id is not None and agent_id not in found:
+            found.append(agent_id)
+    return found
+
+
+@dataclass(frozen=True)
+class RoomFacts:
+    """What the wake rule needs to know about the room a message went to."""
+
+    kind: str  # dm | group | thread
+    members: frozenset[str]  # agent ids: dm/group members; for a thread its followers
+    muted: frozenset[str]  # agents that muted this group (active mutes only)
+
+
+def woken_by_message(room: RoomFacts, author_id: str, mentions: Iterable[str]) -> list[str]:
+    """Agents a new normal message wakes (upstream.md "Who is woken"), sorted for determinism.
+
+    dm: the agent. group: every member but the author and those who muted it, unless
+    @mentioned. thread: its followers (root author, writers, mentioned) and the mentioned.
+    """
+    mentioned = set(mentions)
+    if room.kind == "group":
+        woken = {a for a in room.members if a not in room.muted or a in mentioned}
+    elif room.kind == "thread":
+        woken = set(room.members) | mentioned
+    else:
+        woken = set(room.members)
+    woken.discard(author_id)
+    return sorted(woken)
+
+
+def check_mute_until(until: datetime | None, now: datetime) -> None:
+    """Raise ValueError with an English reason when `until` is outside 15 minutes – 7 days."""
+    if until is None:
+        return
+    ahead = until - now
+    if ahead < MUTE_MIN - timedelta(seconds=5):
+        raise ValueError("a mute must last at least 15 minutes; give a later `until`")
+    if ahead > MUTE_MAX + timedelta(seconds=5):
+        raise ValueError("a mute can last at most 7 days; give an earlier `until` or none")
+
+
+def zone_of(tz: str | None) -> tzinfo:
+    """An IANA zone name or a `+HH:MM` offset; UTC when absent. ValueError when unknown."""
+    if tz is None or tz in ("", "UTC", "Z"):
+        return UTC
+    offset = re.fullmatch(r"([+-])(\d{2}):?(\d{2})", tz)
+    if offset:
+        sign = 1 if offset.group(1) == "+" else -1
+        hours, minutes = int(offset.group(2)), int(offset.group(3))
+        if hours > 23 or minutes > 59:
+            raise ValueError(f"time zone offset {tz!r} is out of range")
+        return timezone(sign * timedelta(hours=hours, minutes=minutes))
+    try:
+        return ZoneInfo(tz)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise ValueError(f"unknown time zone {tz!r}; use an IANA name or +HH:MM") from exc
+
+
+def parse_hhmm(text: str) -> tuple[int, int]:
+    """`HH:MM` → (hour, minute); ValueError when malformed."""
+    match = re.fullmatch(r"(\d{1,2}):(\d{2})", text)
+    if not match or int(match.group(1)) > 23 or int(match.group(2)) > 59:
+        raise ValueError(f"time {text!r} is not HH:MM (00:00 to 23:59)")
+    return int(match.group(1)), int(match.group(2))
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """When a reminder fires: once at `at`, or every N seconds, daily or weekly."""
+
+    at: datetime | None = None
+    every: int | None = None
+    daily: str | None = None
+    weekly_day: str | None = None
+    weekly_time: str | None = None
+    tz: str | None = None
+
+    @property
+    def recurring(self) -> bool:
+        return self.at is None
+
+
+def first_fire(schedule: Schedule, now: datetime) -> datetime:
+    """The first time a new reminder fires (`every` starts one period from now)."""
+    if schedule.at is not None:
+        return schedule.at
+    if schedule.every is not None:
+        return now + timedelta(seconds=schedule.every)
+    return _next_wall_time(schedule, now)
+
+
+def next_fire(schedule: Schedule, fired_at: datetime, now: datetime) -> datetime | None:
+    """When a recurring reminder fires next after firing at `fired_at`; None for one-off.
+
+    Missed periods are skipped: the next time is always after `now`.
+    """
+    if schedule.at is not None:
+        return None
+    if schedule.every is not None:
+        period = timedelta(seconds=schedule.every)
+        nxt = fired_at + period
+        if nxt <= now:
+            missed = (now - nxt) // period + 1
+            nxt += missed * period
+        return nxt
+    return _next_wall_time(schedule, now)
+
+
+def _next_wall_time(schedule: Schedule, now: datetime) -> datetime:
+    """The next daily/weekly wall-clock time strictly after `now`, in the schedule's zone."""
+    zone = zone_of(schedule.tz)
+    hhmm = schedule.daily if schedule.daily is not None else schedule.weekly_time
+    assert hhmm is not None, "a daily or weekly schedule has a time"
+    hour, minute = parse_hhmm(hhmm)
+    local_now = now.astimezone(zone)
+    for days in range(0, 9):
+        day = (local_now + timedelta(days=days)).date()
+        if schedule.weekly_day is not None and WEEKDAYS[day.weekday()] != schedule.weekly_day:
+            continue
+        candidate = datetime(day.year, day.month, day.day, hour, minute, tzinfo=zone)
+        if candidate.astimezone(UTC) > now:
+            return candidate.astimezone(UTC)
+    raise AssertionError("a weekly time always occurs within 8 days")
+
+
+def reminder_notice(handle: str, title: str) -> str:
+    """The notice a due reminder posts in its room."""
+    return f"Reminder from @{handle}: {title}"
+
+
+def actor_text(handle: str | None) -> str:
+    """How a notice names who acted: `@alice` or `User`."""
+    return f"@{handle}" if handle else "User"
+
+
+def task_notice(action: str, number: int, actor: str, *, detail: str = "", note: str = "") -> str:
+    """A notice in a task's thread: `@alice moved task #3 to in_review: note`."""
+    texts = {
+        "created": f"{actor} created task #{number}{detail}.",
+        "claimed": f"{actor} claimed task #{number}.",
+        "status": f"{actor} moved task #{number} to {detail}.",
+        "assigned": f"{actor} assigned task #{number} to {detail}.",
+        "unassigned": f"{actor} unassigned task #{number}.",
+    }
+    text = texts[action]
+    return f"{text[:-1]}: {note}" if note else text
+
+
+def agent_status(last_turn_status: str | None) -> str:
+    """idle | replying | error, from the agent's most recent turn."""
+    if last_turn_status == "running":
+        return "replying"
+    if last_turn_status == "failed":
+        return "error"
+    return "idle"
+
+
+def usage_from_events(events: Iterable[Mapping[str, object]]) -> dict[str, float]:
+    """Usage totals summed over `step_finish` events (when the finish carries none)."""
+    totals: dict[str, float] = {
+        "input_tokens": 0,
+        "output_tokens": 0,
+        "reasoning_tokens": 0,
+        "cache_read": 0,
+        "cache_write": 0,
+        "cost": 0.0,
+    }
+    for event in events:
+        if event.get("type") != "step_finish":
+            continue
+        data = event.get("data")
+        if not isinstance(data, Mapping):
+            continue
+        tokens = data.get("tokens")
+        if isinstance(tokens, Mapping):
+            for src, dst in (
+                ("input", "input_tokens"),
+                ("output", "output_tokens"),
+                ("reasoning", "reasoning_tokens"),
+                ("cache_read", "cache_read"),
+                ("cache_write", "cache_write"),
+            ):
+                value = tokens.get(src)
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    totals[dst] += value
+        cost = data.get("cost")
+        if isinstance(cost, int | float) and not isinstance(cost, bool):
+            totals["cost"] += cost
+    return totals

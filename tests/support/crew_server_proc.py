@@ -1,0 +1,184 @@
+"""A real `crew-server --dev` subprocess for tests: free loopback port, temp db.
+
+    with start_crew_server(tmp_path) as server:
+        computer = server.create_computer()
+        alice = server.create_agent("alice", computer_id=computer["computer_id"])
+        room = server.create_room("dm", [alice["id"]])
+        server.post(room["id"], "hello @alice")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+START_TIMEOUT = 20.0
+
+
+def free_port() -> int:
+    """A TCP port free on loopback right now (the server binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class CrewServer:
+    """A running reference server; `.url`, `.client()` on the user API, and helpers."""
+
+    def __init__(self, process: subprocess.Popen[bytes], url: str, db: Path, log: Path) -> None:
+        self.process = process
+        self.url = url
+        self.db = db
+        self.log = log
+        self._client: httpx.Client | None = None
+
+    # ------------------------------------------------------------ life
+
+    def client(self) -> httpx.Client:
+        """An httpx.Client on the user API (`--dev`: no user token needed); shared, closed at stop."""
+        if self._client is None:
+            self._client = httpx.Client(base_url=self.url, timeout=10.0)
+        return self._client
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after 5 s; idempotent."""
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=5)
+
+    def __enter__(self) -> CrewServer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def output(self) -> str:
+        """What the server wrote to stdout/stderr so far (for failure messages)."""
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    # ------------------------------------------------------------ user API helpers
+
+    def _ok(self, response: httpx.Response) -> Any:
+        if response.status_code >= 300:
+            raise AssertionError(
+                f"{response.request.method} {response.request.url.path} → "
+                f"{response.status_code}: {response.text}"
+            )
+        return response.json() if response.content else None
+
+    def create_computer(self, name: str = "test-computer") -> dict[str, Any]:
+        """→ `{computer_id, token}`."""
+        return dict(self._ok(self.client().post("/api/computers", json={"name": name})))
+
+    def create_agent(
+        self,
+        handle: str,
+        *,
+        name: str | None = None,
+        persona: str = "",
+        model: str = "scripted/model",
+        computer_id: str | None = None,
+    ) -> dict[str, Any]:
+        """→ the agent (`id`, `handle`, …)."""
+        body = {
+            "handle": handle,
+            "name": name or handle.capitalize(),
+            "persona": persona,
+            "model": model,
+            "engine": "opencode",
+            "computer_id": computer_id,
+        }
+        return dict(self._ok(self.client().post("/api/agents", json=body)))
+
+    def create_room(self, kind: str, agent_ids: list[str], title: str | None = None) -> dict[str, Any]:
+        """A dm (one agent) or a group (`title` required) → the room."""
+        body = {"kind": kind, "agent_ids": agent_ids, "title": title}
+        return dict(self._ok(self.client().post("/api/rooms", json=body)))
+
+    def post(self, room_id: str, body: str, thread_of: str | None = None) -> dict[str, Any]:
+        """The user posts a message (in the thread of `thread_of` when given) → the message."""
+        payload = {"body": body, "thread_of": thread_of}
+        return dict(self._ok(self.client().post(f"/api/rooms/{room_id}/messages", json=payload)))
+
+    def messages(self, room_id: str, after_seq: int = 0) -> list[dict[str, Any]]:
+        return list(
+            self._ok(self.client().get(f"/api/rooms/{room_id}/messages", params={"after_seq": after_seq}))
+        )
+
+    def agents(self) -> list[dict[str, Any]]:
+        """Every agent with `status` and `problem`."""
+        return list(self._ok(self.client().get("/api/agents")))
+
+    def turns(self, agent_id: str) -> list[dict[str, Any]]:
+        return list(self._ok(self.client().get("/api/turns", params={"agent_id": agent_id})))
+
+    def turn(self, turn_id: str) -> dict[str, Any]:
+        return dict(self._ok(self.client().get(f"/api/turns/{turn_id}")))
+
+    def positions(self, agent_id: str) -> list[dict[str, Any]]:
+        """`[{room_id, delivered_seq, read_seq}]` of an agent."""
+        return list(self._ok(self.client().get(f"/api/agents/{agent_id}/positions")))
+
+    def advance_clock(self, seconds: float) -> dict[str, Any]:
+        """Move the server clock forward and fire due reminders → `{now, fired}`."""
+        return dict(
+            self._ok(self.client().post("/api/dev/clock", json={"advance_seconds": seconds}))
+        )
+
+
+def start_crew_server(tmp_path: Path, *, db: Path | None = None, port: int | None = None) -> CrewServer:
+    """Start `crew-server --dev` on loopback and wait until `/health` answers."""
+    db = db or tmp_path / "crew.db"
+    log = tmp_path / f"crew-server-{time.monotonic_ns()}.log"
+    for attempt in range(3):
+        chosen = port or free_port()
+        url = f"http://127.0.0.1:{chosen}"
+        with log.open("ab") as sink:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "crew_server", "--db", str(db), "--host", "127.0.0.1",
+                 "--port", str(chosen), "--dev"],
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        server = CrewServer(process, url, db, log)
+        if _wait_ready(server):
+            return server
+        server.stop()
+        if port is not None or attempt == 2:
+            break
+    raise RuntimeError(f"crew-server did not start; its output:\n{server.output()}")
+
+
+def _wait_ready(server: CrewServer) -> bool:
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            return False  # e.g. the port was taken between choosing and binding
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{server.url}/health", timeout=1.0).status_code == 200:
+                return True
+        time.sleep(0.05)
+    return False
