@@ -10,6 +10,7 @@ config are written there, as a user's would be.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import tempfile
 import time
@@ -31,6 +32,7 @@ from crew_server.demo import (
 from crew_server.scripted_model import Script, ScriptedModel
 from tests.e2e.opencode_by_hand import OPENCODE
 from tests.support.ci import required_in_ci
+from tests.support.crew_server_proc import CrewServer, start_crew_server
 
 T = TypeVar("T")
 
@@ -55,7 +57,7 @@ class Chain:
     """The whole system on this machine, with helpers speaking the user API."""
 
     root: Path
-    server: Any  # tests.support.crew_server_proc.CrewServer
+    server: CrewServer
     model: ScriptedModel
     computer: ComputerProcess
     computer_id: str
@@ -152,36 +154,34 @@ class Chain:
         return f"computer stderr:\n{self.computer.stderr()[-4000:]}"
 
 
-def _need(path: Path | None, what: str) -> None:
-    if path is None or not path.exists():
+def _need(path: Path, what: str) -> None:
+    if not path.exists():
         required_in_ci(what)
 
 
 @contextlib.contextmanager
 def running_chain() -> Iterator[Chain]:
-    """Start the whole chain in a fresh short temp dir (Unix socket paths stay short)."""
+    """Start the whole chain in a fresh short temp dir (Unix socket paths stay short).
+
+    Set CREW_E2E_KEEP=1 to keep the directory (logs, database, agent dirs) afterwards.
+    """
     _need(OPENCODE, "OpenCode (scripts/setup installs it into tools/opencode)")
     _need(Path(shutil.which("bwrap") or "/nonexistent"), "bubblewrap (apt-get install bubblewrap)")
-    try:
-        from tests.support.crew_server_proc import start_crew_server
-    except ImportError:
-        required_in_ci("tests/support/crew_server_proc.py (the crew-server process helper)")
-        raise
     root = Path(tempfile.mkdtemp(prefix="crew-e2e-"))
     home, crew_home = root / "home", root / "crew"
     home.mkdir()
-    model = ScriptedModel(Script()).start()
-    server = start_crew_server(root / "server")
-    computer: ComputerProcess | None = None
-    try:
+    (root / "server").mkdir()
+    with contextlib.ExitStack() as stack:
+        if os.environ.get("CREW_E2E_KEEP") != "1":
+            stack.callback(shutil.rmtree, root, ignore_errors=True)
+        model = stack.enter_context(ScriptedModel(Script()))
+        server = stack.enter_context(start_crew_server(root / "server"))
         write_scripted_login(home, model.base_url, price_in_config=True)
-        http = httpx.Client(base_url=server.url, timeout=10)
-        created = http.post("/api/computers", json={"name": "e2e"})
-        assert created.status_code == 201, created.text
-        computer_id, token = created.json()["computer_id"], created.json()["token"]
+        http = stack.enter_context(httpx.Client(base_url=server.url, timeout=10))
+        created = server.create_computer("e2e")
         bootstrap = {
             "server_url": server.url,
-            "token": token,
+            "token": created["token"],
             "crew_home": str(crew_home),
             "opencode_path": str(OPENCODE),
         }
@@ -189,19 +189,18 @@ def running_chain() -> Iterator[Chain]:
             computer = start_computer(user_env(home, crew_home), bootstrap, crew_home, root)
         except DemoError as exc:
             pytest.fail(str(exc))
-        chain = Chain(root, server, model, computer, computer_id, http)
+        stack.callback(_stop_computer, computer)
+        chain = Chain(root, server, model, computer, created["computer_id"], http)
         health = wait_for("the Computer's launcher health", computer.health, START_TIMEOUT_S)
         if not health["sandbox"]["ok"]:
             pytest.fail(f"the sandbox is not usable here: {health['sandbox']['reason']}")
         yield chain
-    finally:
-        if computer is not None:
-            code = computer.stop()
-            if code != 0:
-                print(f"crew-computer exited {code}; stderr:\n{computer.stderr()[-3000:]}")
-        server.stop()
-        model.stop()
-        shutil.rmtree(root, ignore_errors=True)
+
+
+def _stop_computer(computer: ComputerProcess) -> None:
+    code = computer.stop()
+    if code != 0:
+        print(f"crew-computer exited {code}; stderr:\n{computer.stderr()[-3000:]}")
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,45 @@
+"""`scripts/demo` as a user runs it: exit 0, the agent's reply and the turn record printed."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.opencode_by_hand import OPENCODE, ROOT
+from tests.support.ci import required_in_ci
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+
+
+def test_demo_shows_the_reply_and_the_turn_record(tmp_path: Path) -> None:
+    if not OPENCODE.exists():
+        required_in_ci("OpenCode (scripts/setup installs it into tools/opencode)")
+    if shutil.which("bwrap") is None:
+        required_in_ci("bubblewrap (apt-get install bubblewrap)")
+    env = {k: v for k, v in os.environ.items() if k not in ("CREW_HOME",)}
+    env["HOME"] = str(tmp_path)  # the demo must not need (or touch) the real home
+
+    done = subprocess.run(
+        [str(ROOT / "scripts" / "demo")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=220,
+        check=False,
+    )
+
+    out = done.stdout
+    assert done.returncode == 0, f"stdout:\n{out}\nstderr:\n{done.stderr[-4000:]}"
+    assert "Ada (@ada): Hello! I wrote hello.txt in my work directory." in out
+    assert "succeeded" in out
+    assert "tool bash (ok" in out
+    assert "finished (tool-calls)" in out and "finished (stop)" in out
+    # The cost comes from the copied price table: (99×3 + 20×15 + 10×0.3) / 1e6 per step.
+    assert "cost $0.001200" in out
+    assert out.rstrip().endswith("Stopped.")
+    assert list(tmp_path.iterdir()) == [], "the demo left files in HOME"
