@@ -1,0 +1,100 @@
+"""Choosing the platform backend at start: bwrap (Linux) or Seatbelt (macOS).
+
+`open_backend` finds the tools, runs the preflight and picks the Linux mode;
+the self-test (`sandbox_launcher.selftest`) then proves the chosen backend
+really enforces the policy. Either step failing gives a `SandboxHealth` with
+`ok: false` and a reason a user can act on; runs are then refused (503).
+Nothing ever runs unsandboxed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from sandbox_launcher import landlock_exec
+from sandbox_launcher.bwrap import (
+    BwrapTools,
+    LinuxMode,
+    SandboxUnavailable,
+    bwrap_argv,
+    choose_mode,
+    find_tools,
+    preflight,
+)
+from sandbox_launcher.policy import SandboxPolicy
+from sandbox_launcher.schema import SandboxHealth
+from sandbox_launcher.seatbelt import SANDBOX_EXEC, seatbelt_argv
+
+TMPFS_NOTE = (
+    "tmpfs mode: files in $HOME outside the allowlist are hidden entirely "
+    "(stat and ls cannot see them either)"
+)
+
+
+class Backend(Protocol):
+    """Turns a policy and a command into the argv that runs it sandboxed."""
+
+    name: Literal["bwrap", "seatbelt"]
+    mode: Literal["hybrid", "tmpfs"] | None
+
+    def argv(self, policy: SandboxPolicy, command: list[str]) -> list[str]: ...
+
+
+@dataclass(frozen=True)
+class BwrapBackend:
+    """Linux: bubblewrap, with Landlock inside in hybrid mode."""
+
+    tools: BwrapTools
+    linux_mode: LinuxMode
+    name: Literal["bwrap", "seatbelt"] = "bwrap"
+
+    @property
+    def mode(self) -> Literal["hybrid", "tmpfs"]:
+        return "hybrid" if self.linux_mode is LinuxMode.HYBRID else "tmpfs"
+
+    def argv(self, policy: SandboxPolicy, command: list[str]) -> list[str]:
+        return bwrap_argv(policy, self.linux_mode, self.tools, command)
+
+
+@dataclass(frozen=True)
+class SeatbeltBackend:
+    """macOS: sandbox-exec with the parameterised profile."""
+
+    name: Literal["bwrap", "seatbelt"] = "seatbelt"
+    mode: Literal["hybrid", "tmpfs"] | None = None
+
+    def argv(self, policy: SandboxPolicy, command: list[str]) -> list[str]:
+        return seatbelt_argv(policy, command)
+
+
+def backend_name() -> Literal["bwrap", "seatbelt"]:
+    """The backend this platform uses."""
+    return "seatbelt" if sys.platform == "darwin" else "bwrap"
+
+
+def open_backend(requested: LinuxMode | None) -> tuple[Backend | None, SandboxHealth]:
+    """Find and preflight this platform's backend. The health is not final: the self-test follows."""
+    if sys.platform == "darwin":
+        if not os.access(SANDBOX_EXEC, os.X_OK):
+            return None, SandboxHealth(
+                ok=False, backend="seatbelt", reason=f"{SANDBOX_EXEC} not found or not executable"
+            )
+        return SeatbeltBackend(), SandboxHealth(ok=True, backend="seatbelt")
+    if not sys.platform.startswith("linux"):
+        return None, SandboxHealth(
+            ok=False, backend="bwrap", reason=f"no sandbox backend for platform {sys.platform}"
+        )
+    try:
+        tools = find_tools()
+        reason = preflight(tools)
+        if reason is not None:
+            raise SandboxUnavailable(reason)
+        mode = choose_mode(requested, landlock_exec.abi())
+    except SandboxUnavailable as exc:
+        return None, SandboxHealth(ok=False, backend="bwrap", reason=str(exc))
+    backend = BwrapBackend(tools, mode)
+    note = TMPFS_NOTE if mode is LinuxMode.TMPFS else None
+    return backend, SandboxHealth(ok=True, backend="bwrap", mode=backend.mode, reason=note)

@@ -1,0 +1,256 @@
+"""One sandboxed engine process: start, stream its stdout lines, cap, stop, clean up.
+
+Process rules (launcher.md): a new session and process group per run (also
+no controlling terminal, so no TIOCSTI); stdin written then closed; stdout
+over the limit kills the group (`output_too_large`); only the last 64 KiB of
+stderr kept; stop = SIGINT to the group, SIGKILL after 2 s; after the leader
+exits SIGTERM to the group, SIGKILL after 2 s. The run is over when the
+leader has exited: a background child still holding the pipe cannot keep it
+open (we read on for a short grace, then let go).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+
+import anyio
+import orjson
+from anyio.abc import ByteReceiveStream, Process
+
+from sandbox_launcher.schema import ExitFrame, RunInfo
+
+log = logging.getLogger(__name__)
+
+STOP_GRACE_S = 2.0
+CLEANUP_GRACE_S = 2.0
+DRAIN_GRACE_S = 1.0
+GROUP_POLL_S = 0.05
+STDERR_TAIL = 64 * 1024
+READ_CHUNK = 64 * 1024
+
+Emit = Callable[[bytes], Awaitable[None]]
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    """Signal a process group; False when it no longer exists."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        log.warning("cannot signal process group %s with %s: permission denied", pgid, sig)
+        return False
+    return True
+
+
+def _tail_text(data: bytes) -> str:
+    # Cutting the front may leave half a UTF-8 sequence: skip its continuation bytes.
+    start = 0
+    while start < min(3, len(data)) and 0x80 <= data[start] <= 0xBF:
+        start += 1
+    return data[start:].decode("utf-8", "replace")
+
+
+def line_frame(line: bytes) -> bytes:
+    """One NDJSON `line` frame. Invalid UTF-8 becomes U+FFFD (JSON carries text only)."""
+    return orjson.dumps({"t": "line", "data": line.decode("utf-8", "replace")}) + b"\n"
+
+
+class EngineRun:
+    """A started-or-to-start engine process and what the launcher knows about it."""
+
+    def __init__(
+        self,
+        run_id: str,
+        agent_id: str,
+        argv: list[str],
+        env: dict[str, str],
+        stdin: bytes,
+        stdout_limit: int,
+    ) -> None:
+        self.run_id = run_id
+        self.agent_id = agent_id
+        self.argv = argv
+        self.env = env
+        self.stdin = stdin
+        self.stdout_limit = stdout_limit
+        self.started_at = datetime.now(UTC).isoformat(timespec="milliseconds")
+        self.pid: int | None = None
+        self.bytes_out = 0
+        self.reason: str | None = None
+        self.client_gone = False
+        self._stop = anyio.Event()
+        self._leader_done = anyio.Event()
+        self._stdout_done = anyio.Event()
+        self._stderr = bytearray()
+        self._emit: Emit | None = None
+
+    def info(self) -> RunInfo:
+        """A row of `GET /runs`."""
+        return RunInfo(
+            run_id=self.run_id,
+            agent_id=self.agent_id,
+            pid=self.pid,
+            started_at=self.started_at,
+            bytes_out=self.bytes_out,
+        )
+
+    def request_stop(self, reason: str = "stopped") -> None:
+        """Ask for a graceful stop (SIGINT, SIGKILL after 2 s). Idempotent."""
+        if self.reason is None:
+            self.reason = reason
+        self._stop.set()
+
+    async def execute(self, emit: Emit) -> ExitFrame:
+        """Run to the end, sending frames through `emit`; returns the exit frame.
+
+        Cancellation from outside (server shutdown) still stops the group:
+        the clean-up runs shielded.
+        """
+        self._emit = emit
+        process = await anyio.open_process(
+            self.argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=self.env,
+            start_new_session=True,
+        )
+        self.pid = process.pid
+        try:
+            await self._send(orjson.dumps({"t": "started", "pid": process.pid}) + b"\n")
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._feed_stdin, process)
+                tg.start_soon(self._collect_stderr, process)
+                tg.start_soon(self._pump_stdout, process)
+                tg.start_soon(self._stop_when_asked, process.pid)
+                await process.wait()
+                self._leader_done.set()
+                await self._clean_up_group(process.pid)
+                with anyio.move_on_after(DRAIN_GRACE_S):
+                    await self._stdout_done.wait()
+                tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._ensure_dead(process)
+        code = process.returncode
+        assert code is not None  # the process has been waited for
+        return ExitFrame(
+            code=code if code >= 0 else None,
+            signal=-code if code < 0 else None,
+            stderr_tail=_tail_text(bytes(self._stderr)),
+            reason=self.reason,  # type: ignore[arg-type]  # only the two literals are ever set
+        )
+
+    async def _send(self, data: bytes) -> None:
+        if self.client_gone or self._emit is None:
+            return
+        try:
+            await self._emit(data)
+        except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+            # Nobody is listening any more: no orphan engines (launcher.md).
+            log.info("client of run %s went away (%s); stopping it", self.run_id, exc)
+            self.client_gone = True
+            self.request_stop()
+
+    async def _feed_stdin(self, process: Process) -> None:
+        stream = process.stdin
+        assert stream is not None
+        try:
+            if self.stdin:
+                await stream.send(self.stdin)
+        except (anyio.BrokenResourceError, OSError) as exc:
+            log.info("run %s did not read all of its stdin: %s", self.run_id, exc)
+        finally:
+            await stream.aclose()
+
+    async def _collect_stderr(self, process: Process) -> None:
+        stream = process.stderr
+        assert stream is not None
+        async for chunk in _ChunkIter(stream):
+            self._stderr += chunk
+            if len(self._stderr) > STDERR_TAIL:
+                del self._stderr[: len(self._stderr) - STDERR_TAIL]
+
+    async def _pump_stdout(self, process: Process) -> None:
+        stream = process.stdout
+        assert stream is not None
+        pending = bytearray()
+        try:
+            async for chunk in _ChunkIter(stream):
+                room = self.stdout_limit - self.bytes_out
+                self.bytes_out += len(chunk)
+                if room <= 0:
+                    continue  # over the cap: drain and drop until the group is gone
+                if len(chunk) > room:
+                    chunk = chunk[:room]
+                    self._over_limit(process.pid)
+                pending += chunk
+                *lines, rest = pending.split(b"\n")
+                pending = bytearray(rest)
+                if lines:
+                    await self._send(b"".join(line_frame(line) for line in lines))
+            if pending and self.bytes_out <= self.stdout_limit:
+                await self._send(line_frame(bytes(pending)))  # a last line without "\n"
+        finally:
+            self._stdout_done.set()
+
+    def _over_limit(self, pgid: int) -> None:
+        log.warning("run %s wrote over %d bytes; killing it", self.run_id, self.stdout_limit)
+        if self.reason is None:
+            self.reason = "output_too_large"
+        _signal_group(pgid, signal.SIGKILL)
+
+    async def _stop_when_asked(self, pgid: int) -> None:
+        await self._stop.wait()
+        if self._leader_done.is_set():
+            return
+        _signal_group(pgid, signal.SIGINT)
+        with anyio.move_on_after(STOP_GRACE_S):
+            await self._leader_done.wait()
+            return
+        log.info("run %s ignored SIGINT for %.0f s; killing it", self.run_id, STOP_GRACE_S)
+        _signal_group(pgid, signal.SIGKILL)
+
+    async def _clean_up_group(self, pgid: int) -> None:
+        """After the leader exited: SIGTERM what is left of the group, SIGKILL after 2 s."""
+        if not _signal_group(pgid, signal.SIGTERM):
+            return
+        with anyio.move_on_after(CLEANUP_GRACE_S):
+            while _signal_group(pgid, 0):
+                await anyio.sleep(GROUP_POLL_S)
+            return
+        _signal_group(pgid, signal.SIGKILL)
+
+    async def _ensure_dead(self, process: Process) -> None:
+        if process.returncode is None:
+            # Cancelled from outside while running: stop it the normal way.
+            _signal_group(process.pid, signal.SIGINT)
+            with anyio.move_on_after(STOP_GRACE_S):
+                await process.wait()
+            if process.returncode is None:
+                _signal_group(process.pid, signal.SIGKILL)
+                await process.wait()
+            await self._clean_up_group(process.pid)
+        for stream in (process.stdout, process.stderr):
+            if stream is not None:
+                await stream.aclose()
+
+
+class _ChunkIter:
+    def __init__(self, stream: ByteReceiveStream) -> None:
+        self._stream = stream
+
+    def __aiter__(self) -> _ChunkIter:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            return await self._stream.receive(READ_CHUNK)
+        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            raise StopAsyncIteration from None

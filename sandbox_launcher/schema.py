@@ -1,0 +1,194 @@
+"""The launcher's HTTP shapes (launcher.md, docs/contracts.md). `openapi/launcher.yaml` matches them.
+
+Requests are strict (`extra="forbid"`): the launcher builds the engine argv
+itself from typed fields, never from a free argv, and an unknown field is an
+error rather than something silently ignored.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+MIB = 1024 * 1024
+DEFAULT_STDOUT_LIMIT = 8 * MIB
+MAX_STDOUT_LIMIT = 256 * MIB
+MAX_STDIN = 16 * MIB
+# Linux refuses one environment string over 128 KiB (MAX_ARG_STRLEN) with
+# E2BIG: refuse it here with a reason instead.
+MAX_ENV_VALUE = 120 * 1024
+MAX_ENV_TOTAL = 1 * MIB
+
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
+MODEL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}/[A-Za-z0-9._:@+/-]{1,200}$"
+SESSION_PATTERN = r"^ses_[A-Za-z0-9]{1,100}$"
+TITLE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9 ._:-]{0,79}$"
+
+# computer.md §3: exactly these reach the engine; nothing inherited by accident.
+ALLOWED_ENV_KEYS = frozenset(
+    {
+        "PATH",
+        "LANG",
+        "TMPDIR",
+        "TMPPREFIX",
+        "HOME",
+        "OPENCODE_DISABLE_PROJECT_CONFIG",
+        "OPENCODE_AUTH_CONTENT",
+        "OPENCODE_CONFIG_CONTENT",
+        "OPENCODE_DISABLE_MODELS_FETCH",
+        "PWD",
+        "CREW_SERVER_URL",
+        "CREW_TOKEN_FILE",
+    }
+)
+_XDG_HOME_KEY = re.compile(r"^XDG_[A-Z]+_HOME$")
+
+
+def env_key_allowed(key: str) -> bool:
+    """True for the keys computer.md §3 lists (and every `XDG_*_HOME`)."""
+    return key in ALLOWED_ENV_KEYS or bool(_XDG_HOME_KEY.match(key))
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EngineArgs(_Strict):
+    """The typed arguments of `opencode run`; the launcher turns them into argv."""
+
+    session_id: str | None = Field(default=None, pattern=SESSION_PATTERN)
+    model: str | None = Field(default=None, pattern=MODEL_PATTERN)
+    title: str | None = Field(default=None, pattern=TITLE_PATTERN)
+    dir: str | None = Field(default=None, max_length=4096)
+
+
+class RunRequest(_Strict):
+    """`POST /runs`: one engine run of one agent (launcher.md, docs/contracts.md)."""
+
+    run_id: str = Field(pattern=ID_PATTERN)
+    agent_id: str = Field(pattern=ID_PATTERN)
+    agent_dir: str = Field(max_length=4096)
+    runtime_dir: str = Field(max_length=4096)
+    bin_dir: str = Field(max_length=4096)
+    interpreter_dirs: list[str] = Field(default_factory=list, max_length=32)
+    model: str | None = Field(default=None, pattern=MODEL_PATTERN)
+    session_id: str | None = Field(default=None, pattern=SESSION_PATTERN)
+    engine_args: EngineArgs | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    stdin: str = Field(default="", max_length=MAX_STDIN)
+    stdout_limit: int = Field(default=DEFAULT_STDOUT_LIMIT, ge=1, le=MAX_STDOUT_LIMIT)
+
+    @field_validator("env")
+    @classmethod
+    def _env_allowed(cls, env: dict[str, str]) -> dict[str, str]:
+        refused = sorted(k for k in env if not env_key_allowed(k))
+        if refused:
+            raise ValueError(
+                f"environment keys not allowed: {', '.join(refused)[:300]} "
+                "(only the keys of computer.md §3 reach the engine)"
+            )
+        total = 0
+        for key, value in env.items():
+            if "\x00" in value:
+                raise ValueError(f"environment value of {key} contains a NUL byte")
+            if len(value) > MAX_ENV_VALUE:
+                raise ValueError(f"environment value of {key} is over {MAX_ENV_VALUE} characters")
+            total += len(key) + len(value)
+        if total > MAX_ENV_TOTAL:
+            raise ValueError(f"the environment is over {MAX_ENV_TOTAL} characters in total")
+        return env
+
+    @field_validator("stdin")
+    @classmethod
+    def _stdin_plain(cls, stdin: str) -> str:
+        if "\x00" in stdin:
+            raise ValueError("stdin contains a NUL byte")
+        return stdin
+
+    @model_validator(mode="after")
+    def _one_model(self) -> RunRequest:
+        args = self.engine_args or EngineArgs()
+        for name in ("model", "session_id"):
+            top, inner = getattr(self, name), getattr(args, name)
+            if top is not None and inner is not None and top != inner:
+                raise ValueError(f"{name} and engine_args.{name} disagree; send one of them")
+        if self.effective_model is None:
+            raise ValueError("model is required (provider/model), top level or in engine_args")
+        return self
+
+    @property
+    def effective_model(self) -> str | None:
+        return self.model or (self.engine_args.model if self.engine_args else None)
+
+    @property
+    def effective_session(self) -> str | None:
+        return self.session_id or (self.engine_args.session_id if self.engine_args else None)
+
+
+class StartedFrame(BaseModel):
+    t: Literal["started"] = "started"
+    pid: int
+
+
+class LineFrame(BaseModel):
+    t: Literal["line"] = "line"
+    data: str
+
+
+class ExitFrame(BaseModel):
+    """The last frame. `code` is the exit status (null when killed by `signal`)."""
+
+    t: Literal["exit"] = "exit"
+    code: int | None
+    signal: int | None
+    stderr_tail: str
+    reason: Literal["stopped", "output_too_large"] | None
+
+
+class SandboxHealth(BaseModel):
+    ok: bool
+    backend: Literal["bwrap", "seatbelt"]
+    mode: Literal["hybrid", "tmpfs"] | None = None
+    reason: str | None = None
+
+
+class EngineHealth(BaseModel):
+    path: str
+    version: str | None = None
+
+
+class Health(BaseModel):
+    sandbox: SandboxHealth
+    engine: EngineHealth | None
+
+
+class RunInfo(BaseModel):
+    run_id: str
+    agent_id: str
+    pid: int | None
+    started_at: str
+    bytes_out: int
+
+
+class RunList(BaseModel):
+    runs: list[RunInfo]
+
+
+class StopResult(BaseModel):
+    run_id: str
+    stopping: bool
+
+
+class ModelList(BaseModel):
+    models: list[str]
+
+
+class ErrorBody(BaseModel):
+    code: str
+    message: str
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody

@@ -1,0 +1,56 @@
+"""macOS backend: Seatbelt (`sandbox-exec`) with a profile that names paths only as params.
+
+The profile is the data file `seatbelt_base.sbpl`; code only computes the
+`-D NAME=value` parameters and one `(subpath (param "READ_DIR_<i>"))` /
+`(literal (param "READ_FILE_<i>"))` line per allowlist entry. No path text is
+ever spliced into the profile, so quotes, parentheses or newlines in a path
+cannot change the policy (a property test checks this).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+
+from sandbox_launcher.policy import SandboxPolicy
+
+# Hard-coded like Codex does: a sandbox-exec found via PATH could be anyone's.
+SANDBOX_EXEC = "/usr/bin/sandbox-exec"
+_READ_RULES_MARKER = ";; @READ_RULES@\n"
+
+
+@cache
+def base_profile() -> str:
+    """The profile template shipped as package data."""
+    return resources.files("sandbox_launcher").joinpath("seatbelt_base.sbpl").read_text("utf-8")
+
+
+def profile_text(read_dirs: int, read_files: int) -> str:
+    """The profile for a policy with this many allowlisted dirs and files. Pure."""
+    rules = [f'  (subpath (param "READ_DIR_{i}"))\n' for i in range(read_dirs)]
+    rules += [f'  (literal (param "READ_FILE_{i}"))\n' for i in range(read_files)]
+    return base_profile().replace(_READ_RULES_MARKER, "".join(rules))
+
+
+def seatbelt_params(policy: SandboxPolicy) -> list[tuple[str, str]]:
+    """Every `(param …)` the profile references, with its value (resolved paths)."""
+    params = [
+        ("HOME", str(policy.home)),
+        ("CREW_HOME", str(policy.crew_home)),
+        ("SOCKETS_DIR", str(policy.sockets_dir)),
+        ("AGENT_DIR", str(policy.agent_dir)),
+        ("RUNTIME_DIR", str(policy.runtime_dir)),
+        ("TMP_DIR", str(policy.tmp_dir)),
+        ("WORK_DIR", str(policy.work_dir)),
+    ]
+    params += [(f"READ_DIR_{i}", str(p)) for i, p in enumerate(policy.read_dirs)]
+    params += [(f"READ_FILE_{i}", str(p)) for i, p in enumerate(policy.read_files)]
+    return params
+
+
+def seatbelt_argv(policy: SandboxPolicy, command: list[str]) -> list[str]:
+    """`sandbox-exec -p <profile> -D NAME=value … -- command…`. Pure."""
+    argv = [SANDBOX_EXEC, "-p", profile_text(len(policy.read_dirs), len(policy.read_files))]
+    for name, value in seatbelt_params(policy):
+        argv += ["-D", f"{name}={value}"]
+    return [*argv, "--", *command]

@@ -1,0 +1,131 @@
+"""The self-test: one `sh` through the real policy builder, proving the sandbox holds.
+
+A test that only checks "the denied write failed" also passes when the
+sandbox never started, so it proves three things (launcher.md §Self-test):
+the sandbox really started (it echoes a random nonce), an allowed write
+works, and denied writes (one in `$HOME`, one in a world-writable place
+outside the allowlist: `/var/tmp`) and a denied read (a canary below the
+crew home, and one in `$HOME` when the crew home lies elsewhere) all fail.
+Afterwards the host is checked: no denied file may exist.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import shutil
+import subprocess
+from pathlib import Path
+
+from sandbox_launcher.backend import Backend
+from sandbox_launcher.paths import is_inside
+from sandbox_launcher.policy import SandboxPolicy
+
+log = logging.getLogger(__name__)
+
+SELFTEST_TIMEOUT_S = 30.0
+_SCRIPT = """
+printf '%s\\n' "$1"
+printf ok > "$2" || exit 10
+shift 2
+for denied in "$1" "$2"; do
+  [ -n "$denied" ] || continue
+  ( printf x > "$denied" ) 2>/dev/null && exit 11
+done
+for canary in "$3" "$4"; do
+  [ -n "$canary" ] || continue
+  cat "$canary" 2>/dev/null && exit 12
+done
+exit 0
+"""
+_FAILURES = {
+    10: "the allowed write in the agent directory failed",
+    11: "a write outside the allowlist was NOT denied",
+    12: "reading a file in $HOME was NOT denied",
+}
+
+
+def self_test(backend: Backend, home: Path, crew_home: Path) -> str | None:
+    """Run the self-test; None when the sandbox holds, else the reason it does not."""
+    nonce = secrets.token_hex(8)
+    scratch = crew_home / f".selftest-{nonce}"
+    home_file = home / f".crew-selftest-denied-{nonce}"
+    var_tmp = Path("/var/tmp")
+    outside = var_tmp / f"crew-selftest-denied-{nonce}" if var_tmp.is_dir() else None
+    home_canary = None if is_inside(crew_home, home) else home / f".crew-selftest-canary-{nonce}"
+    try:
+        policy = _scratch_policy(scratch, home, crew_home)
+        canary = scratch / "canary"
+        canary.write_text("canary\n")
+        if home_canary is not None:
+            home_canary.write_text("canary\n")
+        ok_file = policy.agent_dir / "ok"
+        command = ["/bin/sh", "-c", _SCRIPT, "sh", nonce, str(ok_file)]
+        command += [str(home_file), str(outside or ""), str(canary), str(home_canary or "")]
+        return _judge(backend, policy, command, nonce, ok_file, [home_file, outside])
+    except OSError as exc:
+        return f"the self-test could not prepare its files: {exc}"
+    finally:
+        for path in (home_file, outside, home_canary):
+            if path is not None:
+                path.unlink(missing_ok=True)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _scratch_policy(scratch: Path, home: Path, crew_home: Path) -> SandboxPolicy:
+    agent = scratch / "agents" / "selftest"
+    runtime = scratch / "runtime" / "agents" / "selftest"
+    for path in (agent / "work", runtime / "tmp", crew_home / "sockets"):
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return SandboxPolicy(
+        home=home,
+        crew_home=crew_home,
+        agent_dir=agent,
+        runtime_dir=runtime,
+        tmp_dir=runtime / "tmp",
+        work_dir=agent / "work",
+    )
+
+
+def _judge(
+    backend: Backend,
+    policy: SandboxPolicy,
+    command: list[str],
+    nonce: str,
+    ok_file: Path,
+    denied: list[Path | None],
+) -> str | None:
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(policy.agent_dir), "TMPDIR": str(policy.tmp_dir)}
+    try:
+        done = subprocess.run(
+            backend.argv(policy, command),
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=SELFTEST_TIMEOUT_S,
+            start_new_session=True,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return f"the sandbox self-test did not finish in {SELFTEST_TIMEOUT_S:.0f} s"
+    stdout = done.stdout.decode("utf-8", "replace")
+    stderr = done.stderr.decode("utf-8", "replace").strip()
+    escaped = [str(p) for p in denied if p is not None and os.path.lexists(p)]
+    if escaped:
+        return f"the sandbox let a denied write through: {', '.join(escaped)} exists on the host"
+    if stdout.splitlines()[:1] != [nonce]:
+        detail = stderr.splitlines()[0] if stderr else f"exit status {done.returncode}"
+        return f"the sandbox did not start ({detail})"
+    if done.returncode in _FAILURES:
+        return f"sandbox self-test failed: {_FAILURES[done.returncode]}"
+    if done.returncode != 0:
+        return f"sandbox self-test failed with exit status {done.returncode}: {stderr[:300]}"
+    try:
+        wrote = ok_file.read_text()
+    except OSError as exc:
+        return f"sandbox self-test failed: the allowed write is missing on the host ({exc})"
+    if wrote != "ok":
+        return "sandbox self-test failed: the allowed write has the wrong content on the host"
+    log.info("sandbox self-test passed (%s %s)", backend.name, backend.mode or "")
+    return None
