@@ -1,0 +1,171 @@
+"""Runner turns with a scripted engine against a REAL crew-server (computer.md §2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from computer_service.upstream import Upstream
+from tests.computer.rig import rig, wait_until
+from tests.computer.scripted import ScriptedEngine, blocking, fail, sleeping, wait_for_stop
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+
+@pytest.fixture
+def crew_home(tmp_path: Path) -> Path:
+    return tmp_path / "crew"
+
+
+async def test_success_reports_events_in_order_then_acks(crew_server: Any, crew_home: Path) -> None:
+    engine = ScriptedEngine()
+    async with rig(crew_server.url, crew_home, engine) as r:
+        await r.user.post(r.room["id"], "please write the release note")
+        r.runner.wake()
+        [turn] = await r.user.finished(r.runner.agent.id, 1)
+        assert turn["status"] == "succeeded"
+        assert [e["type"] for e in turn["events"]] == ["step_start", "text", "step_finish"]
+        assert [e["index"] for e in turn["events"]] == [0, 1, 2]
+        assert "please write the release note" in turn["input"]
+        assert turn["rooms"][0]["room_id"] == r.room["id"]
+        assert turn["usage"]["input_tokens"] == 10
+        assert r.runner.last_result == "succeeded"
+        assert r.metrics.turns["succeeded"] == 1
+        # Acked: a new wake-up finds nothing unread and starts no turn.
+        r.runner.wake()
+        await wait_until(
+            "runner idle", lambda: r.runner.state == "idle" and not r.runner.pending_wake
+        )
+        await anyio.sleep(0.2)
+        assert len(engine.inputs) == 1
+        assert len(await r.user.turns(r.runner.agent.id)) == 1
+
+
+async def test_failure_keeps_messages_for_the_next_turn(crew_server: Any, crew_home: Path) -> None:
+    engine = ScriptedEngine(script=[fail])
+    async with rig(crew_server.url, crew_home, engine) as r:
+        await r.user.post(r.room["id"], "first question")
+        r.runner.wake()
+        [failed] = await r.user.finished(r.runner.agent.id, 1)
+        assert failed["status"] == "failed"
+        assert failed["failure"] == {"class": "engine_error", "reason": "the model said boom"}
+        assert r.runner.last_reason == "the model said boom"
+        await r.user.post(r.room["id"], "second question")
+        r.runner.wake()
+        turns = await r.user.finished(r.runner.agent.id, 2)
+        assert turns[1]["status"] == "succeeded"
+        # Not acked after the failure: the first message comes back with the new one.
+        assert "first question" in engine.inputs[1] and "second question" in engine.inputs[1]
+        assert turns[1]["rooms"][0]["from_seq"] < turns[1]["rooms"][0]["to_seq"]
+
+
+async def test_wakes_during_a_turn_merge_into_exactly_one_more(
+    crew_server: Any, crew_home: Path
+) -> None:
+    release = anyio.Event()
+    engine = ScriptedEngine(script=[blocking(release)])
+    async with rig(crew_server.url, crew_home, engine) as r:
+        await r.user.post(r.room["id"], "first-batch-msg")
+        r.runner.wake()
+        await engine.started.wait()
+        await r.user.post(r.room["id"], "second-batch-msg")
+        for _ in range(5):
+            r.runner.wake()
+        assert r.runner.pending_wake
+        release.set()
+        turns = await r.user.finished(r.runner.agent.id, 2)
+        await wait_until("idle", lambda: r.runner.state == "idle")
+        await anyio.sleep(0.3)
+        assert len(engine.inputs) == 2
+        assert [t["status"] for t in turns] == ["succeeded", "succeeded"]
+        assert "first-batch-msg" in engine.inputs[0]
+        # The first turn was acked: only the new message is in the second input.
+        assert "second-batch-msg" in engine.inputs[1] and "first-batch-msg" not in engine.inputs[1]
+        assert len(await r.user.turns(r.runner.agent.id)) == 2
+
+
+async def test_stop_cancels_without_ack(crew_server: Any, crew_home: Path) -> None:
+    engine = ScriptedEngine(script=[wait_for_stop])
+    async with rig(crew_server.url, crew_home, engine) as r:
+        await r.user.post(r.room["id"], "long job")
+        r.runner.wake()
+        await engine.started.wait()
+        assert r.runner.state == "running"
+        assert r.runner.stop_turn()
+        [turn] = await r.user.finished(r.runner.agent.id, 1)
+        assert turn["status"] == "cancelled"
+        assert r.runner.last_result == "cancelled"
+        # Not acked: the same message comes back on the next wake-up.
+        r.runner.wake()
+        turns = await r.user.finished(r.runner.agent.id, 2)
+        assert turns[1]["status"] == "succeeded"
+        assert "long job" in engine.inputs[1]
+
+
+async def test_stop_and_completion_at_once_counts_as_stopped(
+    crew_server: Any, crew_home: Path
+) -> None:
+    async def finish_after_stop(
+        engine: ScriptedEngine, request: Any, on_event: Any, stop: Any
+    ) -> Any:
+        engine.started.set()
+        await stop.wait()
+        # The engine completed anyway: still stopped, no ack.
+        from tests.computer.scripted import succeed
+
+        return await succeed(engine, request, on_event, stop)
+
+    engine = ScriptedEngine(script=[finish_after_stop])
+    async with rig(crew_server.url, crew_home, engine) as r:
+        await r.user.post(r.room["id"], "race")
+        r.runner.wake()
+        await engine.started.wait()
+        r.runner.stop_turn()
+        [turn] = await r.user.finished(r.runner.agent.id, 1)
+        assert turn["status"] == "cancelled"
+        r.runner.wake()
+        await r.user.finished(r.runner.agent.id, 2)
+        assert "race" in engine.inputs[1]
+
+
+async def test_stale_turn_stops_without_ack_and_drops_the_runner(
+    crew_server: Any, crew_home: Path
+) -> None:
+    release = anyio.Event()
+    engine = ScriptedEngine(script=[blocking(release)])
+    async with rig(crew_server.url, crew_home, engine) as r:
+        await r.user.post(r.room["id"], "fenced")
+        r.runner.wake()
+        await engine.started.wait()
+        # A newer connection of the same Computer credential fences this turn out.
+        token = r.upstream._client.headers["Authorization"].removeprefix("Bearer ")
+        newer = Upstream(r.upstream.server_url, token)
+        await newer.connect("test", "linux", "0", 2)
+        release.set()
+        await wait_until("runner dropped", lambda: r.runner.finished.is_set())
+        assert r.runner.fenced_out
+        [turn] = await r.user.turns(r.runner.agent.id)
+        assert turn["status"] in ("interrupted", "running")
+        # Not acked: the newer connection still finds the message unread.
+        rooms = await newer.claim_unread(r.runner.agent.id)
+        assert rooms and any("fenced" in str(m.model_dump()) for m in rooms[0].messages)
+        await newer.aclose()
+
+
+async def test_a_hundred_agents_never_exceed_the_cap(crew_server: Any, crew_home: Path) -> None:
+    engine = ScriptedEngine(default=sleeping(0.02))
+    async with rig(crew_server.url, crew_home, engine, agents=100, capacity=3) as r:
+        for room in r.rooms:
+            await r.user.post(room["id"], "hello all")
+        for runner in r.runners:
+            runner.wake()
+        await anyio.sleep(0.05)
+        assert r.gate.queued > 0
+        assert any(runner.state == "queued" for runner in r.runners)
+        await wait_until("all 100 turns", lambda: r.metrics.turns["succeeded"] == 100, timeout=60)
+        assert engine.peak <= 3
+        assert r.gate.peak <= 3
+        assert sorted(engine.agents) == sorted(x.agent.id for x in r.runners)
