@@ -218,21 +218,26 @@ class AgentHome:
             ) from exc
 
     def copy_price_table(self, source: Path) -> bool:
-        """Copy the user's OpenCode price table into the agent's cache dir when newer.
+        """Copy the user's OpenCode price table into this agent's cache dir (see below)."""
+        return copy_price_table(self.paths, source)
 
-        Returns True when copied. Never raises: a failed copy only costs the
-        turn its prices (cost 0), so it is logged and the turn goes on.
-        """
-        dest = self.paths.cache_dir / "opencode" / "models.json"
-        try:
-            return safe_fs.copy_if_newer(source, self.paths.crew_home, dest, PRICE_TABLE_LIMIT)
-        except (UnsafePath, OSError) as exc:
-            log.warning(
-                "agent %s: price table not copied (costs will read 0): %s",
-                self.paths.agent_id,
-                _relative(exc, self.paths),
-            )
-            return False
+
+def copy_price_table(paths: AgentPaths, source: Path) -> bool:
+    """Copy the user's OpenCode price table into the agent's cache dir when newer.
+
+    Returns True when copied. Never raises: a failed copy only costs the turn
+    its prices (cost 0), so it is logged and the turn goes on.
+    """
+    dest = paths.cache_dir / "opencode" / "models.json"
+    try:
+        return safe_fs.copy_if_newer(source, paths.crew_home, dest, PRICE_TABLE_LIMIT)
+    except (UnsafePath, OSError) as exc:
+        log.warning(
+            "agent %s: price table not copied (costs will read 0): %s",
+            paths.agent_id,
+            _relative(exc, paths),
+        )
+        return False
 
 
 def _relative(exc: BaseException, paths: AgentPaths) -> str:

@@ -1,0 +1,586 @@
+"""`OpenCodeEngine`: one `opencode run` per turn, in the sandbox, through the launcher.
+
+computer.md §3. The Computer computes everything the run needs — the exact
+environment (nothing inherited), the derived OpenCode config, the user's
+credentials — and hands the launcher a typed request; the launcher builds the
+argv and the sandbox. Each stdout line becomes an event; the exit status, the
+last `error` event and the stderr tail decide the failure class. A wall-clock
+limit and a step guard end runaway turns; a vanished session is retried once
+with a new one. `run_turn` never raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import anyio
+import orjson
+
+from computer_service import safe_fs
+from computer_service.engine.base import (
+    AgentPaths,
+    EngineEvent,
+    EventSink,
+    Failure,
+    FailureClass,
+    SessionPlan,
+    StopSignal,
+    TurnRequest,
+    TurnResult,
+    Usage,
+)
+from computer_service.engine.events import engine_event_of
+from computer_service.engine.failures import RunOutcome, classify, redact
+from computer_service.home import ENGINE_NAME, copy_price_table, plan_session, read_session_record
+from computer_service.launcher_client import (
+    DEFAULT_STDOUT_LIMIT,
+    EngineArgs,
+    ExitFrame,
+    Frame,
+    LauncherError,
+    LauncherRefused,
+    LauncherUnavailable,
+    LineFrame,
+    RunRequest,
+    StartedFrame,
+)
+from computer_service.safe_fs import UnsafePath
+
+log = logging.getLogger(__name__)
+
+AUTH_LIMIT = 64 * 1024
+USER_CONFIG_LIMIT = 1024 * 1024
+TURN_TITLE = "crew turn"
+UNKNOWN_STEP_LIMIT = 3
+# After asking the launcher to stop a run, how long to wait for its exit frame
+# before dropping the connection (which makes the launcher kill the run).
+END_GRACE_S = 10.0
+
+
+class Launcher(Protocol):
+    """What the engine needs of the launcher (`LauncherClient` satisfies it)."""
+
+    def run(self, request: RunRequest) -> AsyncIterator[Frame]: ...
+
+    async def stop(self, run_id: str) -> None: ...
+
+
+class NotLoggedIn(Exception):
+    """The user's OpenCode credentials cannot be used; the message says why."""
+
+
+# ---- the user's own OpenCode files (read outside the sandbox) ----
+
+
+@dataclass(frozen=True)
+class UserOpenCode:
+    """Where the user's own OpenCode credentials, config and price table are."""
+
+    auth_file: Path
+    config_files: tuple[Path, ...]
+    price_table: Path
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> UserOpenCode:
+        """Resolve with the XDG defaults (`~/.local/share`, `~/.config`, `~/.cache`)."""
+        home = Path(env.get("HOME") or os.path.expanduser("~"))
+        data = Path(env.get("XDG_DATA_HOME") or home / ".local" / "share")
+        config = Path(env.get("XDG_CONFIG_HOME") or home / ".config")
+        cache = Path(env.get("XDG_CACHE_HOME") or home / ".cache")
+        return cls(
+            auth_file=data / "opencode" / "auth.json",
+            config_files=(
+                config / "opencode" / "opencode.json",
+                config / "opencode" / "opencode.jsonc",
+            ),
+            price_table=cache / "opencode" / "models.json",
+        )
+
+
+def read_auth(auth_file: Path) -> str:
+    """The user's auth.json as text for `OPENCODE_AUTH_CONTENT`; raises `NotLoggedIn`."""
+    where = _tilde(auth_file)
+    try:
+        data = safe_fs.read_trusted_file(auth_file, AUTH_LIMIT)
+    except UnsafePath:
+        raise NotLoggedIn(
+            f"not logged in: {where} is over 64 KiB, which is not an OpenCode credentials file. "
+            "Check it, or log in again with `opencode auth login`."
+        ) from None
+    if data is None:
+        raise NotLoggedIn(
+            f"not logged in: no OpenCode credentials at {where}. "
+            "Run `opencode auth login` (outside crew) and wake the agent again."
+        )
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        raise NotLoggedIn(
+            f"not logged in: {where} is not valid JSON. Log in again with `opencode auth login`."
+        ) from None
+    if not isinstance(obj, dict):
+        raise NotLoggedIn(f"not logged in: {where} is not a JSON object. Log in again.")
+    return data.decode("utf-8")
+
+
+def strip_jsonc(text: str) -> str:
+    """JSONC → JSON: drop `//` and `/* */` comments and trailing commas, never inside strings."""
+    return _drop_trailing_commas(_drop_comments(text))
+
+
+def _scan_strings(text: str, i: int) -> int:
+    """Index just past the JSON string that starts at `text[i]` (a quote)."""
+    n = len(text)
+    j = i + 1
+    while j < n:
+        if text[j] == "\\":
+            j += 2
+            continue
+        if text[j] == '"':
+            return j + 1
+        j += 1
+    return n
+
+
+def _drop_comments(text: str) -> str:
+    out: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == '"':
+            j = _scan_strings(text, i)
+            out.append(text[i:j])
+            i = j
+        elif text.startswith("//", i):
+            nl = text.find("\n", i)
+            i = n if nl < 0 else nl
+        elif text.startswith("/*", i):
+            end = text.find("*/", i + 2)
+            i = n if end < 0 else end + 2
+            out.append(" ")
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def _drop_trailing_commas(text: str) -> str:
+    out: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == '"':
+            j = _scan_strings(text, i)
+            out.append(text[i:j])
+            i = j
+            continue
+        if c == ",":
+            j = i + 1
+            while j < n and text[j] in " \t\r\n":
+                j += 1
+            if j < n and text[j] in "}]":
+                i += 1
+                continue
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def read_user_providers(config_files: tuple[Path, ...]) -> dict[str, Any] | None:
+    """The `provider` section of the user's opencode.json / .jsonc (first found), or None.
+
+    A malformed file is logged and ignored: the turn may still work with the
+    built-in providers, and a missing custom provider shows up as
+    `model_unavailable` with its own reason.
+    """
+    for path in config_files:
+        try:
+            data = safe_fs.read_trusted_file(path, USER_CONFIG_LIMIT)
+        except UnsafePath as exc:
+            log.warning("ignoring your OpenCode config: %s", exc)
+            continue
+        if data is None:
+            continue
+        try:
+            obj = orjson.loads(strip_jsonc(data.decode("utf-8")))
+        except (orjson.JSONDecodeError, UnicodeDecodeError) as exc:
+            log.warning("ignoring %s: not valid JSON(C): %s", path, exc)
+            continue
+        provider = obj.get("provider") if isinstance(obj, dict) else None
+        return provider if isinstance(provider, dict) else None
+    return None
+
+
+def opencode_config(agents_md: Path, model: str, providers: dict[str, Any] | None) -> str:
+    """`OPENCODE_CONFIG_CONTENT`: instructions, all permissions, this turn's model, providers."""
+    config: dict[str, Any] = {
+        "$schema": "https://opencode.ai/config.json",
+        "autoupdate": False,
+        "share": "disabled",
+        "instructions": [str(agents_md)],
+        # The sandbox is the boundary; inside it the agent may do anything.
+        "permission": {"*": "allow"},
+        "model": model,
+        "small_model": model,
+    }
+    if providers:
+        config["provider"] = providers
+    return orjson.dumps(config).decode()
+
+
+def engine_env(
+    paths: AgentPaths,
+    *,
+    bin_dir: Path,
+    server_url: str,
+    auth_content: str,
+    config_content: str,
+    base_path: str,
+    lang: str,
+) -> dict[str, str]:
+    """The engine's whole environment (computer.md §3): nothing else, nothing inherited."""
+    return {
+        "PATH": f"{bin_dir}:{base_path}" if base_path else str(bin_dir),
+        "LANG": lang,
+        "TMPDIR": str(paths.tmp_dir),
+        "TMPPREFIX": str(paths.tmp_dir / "zsh"),
+        "HOME": str(paths.agent_dir),
+        "XDG_DATA_HOME": str(paths.data_dir),
+        "XDG_CONFIG_HOME": str(paths.config_dir),
+        "XDG_CACHE_HOME": str(paths.cache_dir),
+        "XDG_STATE_HOME": str(paths.state_dir),
+        "OPENCODE_DISABLE_PROJECT_CONFIG": "1",
+        "OPENCODE_DISABLE_MODELS_FETCH": "1",
+        "OPENCODE_AUTH_CONTENT": auth_content,
+        "OPENCODE_CONFIG_CONTENT": config_content,
+        "PWD": str(paths.work_dir),
+        "CREW_SERVER_URL": server_url,
+        "CREW_TOKEN_FILE": str(paths.token_file),
+    }
+
+
+def _tilde(path: Path) -> str:
+    home = os.environ.get("HOME")
+    text = str(path)
+    if home and text.startswith(home.rstrip("/") + "/"):
+        return "~" + text[len(home.rstrip("/")) :]
+    return text
+
+
+def _auth_secrets(auth_content: str) -> list[str]:
+    """String values of the auth file (API keys, OAuth tokens), to redact from reasons."""
+    found: list[str] = []
+
+    def walk(v: Any) -> None:
+        if isinstance(v, str) and len(v) >= 8:
+            found.append(v)
+        elif isinstance(v, dict):
+            for x in v.values():
+                walk(x)
+        elif isinstance(v, list):
+            for x in v:
+                walk(x)
+
+    # The content was validated as JSON when read; a failure here only means no redaction.
+    with contextlib.suppress(orjson.JSONDecodeError):
+        walk(orjson.loads(auth_content))
+    return found
+
+
+# ---- one run ----
+
+
+@dataclass
+class _Attempt:
+    """What one engine process produced, gathered while its frames stream in."""
+
+    session_id: str | None = None
+    usage: Usage = field(default_factory=Usage)
+    steps: int = 0
+    unknown_streak: int = 0
+    last_error: EngineEvent | None = None
+    lines: int = 0
+    exit: ExitFrame | None = None
+    ending: str | None = None  # "stopped", "timeout" or "guard"
+    guard_reason: str = ""
+    launcher_failure: Failure | None = None
+
+    def track(self, event: EngineEvent, max_steps: int) -> str | None:
+        """Account one event; return a guard reason when the turn must end."""
+        if self.session_id is None and event.session_id:
+            self.session_id = event.session_id
+        if event.type == "step_start":
+            self.steps += 1
+            if self.steps > max_steps:
+                return f"OpenCode ran more than {max_steps} steps in one turn; the turn was ended"
+        elif event.type == "step_finish":
+            tokens = event.data.get("tokens", {})
+            u = self.usage
+            u.input_tokens += tokens.get("input", 0)
+            u.output_tokens += tokens.get("output", 0)
+            u.reasoning_tokens += tokens.get("reasoning", 0)
+            u.cache_read += tokens.get("cache_read", 0)
+            u.cache_write += tokens.get("cache_write", 0)
+            u.cost += event.data.get("cost", 0.0)
+            if event.data.get("reason") == "unknown" and not any(tokens.values()):
+                self.unknown_streak += 1
+                if self.unknown_streak >= UNKNOWN_STEP_LIMIT:
+                    return (
+                        f"the model stream ended without a finish reason {UNKNOWN_STEP_LIMIT} "
+                        "times in a row (zero tokens each); OpenCode would loop forever, so the "
+                        "turn was ended. Check the model server."
+                    )
+            else:
+                self.unknown_streak = 0
+        elif event.type == "error":
+            self.last_error = event
+        return None
+
+
+class OpenCodeEngine:
+    """The OpenCode engine (see module doc). Replace `launcher` when the launcher restarts."""
+
+    name = ENGINE_NAME
+
+    def __init__(
+        self,
+        launcher: Launcher,
+        *,
+        crew_home: Path,
+        run_id: str,
+        server_url: str,
+        bin_dir: Path,
+        interpreter_dirs: list[Path] | None = None,
+        user: UserOpenCode | None = None,
+        base_path: str | None = None,
+        lang: str | None = None,
+        stdout_limit: int = DEFAULT_STDOUT_LIMIT,
+        end_grace_s: float = END_GRACE_S,
+    ) -> None:
+        self.launcher = launcher
+        self.crew_home = crew_home
+        self.run_id = run_id
+        self.server_url = server_url
+        self.bin_dir = bin_dir
+        self.interpreter_dirs = [str(p) for p in interpreter_dirs or []]
+        self.user = user or UserOpenCode.from_env(os.environ)
+        self.base_path = base_path if base_path is not None else os.environ.get("PATH", os.defpath)
+        self.lang = lang or os.environ.get("LANG") or "C.UTF-8"
+        self.stdout_limit = stdout_limit
+        self.end_grace_s = end_grace_s
+
+    def paths(self, agent_id: str) -> AgentPaths:
+        return AgentPaths(crew_home=self.crew_home, run_id=self.run_id, agent_id=agent_id)
+
+    def plan_session(self, agent_id: str, model: str, agents_md: str) -> SessionPlan:
+        """Continue the saved session when engine, model and AGENTS.md are unchanged."""
+        record = read_session_record(self.paths(agent_id))
+        return plan_session(record, self.name, model, agents_md)
+
+    async def run_turn(
+        self, request: TurnRequest, on_event: EventSink, stop: StopSignal
+    ) -> TurnResult:
+        """Run one turn (see module doc). Never raises, except cancellation."""
+        paths = self.paths(request.agent_id)
+        secrets = [str(paths.agent_dir), str(paths.runtime_dir), str(self.crew_home)]
+        try:
+            return await self._run_turn(request, on_event, stop, paths, secrets)
+        except Exception as exc:
+            log.exception("agent %s: the engine broke during a turn", request.agent_id)
+            reason = redact(f"the engine failed unexpectedly: {type(exc).__name__}: {exc}", secrets)
+            return TurnResult("failed", Failure(FailureClass.PROCESS_CRASHED, reason))
+
+    async def _run_turn(
+        self,
+        request: TurnRequest,
+        on_event: EventSink,
+        stop: StopSignal,
+        paths: AgentPaths,
+        secrets: list[str],
+    ) -> TurnResult:
+        if stop.is_set():
+            return _stopped(None, Usage())
+        try:
+            auth = await anyio.to_thread.run_sync(read_auth, self.user.auth_file)
+        except NotLoggedIn as exc:
+            return TurnResult("failed", Failure(FailureClass.NOT_LOGGED_IN, str(exc)))
+        secrets += _auth_secrets(auth)
+        try:
+            token = safe_fs.read_regular_file(self.crew_home, paths.token_file, 4096)
+        except UnsafePath as exc:
+            log.warning("agent %s: cannot read its token for redaction: %s", request.agent_id, exc)
+            token = None
+        if token:
+            secrets.append(token.decode("utf-8", "replace").strip())
+        providers = await anyio.to_thread.run_sync(read_user_providers, self.user.config_files)
+        await anyio.to_thread.run_sync(copy_price_table, paths, self.user.price_table)
+        if stop.is_set():
+            return _stopped(None, Usage())
+
+        env = engine_env(
+            paths,
+            bin_dir=self.bin_dir,
+            server_url=self.server_url,
+            auth_content=auth,
+            config_content=opencode_config(paths.agents_md, request.model, providers),
+            base_path=self.base_path,
+            lang=self.lang,
+        )
+        session_id = request.plan.session_id
+        attempt = await self._attempt(request, paths, env, session_id, on_event, stop)
+        result = self._result(attempt, stop, secrets)
+        if (
+            session_id is not None
+            and result.failure is not None
+            and result.failure.cls is FailureClass.SESSION_INVALID
+        ):
+            log.info(
+                "agent %s: session %s vanished; starting a new one", request.agent_id, session_id
+            )
+            usage = attempt.usage
+            attempt = await self._attempt(request, paths, env, None, on_event, stop)
+            _add_usage(attempt.usage, usage)
+            result = self._result(attempt, stop, secrets)
+        return result
+
+    async def _attempt(
+        self,
+        request: TurnRequest,
+        paths: AgentPaths,
+        env: dict[str, str],
+        session_id: str | None,
+        on_event: EventSink,
+        stop: StopSignal,
+    ) -> _Attempt:
+        run_id = str(uuid.uuid4())
+        run = RunRequest(
+            run_id=run_id,
+            agent_id=request.agent_id,
+            agent_dir=str(paths.agent_dir),
+            runtime_dir=str(paths.runtime_dir),
+            bin_dir=str(self.bin_dir),
+            interpreter_dirs=self.interpreter_dirs,
+            model=request.model,
+            session_id=session_id,
+            env=env,
+            stdin=request.render_input(session_id is None),
+            stdout_limit=self.stdout_limit,
+            engine_args=EngineArgs(
+                session_id=session_id,
+                model=request.model,
+                title=TURN_TITLE,
+                dir=str(paths.work_dir),
+            ),
+        )
+        a = _Attempt()
+        started = anyio.Event()
+        read_scope = anyio.CancelScope()
+
+        async def end_run(why: str) -> None:
+            if a.ending is None:
+                a.ending = why
+            # The launcher only knows the run once it started it.
+            with anyio.move_on_after(self.end_grace_s):
+                await started.wait()
+            try:
+                await self.launcher.stop(run_id)
+            except LauncherError as exc:
+                log.warning("agent %s: stopping run %s failed: %s", request.agent_id, run_id, exc)
+            await anyio.sleep(self.end_grace_s)
+            read_scope.cancel()  # no exit frame in time: drop the stream, the launcher kills it
+
+        async def watch_stop() -> None:
+            await stop.wait()
+            await end_run("stopped")
+
+        async def watch_clock() -> None:
+            await anyio.sleep(request.wall_clock_limit_s)
+            await end_run("timeout")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch_stop)
+            tg.start_soon(watch_clock)
+            with read_scope:
+                try:
+                    async for frame in self.launcher.run(run):
+                        if isinstance(frame, LineFrame):
+                            a.lines += 1
+                            event = engine_event_of(frame.data)
+                            guard = a.track(event, request.max_steps)
+                            await on_event(event)
+                            if guard and a.ending is None:
+                                a.guard_reason = guard
+                                tg.start_soon(end_run, "guard")
+                        elif isinstance(frame, StartedFrame):
+                            started.set()
+                        elif isinstance(frame, ExitFrame):
+                            a.exit = frame
+                except LauncherRefused as exc:
+                    cls = FailureClass.SANDBOX
+                    a.launcher_failure = Failure(cls, f"the sandbox refused the run: {exc}")
+                except LauncherUnavailable as exc:
+                    a.launcher_failure = Failure(
+                        FailureClass.PROCESS_CRASHED, f"the sandbox launcher was lost: {exc}"
+                    )
+                except LauncherError as exc:
+                    a.launcher_failure = Failure(
+                        FailureClass.PROCESS_CRASHED, f"the sandbox launcher misbehaved: {exc}"
+                    )
+            tg.cancel_scope.cancel()
+        return a
+
+    def _result(self, a: _Attempt, stop: StopSignal, secrets: list[str]) -> TurnResult:
+        # Stop and completion at the same moment count as stopped.
+        if stop.is_set() or a.ending == "stopped":
+            return _stopped(a.session_id, a.usage)
+        if a.ending == "timeout":
+            failure = Failure(
+                FailureClass.ENGINE_ERROR,
+                "the turn ran past its wall-clock limit and was ended; "
+                "the model may be hanging or retrying silently",
+            )
+        elif a.ending == "guard":
+            failure = Failure(FailureClass.ENGINE_ERROR, a.guard_reason)
+        elif a.launcher_failure is not None:
+            failure = a.launcher_failure
+        elif a.exit is None:
+            failure = Failure(FailureClass.PROCESS_CRASHED, "the run ended without an exit status")
+        else:
+            outcome = RunOutcome(
+                exit_code=a.exit.code,
+                signal=a.exit.signal,
+                launcher_reason=a.exit.reason,
+                last_error=a.last_error,
+                stdout_empty=a.lines == 0,
+                stderr_tail=a.exit.stderr_tail,
+            )
+            found = classify(outcome, secrets)
+            if found is None:
+                return TurnResult("succeeded", None, a.session_id, a.usage)
+            if found.cls is FailureClass.STOPPED:
+                return _stopped(a.session_id, a.usage)
+            failure = found
+        failure = Failure(failure.cls, redact(failure.reason, secrets))
+        return TurnResult("failed", failure, a.session_id, a.usage)
+
+
+def _stopped(session_id: str | None, usage: Usage) -> TurnResult:
+    return TurnResult(
+        "cancelled", Failure(FailureClass.STOPPED, "the turn was stopped"), session_id, usage
+    )
+
+
+def _add_usage(total: Usage, more: Usage) -> None:
+    total.input_tokens += more.input_tokens
+    total.output_tokens += more.output_tokens
+    total.reasoning_tokens += more.reasoning_tokens
+    total.cache_read += more.cache_read
+    total.cache_write += more.cache_write
+    total.cost += more.cost

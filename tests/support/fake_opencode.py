@@ -1,0 +1,244 @@
+#!/usr/bin/env python3
+"""A fake `opencode` for tests: usable as `opencode_path`, speaks `run --format json`.
+
+Standard library only (it runs inside the sandbox with the system python3).
+It accepts the real command line
+`run --pure --format json --print-logs --auto [--title T] [--dir D] [--session S] --model M`
+(and `models`, `--version`), reads the whole turn input from stdin, and prints
+sample-shaped JSON lines (see samples/opencode/REPORT.md §2).
+
+Every run first dumps what it got to `$PWD/.fake-opencode/<n>.json`:
+`{"argv", "env", "cwd", "stdin", "pid", "pgid"}` — tests check the exact env and argv.
+
+Sessions: new sessions are recorded in `$XDG_DATA_HOME/fake-opencode/sessions/`;
+`--session S` for an unknown S prints `Error: Session not found` on stderr and
+exits 1 with empty stdout, like OpenCode 1.18. A model whose name contains
+`nope` gives the real "unknown model" output (UnknownError + stderr `Model not found`).
+
+Behaviour is chosen by markers in the turn input (any line), else by
+`$FAKE_OPENCODE_MODE` when it exists, else "ok":
+- (none) / `FAKE:OK`   step_start, text "ok", step_finish(stop, tokens 100/20, cost 0.001)
+- `FAKE:TOOL`          one tool step (bash, echo) then a text step
+- `FAKE:RUN <cmd>`     run `<cmd>` with /bin/sh -c (e.g. `crew reply …`, a zsh heredoc);
+                       one tool_use with its output and exit code, then a text step
+- `FAKE:HANG`          step_start, then sleep forever (test stop / wall clock)
+- `FAKE:SLOW <s>`      step_start, sleep <s> seconds, then finish normally
+- `FAKE:CRASH`         print a step_start, a stderr line, then die of SIGSEGV
+- `FAKE:EXIT <n>`      print "Error: fake failure" on stderr and exit <n>
+- `FAKE:FLOOD`         print ~64 KiB lines forever (test the output cap)
+- `FAKE:LONGLINE`      one 100 KB text event line, then finish
+- `FAKE:BADLINES`      a non-JSON line, an invalid UTF-8 line and an unknown type, then finish
+- `FAKE:401`           the real 401 APIError line (05_http_401), exit 1
+- `FAKE:429`           the real 429 APIError line (05_http_429), exit 1
+- `FAKE:UNKNOWN`       endless steps finishing with reason "unknown" and zero tokens
+- `FAKE:STEPS <n>`     n tool-call steps, then a text step
+- `FAKE:BG`            leave a background child (own session) holding stdout open, exit 0
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import string
+import subprocess
+import sys
+import time
+
+STATE = os.path.join(
+    os.environ.get("XDG_DATA_HOME") or os.path.expanduser("~/.local/share"), "fake-opencode"
+)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def new_id(prefix: str) -> str:
+    return prefix + "_" + "".join(random.choices(string.ascii_letters + string.digits, k=24))
+
+
+class Out:
+    def __init__(self, session: str) -> None:
+        self.session = session
+        self.message = new_id("msg")
+
+    def emit(self, kind: str, **part: object) -> None:
+        line: dict[str, object] = {"type": kind, "timestamp": now_ms(), "sessionID": self.session}
+        if kind != "error":
+            part.setdefault("id", new_id("prt"))
+            part.setdefault("messageID", self.message)
+            part.setdefault("sessionID", self.session)
+            line["part"] = part
+        sys.stdout.write(json.dumps(line, ensure_ascii=False) + "\n")
+        sys.stdout.flush()
+
+    def step_start(self) -> None:
+        self.message = new_id("msg")
+        self.emit("step_start", type="step-start")
+
+    def step_finish(
+        self, reason: str = "stop", inp: int = 100, out: int = 20, cost: float = 0.001
+    ) -> None:
+        tokens = {"total": inp + out, "input": inp, "output": out, "reasoning": 0,
+                  "cache": {"write": 0, "read": 0}}  # fmt: skip
+        self.emit("step_finish", type="step-finish", reason=reason, tokens=tokens, cost=cost)
+
+    def text(self, text: str) -> None:
+        t = now_ms()
+        self.emit("text", type="text", text=text, time={"start": t, "end": t})
+
+    def tool(self, command: str, output: str, exit_code: int | None, start: int) -> None:
+        state = {"status": "completed", "input": {"command": command, "description": "fake"},
+                 "output": output, "metadata": {"output": output, "exit": exit_code, "truncated": False},
+                 "title": command, "time": {"start": start, "end": now_ms()}}  # fmt: skip
+        self.emit("tool_use", type="tool", tool="bash", callID=new_id("call"), state=state)
+
+
+def parse_args(argv: list[str]) -> dict[str, str]:
+    opts: dict[str, str] = {}
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a in ("--title", "--dir", "--session", "--model", "--format"):
+            opts[a[2:]] = argv[i + 1] if i + 1 < len(argv) else ""
+            i += 2
+        else:
+            i += 1
+    return opts
+
+
+def dump(argv: list[str], stdin: str) -> None:
+    d = os.path.join(os.environ.get("PWD") or os.getcwd(), ".fake-opencode")
+    os.makedirs(d, exist_ok=True)
+    n = len(os.listdir(d))
+    record = {"argv": argv, "env": dict(os.environ), "cwd": os.getcwd(), "stdin": stdin,
+              "pid": os.getpid(), "pgid": os.getpgid(0)}  # fmt: skip
+    with open(os.path.join(d, f"{n:03d}.json"), "w") as f:
+        json.dump(record, f)
+
+
+def marker(stdin: str) -> tuple[str, str]:
+    for line in stdin.splitlines():
+        line = line.strip()
+        if line.startswith("FAKE:"):
+            name, _, arg = line[5:].partition(" ")
+            return name, arg
+    mode = os.environ.get("FAKE_OPENCODE_MODE", "OK")
+    name, _, arg = mode.partition(" ")
+    return name, arg
+
+
+def main() -> int:
+    argv = sys.argv[1:]
+    if argv[:1] == ["--version"]:
+        print("0.0.0-fake")
+        return 0
+    if argv[:1] == ["models"]:
+        print("local/scripted\nlocal/other")
+        return 0
+    if argv[:1] != ["run"]:
+        print(f"fake opencode: unsupported command {argv!r}", file=sys.stderr)
+        return 2
+    stdin = sys.stdin.read()
+    dump(sys.argv, stdin)
+    opts = parse_args(argv)
+    print(f'timestamp=x level=INFO message="fake start" model={opts.get("model")}', file=sys.stderr)
+    sessions = os.path.join(STATE, "sessions")
+    os.makedirs(sessions, exist_ok=True)
+    session = opts.get("session")
+    if session:
+        if not os.path.exists(os.path.join(sessions, session)):
+            print("\x1b[91m\x1b[1mError: \x1b[0mSession not found", file=sys.stderr)
+            return 1
+    else:
+        session = new_id("ses")
+        open(os.path.join(sessions, session), "w").close()
+    out = Out(session)
+    model = opts.get("model", "")
+    if "nope" in model:
+        out.emit("error", error={"name": "UnknownError", "data": {
+            "message": "Unexpected server error. Check server logs for details.", "ref": "err_1"}})  # fmt: skip
+        print(f'level=ERROR message=failed error="ProviderModelNotFoundError: Model not found: {model}."',
+              file=sys.stderr)  # fmt: skip
+        return 1
+    return run_mode(out, *marker(stdin))
+
+
+def run_mode(out: Out, name: str, arg: str) -> int:
+    if name == "HANG":
+        out.step_start()
+        while True:
+            time.sleep(3600)
+    if name == "SLOW":
+        out.step_start()
+        time.sleep(float(arg or 1))
+        out.text("ok")
+        out.step_finish()
+        return 0
+    if name == "CRASH":
+        out.step_start()
+        print("fake: about to crash", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if name == "EXIT":
+        print("\x1b[91m\x1b[1mError: \x1b[0mfake failure", file=sys.stderr)
+        return int(arg or 1)
+    if name == "FLOOD":
+        chunk = json.dumps({"type": "text", "part": {"text": "x" * 65536}}) + "\n"
+        while True:
+            sys.stdout.write(chunk)
+    if name == "LONGLINE":
+        out.step_start()
+        out.text("y" * 100_000)
+        out.step_finish()
+        return 0
+    if name == "BADLINES":
+        out.step_start()
+        sys.stdout.flush()
+        sys.stdout.buffer.write(b"this is not json\n\xff\xfe broken utf-8\n")
+        sys.stdout.buffer.flush()
+        out.emit("patch", type="patch")
+        out.text("ok")
+        out.step_finish()
+        return 0
+    if name in ("401", "429"):
+        status, message = (401, "Incorrect API key provided (scripted)") if name == "401" else (
+            429, "Rate limit reached (scripted)")  # fmt: skip
+        out.emit("error", error={"name": "APIError", "data": {
+            "message": message, "statusCode": status, "isRetryable": status == 429}})  # fmt: skip
+        return 1
+    if name == "UNKNOWN":
+        while True:
+            out.step_start()
+            out.step_finish(reason="unknown", inp=0, out=0, cost=0.0)
+            time.sleep(0.01)
+    if name == "STEPS":
+        for _ in range(int(arg or 1)):
+            out.step_start()
+            out.tool("true", "", 0, now_ms())
+            out.step_finish(reason="tool-calls")
+    if name == "RUN":
+        out.step_start()
+        start = now_ms()
+        proc = subprocess.run(
+            ["/bin/sh", "-c", arg], capture_output=True, text=True, stdin=subprocess.DEVNULL
+        )
+        out.tool(arg, proc.stdout + proc.stderr, proc.returncode, start)
+        out.step_finish(reason="tool-calls")
+    if name == "TOOL":
+        out.step_start()
+        out.tool("echo hello", "hello\n", 0, now_ms())
+        out.step_finish(reason="tool-calls")
+    if name == "BG":
+        out.step_start()
+        # A detached child in its own session that keeps our stdout open.
+        subprocess.Popen(["/bin/sh", "-c", "sleep 30"], start_new_session=True, stdout=sys.stdout)
+    out.step_start()
+    out.text("ok")
+    out.step_finish()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
