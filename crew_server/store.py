@@ -365,7 +365,7 @@ class Store:
             rows = db.execute(
                 f"SELECT {self._AGENT_COLS}, problem, "
                 "(SELECT status FROM turns t WHERE t.agent_id = agents.id "
-                " ORDER BY started_at DESC LIMIT 1) "
+                " ORDER BY started_at DESC, rowid DESC LIMIT 1) "
                 "FROM agents ORDER BY handle"
             ).fetchall()
         return [
@@ -863,13 +863,13 @@ class Store:
         with self._read() as db:
             if agent_id is None:
                 rows = db.execute(
-                    f"SELECT {self._TURN_COLS} FROM turns ORDER BY started_at DESC, id LIMIT ?",
+                    f"SELECT {self._TURN_COLS} FROM turns ORDER BY started_at DESC, rowid DESC LIMIT ?",
                     (limit,),
                 ).fetchall()
             else:
                 rows = db.execute(
                     f"SELECT {self._TURN_COLS} FROM turns WHERE agent_id = ? "
-                    "ORDER BY started_at DESC, id LIMIT ?",
+                    "ORDER BY started_at DESC, rowid DESC LIMIT ?",
                     (agent_id, limit),
                 ).fetchall()
         return [self._turn_of(r) for r in rows]

@@ -1,0 +1,55 @@
+"""HELD: a reply to a room with unseen messages from others is held and returns them."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.server.world import World
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_reply_is_held_with_unseen_messages_then_sent_on_resend(world: World) -> None:
+    box = await world.computer()
+    alice = await world.agent("alice", box)
+    room = await world.group("launch", alice)
+    token = await world.token(box, alice)
+    await world.post(room["id"], "first")
+    await world.unread(box, alice)  # alice has seen seq 1
+    unseen = await world.post(room["id"], "wait, one more thing")
+
+    held = await world.reply(token, room["id"], "Done.")
+    assert held.status_code == 409
+    answer = held.json()
+    assert answer["held"] is True
+    assert [r["room"]["id"] for r in answer["rooms"]] == [room["id"]]
+    assert [m["id"] for m in answer["rooms"][0]["messages"]] == [unseen["id"]]
+    assert [m["body"] for m in await world.messages(room["id"])] == ["first", unseen["body"]]
+    assert (await world.positions(alice))[room["id"]] == (2, 0)  # now delivered, not read
+
+    sent = await world.reply(token, room["id"], "Done.")
+    assert sent.status_code == 201, sent.text
+    assert sent.json()["room_id"] == room["id"]
+    bodies = [m["body"] for m in await world.messages(room["id"])]
+    assert bodies == ["first", unseen["body"], "Done."]
+
+
+async def test_reply_with_everything_seen_is_posted_at_once(world: World) -> None:
+    box = await world.computer()
+    alice = await world.agent("alice", box)
+    room = await world.dm(alice)
+    token = await world.token(box, alice)
+    await world.post(room["id"], "hello")
+    await world.unread(box, alice)
+    sent = await world.reply(token, room["id"], "hi")
+    assert sent.status_code == 201
+    assert "thread_id" not in sent.json()
+
+
+async def test_own_messages_never_hold_a_reply(world: World) -> None:
+    box = await world.computer()
+    alice = await world.agent("alice", box)
+    room = await world.dm(alice)
+    token = await world.token(box, alice)
+    assert (await world.reply(token, room["id"], "one")).status_code == 201
+    assert (await world.reply(token, room["id"], "two")).status_code == 201
