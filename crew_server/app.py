@@ -400,20 +400,25 @@ def create_app(
 
         async def stream() -> AsyncIterator[bytes]:
             nonlocal cursor
+            # A comment opens the stream at once (clients see the 200 without waiting for
+            # an event); the reconnect delay rides on the first real event.
+            retry = "retry: 2000\n"
             try:
-                yield b"retry: 2000\n\n"
+                yield b": connected\n\n"
                 while True:
                     flag.clear()
                     rows = store.events_after(computer_id, cursor)
                     for event_id, event, data in rows:
                         cursor = event_id
-                        yield f"id: {event_id}\nevent: {event}\ndata: {data}\n\n".encode()
+                        yield f"{retry}id: {event_id}\nevent: {event}\ndata: {data}\n\n".encode()
+                        retry = ""
                     if rows:
                         continue
                     with anyio.move_on_after(ping_seconds) as waited:
                         await flag.wait()
                     if waited.cancelled_caught:
-                        yield f"id: {cursor}\nevent: ping\ndata: {{}}\n\n".encode()
+                        yield f"{retry}id: {cursor}\nevent: ping\ndata: {{}}\n\n".encode()
+                        retry = ""
             finally:
                 hub.unsubscribe(computer_id, flag)
 

@@ -1,0 +1,168 @@
+"""SSE for Computers: ids on every event, replay after Last-Event-ID, `agents`, pings.
+
+Streams need a real server: a `crew-server --dev` subprocess, or uvicorn in a thread
+(for the short ping interval).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+import uvicorn
+from httpx_sse import ServerSentEvent, connect_sse
+
+from crew_server.app import create_app
+from crew_server.clock import Clock
+from crew_server.store import Store
+from tests.support.crew_server_proc import CrewServer, free_port, start_crew_server
+
+
+def read_events(
+    client: httpx.Client, url: str, token: str, count: int, last_id: str | None = None
+) -> list[ServerSentEvent]:
+    """Open the stream, return the first `count` non-ping events, close it."""
+    headers = {"Authorization": f"Bearer {token}"}
+    if last_id is not None:
+        headers["Last-Event-ID"] = last_id
+    got: list[ServerSentEvent] = []
+    with connect_sse(client, "GET", url, headers=headers, timeout=10.0) as source:
+        assert source.response.status_code == 200
+        assert source.response.headers["content-type"].startswith("text/event-stream")
+        for sse in source.iter_sse():
+            if sse.event == "ping":
+                continue
+            got.append(sse)
+            if len(got) == count:
+                break
+    return got
+
+
+def post_soon(server: CrewServer, room_id: str, body: str) -> threading.Thread:
+    """Post from another thread once the stream is (very likely) open."""
+
+    def post() -> None:
+        time.sleep(0.3)
+        server.post(room_id, body)
+
+    thread = threading.Thread(target=post)
+    thread.start()
+    return thread
+
+
+@pytest.mark.timeout(60)
+def test_reconnect_with_last_event_id_replays_every_missed_wake_in_order(tmp_path: Path) -> None:
+    with start_crew_server(tmp_path) as server, httpx.Client(base_url=server.url) as client:
+        box = server.create_computer()
+        alice = server.create_agent("alice", computer_id=box["computer_id"])
+        bob = server.create_agent("bob", computer_id=box["computer_id"])
+        dm = server.create_room("dm", [alice["id"]])
+        group = server.create_room("group", [alice["id"], bob["id"]], title="launch")
+
+        poster = post_soon(server, dm["id"], "first")
+        first = read_events(client, "/computer/events", box["token"], 1)
+        poster.join()
+        assert first[0].event == "wake" and first[0].json() == {"agent_id": alice["id"]}
+        assert first[0].id.isdigit()
+
+        # disconnected: a dm, a group message (two wakes) and a settings change
+        server.post(dm["id"], "second")
+        server.post(group["id"], "to the group")
+        server.client().patch(f"/api/agents/{bob['id']}", json={"model": "p/other"}).raise_for_status()
+
+        missed = read_events(client, "/computer/events", box["token"], 4, last_id=first[0].id)
+        got = [(e.event, e.json()["agent_id"]) for e in missed]
+        assert got[0] == ("wake", alice["id"])  # the dm, then the group's two, then the change
+        assert sorted(got[1:3]) == sorted([("wake", alice["id"]), ("wake", bob["id"])])
+        assert got[3] == ("agents", bob["id"])
+        ids = [int(first[0].id)] + [int(e.id) for e in missed]
+        assert ids == sorted(ids) and len(set(ids)) == len(ids)
+
+
+@pytest.mark.timeout(60)
+def test_a_fresh_stream_starts_at_now_and_sees_only_its_own_computer(tmp_path: Path) -> None:
+    with start_crew_server(tmp_path) as server, httpx.Client(base_url=server.url) as client:
+        box, other = server.create_computer("box"), server.create_computer("other")
+        alice = server.create_agent("alice", computer_id=box["computer_id"])
+        stranger = server.create_agent("stranger", computer_id=other["computer_id"])
+        server.post(server.create_room("dm", [alice["id"]])["id"], "before the stream")
+        stranger_dm = server.create_room("dm", [stranger["id"]])
+        alice_dm = server.create_room("dm", [alice["id"]])
+
+        def post_both() -> None:
+            time.sleep(0.3)
+            server.post(stranger_dm["id"], "not for box")
+            server.post(alice_dm["id"], "for box")
+
+        thread = threading.Thread(target=post_both)
+        thread.start()
+        got = read_events(client, "/computer/events", box["token"], 1)
+        thread.join()
+        assert [(e.event, e.json()) for e in got] == [("wake", {"agent_id": alice["id"]})]
+
+
+@pytest.mark.timeout(60)
+def test_new_agent_on_a_computer_sends_agents_and_bad_token_is_401(tmp_path: Path) -> None:
+    with start_crew_server(tmp_path) as server, httpx.Client(base_url=server.url) as client:
+        box = server.create_computer()
+        bad = client.get("/computer/events", headers={"Authorization": "Bearer nope"})
+        assert bad.status_code == 401 and bad.json()["error"]["code"] == "unauthorized"
+
+        def create() -> None:
+            time.sleep(0.3)
+            server.create_agent("newbie", computer_id=box["computer_id"])
+
+        thread = threading.Thread(target=create)
+        thread.start()
+        got = read_events(client, "/computer/events", box["token"], 1)
+        thread.join()
+        assert got[0].event == "agents"
+
+
+@pytest.fixture
+def threaded_server() -> Iterator[tuple[str, Store]]:
+    """uvicorn in a thread serving an app whose pings come every 0.2 s."""
+    clock = Clock()
+    store = Store(":memory:", clock)
+    app = create_app(store, clock, dev=True, ping_seconds=0.2)
+    port = free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                            lifespan="on", timeout_graceful_shutdown=1)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.started, "uvicorn did not start"
+    try:
+        yield f"http://127.0.0.1:{port}", store
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        store.close()
+
+
+@pytest.mark.timeout(30)
+def test_pings_carry_the_stream_position(threaded_server: tuple[str, Store]) -> None:
+    url, store = threaded_server
+    with httpx.Client(base_url=url) as client:
+        made = client.post("/api/computers", json={"name": "box"}).json()
+        alice = client.post("/api/agents", json={"handle": "alice", "name": "A", "model": "m",
+                                                 "computer_id": made["computer_id"]}).json()
+        position = str(store.last_event_id())
+        seen: list[tuple[str, str, Any]] = []
+        headers = {"Authorization": f"Bearer {made['token']}"}
+        with connect_sse(client, "GET", "/computer/events", headers=headers, timeout=10) as source:
+            for sse in source.iter_sse():
+                seen.append((sse.event, sse.id, orjson.loads(sse.data)))
+                if len(seen) == 2:
+                    break
+        assert seen == [("ping", position, {}), ("ping", position, {})]
+        assert alice["handle"] == "alice"
