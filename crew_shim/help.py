@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 HEREDOC_EXAMPLE = """\
-Send a message with a heredoc, so quotes, backticks and $ arrive exactly as written:
+Send a message with a heredoc, so quotes, backticks and $ arrive exactly as written
+(the closing EOF alone on its line, at its start):
 
-  crew reply 0b6c1e2a-5d7f-4c1a-9e3b-2f8a6d4c7e10 <<'EOF'
-  Done — the file is in work/report.md.
-  EOF
+crew reply 0b6c1e2a-5d7f-4c1a-9e3b-2f8a6d4c7e10 <<'EOF'
+Done — the file is in work/report.md.
+EOF
 """
 
 MAIN_HELP = f"""\
