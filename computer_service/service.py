@@ -191,6 +191,7 @@ class ComputerService:
         """Connect, say `ready`, open the socket, start the launcher, prepare the run dir."""
         await self._connect()
         self._say_ready()
+        self._make_crew_home()
         await self._open_introspection()
         self.launcher = await self.parts.start_launcher()
         self.unavailable = self.launcher.unavailable_reason()
@@ -264,6 +265,14 @@ class ComputerService:
         except UpstreamError as exc:
             raise StartupFailed(f"cannot connect to the crew server: {exc}") from exc
         log.info("connected as computer %s (epoch %d)", answer.computer_id, answer.epoch)
+
+    def _make_crew_home(self) -> None:
+        try:
+            self.crew_home.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StartupFailed(f"cannot prepare the crew home {self.crew_home}: {exc}") from exc
+        if not self.crew_home.is_dir():
+            raise StartupFailed(f"cannot prepare the crew home {self.crew_home}: not a directory")
 
     def _say_ready(self) -> None:
         if self._stdout is not None:
@@ -403,7 +412,7 @@ class ComputerService:
             log.warning("agent %s: issuing its token failed: %s", agent.handle, exc)
             return
         except AgentPreparationFailed as exc:
-            await self._report_problem(agent, f"cannot prepare the agent's directory: {exc}")
+            await self._report_problem(agent, str(exc))
             return
         runner = Runner(
             agent,

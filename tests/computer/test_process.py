@@ -1,0 +1,257 @@
+"""`crew-computer` as a real process against a real crew-server, the real launcher and the fake engine."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from tests.computer.computer_proc import (
+    ComputerProc,
+    Machine,
+    bootstrap_for,
+    launch,
+    machine,
+    wait_for,
+)
+from tests.support.ci import required_in_ci
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def need_sandbox() -> None:
+    if shutil.which("bwrap") is None:
+        required_in_ci("bubblewrap (apt-get install bubblewrap)")
+
+
+def finished(server: Any, agent_id: str, count: int, timeout: float = 30) -> list[dict[str, Any]]:
+    def probe() -> list[dict[str, Any]] | None:
+        done = [t for t in server.turns(agent_id) if t["status"] != "running"]
+        return done if len(done) >= count else None
+
+    return wait_for(f"{count} finished turns", probe, timeout)
+
+
+def problem_of(server: Any, agent_id: str) -> str | None:
+    return next(a for a in server.agents() if a["id"] == agent_id).get("problem")
+
+
+def usable(c: ComputerProc) -> dict[str, Any]:
+    health = wait_for("the launcher's health", c.health_known, 60)
+    assert health["sandbox"]["ok"], f"sandbox not usable: {health}\n{c.stderr()[-2000:]}"
+    return health
+
+
+def run_dir_entries(m: Machine) -> list[str]:
+    runtime = m.crew_home / "runtime"
+    return sorted(os.listdir(runtime)) if runtime.exists() else []
+
+
+def test_messages_before_start_wakes_and_new_agents_then_a_clean_exit(crew_server: Any) -> None:
+    need_sandbox()
+    with machine() as m:
+        m.log_in()
+        comp = crew_server.create_computer()
+        alice = crew_server.create_agent("alice1", computer_id=comp["computer_id"])
+        dm = crew_server.create_room("dm", [alice["id"]])
+        crew_server.post(dm["id"], "posted before the Computer started")
+        c = launch(m, bootstrap_for(crew_server.url, comp["token"], m))
+        try:
+            health = usable(c)
+            assert health["engine"]["found"]
+            [first] = finished(crew_server, alice["id"], 1)
+            assert first["status"] == "succeeded", first
+            assert "posted before the Computer started" in crew_server.turn(first["id"])["input"]
+            assert len(run_dir_entries(m)) == 1  # this run's directory, nothing older
+
+            # An SSE wake-up for a new message.
+            crew_server.post(dm["id"], "a second message")
+            turns = finished(crew_server, alice["id"], 2)
+            assert all(t["status"] == "succeeded" for t in turns)
+
+            # A new agent appears while running.
+            bob = crew_server.create_agent("bob1", computer_id=comp["computer_id"])
+            bob_dm = crew_server.create_room("dm", [bob["id"]])
+            crew_server.post(bob_dm["id"], "hello bob")
+            [bob_turn] = finished(crew_server, bob["id"], 1)
+            assert bob_turn["status"] == "succeeded"
+
+            # The socket answers curl, as the README says.
+            out = subprocess.run(
+                ["curl", "-s", "--unix-socket", str(c.socket), "http://computer/health"],
+                capture_output=True,
+                check=True,
+                timeout=10,
+            )
+            assert orjson.loads(out.stdout)["ready"] is True
+            rows = {row["handle"]: row for row in c.get("/agents")}
+            assert rows["alice1"]["last_result"] == "succeeded"
+            assert rows["bob1"]["state"] in ("idle", "running")
+            with c.local() as local:
+                metrics = local.get("/metrics").text
+            assert 'crew_turns_total{result="succeeded"} 3' in metrics
+        finally:
+            code = c.stop()
+        assert code == 0, c.stderr()[-3000:]
+        assert run_dir_entries(m) == []
+        assert not c.socket.exists()
+        assert not list((m.crew_home / "sockets").iterdir())
+
+
+def test_sigterm_during_a_turn_cancels_it_and_exits_cleanly(crew_server: Any) -> None:
+    need_sandbox()
+    with machine() as m:
+        m.log_in()
+        comp = crew_server.create_computer()
+        agent = crew_server.create_agent("hang1", computer_id=comp["computer_id"])
+        dm = crew_server.create_room("dm", [agent["id"]])
+        crew_server.post(dm["id"], "FAKE:HANG")
+        c = launch(m, bootstrap_for(crew_server.url, comp["token"], m))
+        try:
+            usable(c)
+            wait_for("a running turn", lambda: crew_server.turns(agent["id"]))
+            wait_for(
+                "the engine running",
+                lambda: any(r["state"] == "running" for r in c.get("/agents")),
+            )
+        finally:
+            code = c.stop("SIGTERM")
+        assert code == 0, c.stderr()[-3000:]
+        [turn] = crew_server.turns(agent["id"])
+        assert turn["status"] == "cancelled"
+        assert run_dir_entries(m) == []
+
+
+def test_planted_symlink_is_that_agents_problem_others_run(crew_server: Any) -> None:
+    need_sandbox()
+    with machine() as m:
+        m.log_in()
+        comp = crew_server.create_computer()
+        agents = {
+            h: crew_server.create_agent(h, computer_id=comp["computer_id"])
+            for h in ("linked", "fifo", "plain")
+        }
+        rooms = {h: crew_server.create_room("dm", [a["id"]]) for h, a in agents.items()}
+        # What an agent could have planted from inside its sandbox in an earlier run.
+        elsewhere = m.root / "elsewhere"
+        elsewhere.mkdir()
+        linked_dir = m.crew_home / "agents" / agents["linked"]["id"]
+        linked_dir.mkdir(parents=True)
+        (linked_dir / "work").symlink_to(elsewhere)
+        fifo_dir = m.crew_home / "agents" / agents["fifo"]["id"] / "engines" / "opencode"
+        fifo_dir.mkdir(parents=True)
+        os.mkfifo(fifo_dir / "session.json")
+        for h, room in rooms.items():
+            crew_server.post(room["id"], f"hello {h}")
+        c = launch(m, bootstrap_for(crew_server.url, comp["token"], m))
+        try:
+            usable(c)
+            assert finished(crew_server, agents["plain"]["id"], 1)[0]["status"] == "succeeded"
+            # A FIFO session.json counts as no record: never blocks, the agent runs.
+            assert finished(crew_server, agents["fifo"]["id"], 1)[0]["status"] == "succeeded"
+            reason = wait_for(
+                "the problem", lambda: problem_of(crew_server, agents["linked"]["id"])
+            )
+            assert "work" in reason and str(m.crew_home) not in reason
+            assert crew_server.turns(agents["linked"]["id"]) == []
+            rows = {row["handle"]: row for row in c.get("/agents")}
+            assert rows["linked"]["state"] == "problem"
+            assert not list(elsewhere.iterdir())  # nothing written through the link
+
+            # Fixed, and the next sync (a settings change) prepares it and clears the problem.
+            (linked_dir / "work").unlink()
+            crew_server.client().patch(
+                f"/api/agents/{agents['linked']['id']}", json={"persona": "Fixed."}
+            ).raise_for_status()
+            assert finished(crew_server, agents["linked"]["id"], 1)[0]["status"] == "succeeded"
+            assert problem_of(crew_server, agents["linked"]["id"]) is None
+        finally:
+            assert c.stop() == 0, c.stderr()[-3000:]
+
+
+def test_sandbox_unavailable_no_runner_and_every_agent_told(crew_server: Any) -> None:
+    """bwrap really missing from the Computer's view: an empty file bound over it."""
+    if shutil.which("unshare") is None:
+        required_in_ci("unshare (util-linux) to hide bwrap from the Computer")
+    probe = subprocess.run(["unshare", "-rm", "true"], capture_output=True)
+    if probe.returncode != 0:
+        required_in_ci(f"user namespaces for `unshare -rm` ({probe.stderr.decode().strip()})")
+    bwrap = "/usr/bin/bwrap"
+    hide = f'for p in {bwrap} /usr/local/bin/bwrap; do [ -e $p ] && mount --bind /dev/null $p; done; exec "$@"'
+    with machine() as m:
+        m.log_in()
+        comp = crew_server.create_computer()
+        first = crew_server.create_agent("early1", computer_id=comp["computer_id"])
+        room = crew_server.create_room("dm", [first["id"]])
+        crew_server.post(room["id"], "will you run?")
+        c = launch(
+            m,
+            bootstrap_for(crew_server.url, comp["token"], m),
+            wrap=["unshare", "-rm", "sh", "-c", hide, "sh"],
+        )
+        try:
+            health = wait_for("the launcher's health", c.health_known, 60)
+            assert health["sandbox"]["ok"] is False
+            assert "bwrap" in health["sandbox"]["reason"]
+            reason = wait_for("the problem", lambda: problem_of(crew_server, first["id"]))
+            assert reason.startswith("sandbox unavailable:") and "bwrap" in reason
+            # An agent that appears later is told too.
+            later = crew_server.create_agent("late1", computer_id=comp["computer_id"])
+            assert "sandbox unavailable" in wait_for(
+                "the later agent's problem", lambda: problem_of(crew_server, later["id"])
+            )
+            assert crew_server.turns(first["id"]) == []
+            rows = c.get("/agents")
+            assert {r["state"] for r in rows} == {"problem"} and len(rows) == 2
+            assert c.get("/health")["connected"] is True
+        finally:
+            assert c.stop() == 0, c.stderr()[-3000:]
+
+
+def test_cannot_prepare_its_directories_exits_1_with_the_reason(crew_server: Any) -> None:
+    with machine() as m:
+        comp = crew_server.create_computer()
+        m.crew_home.write_text("a file where the crew home should be")
+        c = launch(m, bootstrap_for(crew_server.url, comp["token"], m), wait_ready=False)
+        code = c.proc.wait(timeout=30)
+        last = c.stderr().strip().splitlines()[-1]
+        assert code == 1
+        assert last.startswith("crew-computer: cannot prepare"), last
+        assert comp["token"] not in c.stderr()
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        (b"garbage\n", "bootstrap is not valid JSON"),
+        (b"", "no bootstrap received"),
+        (b'{"server_url": "http://127.0.0.1:9"}\n', "token"),
+    ],
+)
+def test_bootstrap_garbage_is_a_clear_error(line: bytes, expected: str) -> None:
+    with machine() as m:
+        c = launch(m, line, wait_ready=False)
+        if not line:
+            assert c.proc.stdin is not None
+            c.proc.stdin.close()
+        assert c.proc.wait(timeout=30) == 1
+        assert c.proc.stdout is not None and c.proc.stdout.read() == b""
+        last = c.stderr().strip().splitlines()[-1]
+        assert last.startswith("crew-computer: ") and expected in last, last
+
+
+def test_refused_token_or_unreachable_server_exit_1_without_the_token(crew_server: Any) -> None:
+    secret = "computer-token-that-must-not-leak"
+    with machine() as m:
+        for url in (crew_server.url, "http://127.0.0.1:9"):
+            c = launch(m, bootstrap_for(url, secret, m), wait_ready=False)
+            assert c.proc.wait(timeout=30) == 1
+            err = c.stderr()
+            assert err.strip().splitlines()[-1].startswith("crew-computer: cannot connect")
+            assert secret not in err
