@@ -345,8 +345,10 @@ class LauncherProcess:
         argv: list[str],
         socket_path: Path,
         env: Mapping[str, str] | None = None,
+        stop_grace_s: float = STOP_GRACE_S,
     ) -> None:
         self.argv = argv
+        self.stop_grace_s = stop_grace_s
         self.socket_path = socket_path
         self.secret = secrets.token_urlsafe(32)
         self._env = dict(env) if env is not None else None
@@ -407,8 +409,9 @@ class LauncherProcess:
             raise LauncherUnavailable("the launcher was never started")
         return await self._process.wait()
 
-    async def stop(self, grace_s: float = STOP_GRACE_S) -> int | None:
-        """Close its stdin (its signal to exit), then SIGTERM, then SIGKILL."""
+    async def stop(self, grace_s: float | None = None) -> int | None:
+        """Close its stdin (its signal to exit), then SIGTERM, then SIGKILL; its exit status."""
+        grace_s = self.stop_grace_s if grace_s is None else grace_s
         proc = self._process
         if proc is None:
             return None

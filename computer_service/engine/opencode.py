@@ -394,6 +394,8 @@ class OpenCodeEngine:
             return await self._run_turn(request, on_event, stop, paths, secrets)
         except Exception as exc:
             log.exception("agent %s: the engine broke during a turn", request.agent_id)
+            while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
+                exc = exc.exceptions[0]
             reason = redact(f"the engine failed unexpectedly: {type(exc).__name__}: {exc}", secrets)
             return TurnResult("failed", Failure(FailureClass.PROCESS_CRASHED, reason))
 

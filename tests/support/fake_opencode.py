@@ -24,7 +24,7 @@ Behaviour is chosen by markers in the turn input (any line), else by
 - `FAKE:HANG`          step_start, then sleep forever (test stop / wall clock)
 - `FAKE:SLOW <s>`      step_start, sleep <s> seconds, then finish normally
 - `FAKE:CRASH`         print a step_start, a stderr line, then die of SIGSEGV
-- `FAKE:EXIT <n>`      print "Error: fake failure" on stderr and exit <n>
+- `FAKE:EXIT <n>`      print "Error: fake failure in <cwd>" on stderr and exit <n>
 - `FAKE:FLOOD`         print ~64 KiB lines forever (test the output cap)
 - `FAKE:LONGLINE`      one 100 KB text event line, then finish
 - `FAKE:BADLINES`      a non-JSON line, an invalid UTF-8 line and an unknown type, then finish
@@ -66,7 +66,9 @@ class Out:
 
     def emit(self, kind: str, **part: object) -> None:
         line: dict[str, object] = {"type": kind, "timestamp": now_ms(), "sessionID": self.session}
-        if kind != "error":
+        if kind == "error":
+            line["error"] = part["error"]
+        else:
             part.setdefault("id", new_id("prt"))
             part.setdefault("messageID", self.message)
             part.setdefault("sessionID", self.session)
@@ -182,7 +184,8 @@ def run_mode(out: Out, name: str, arg: str) -> int:
         print("fake: about to crash", file=sys.stderr, flush=True)
         os.kill(os.getpid(), signal.SIGSEGV)
     if name == "EXIT":
-        print("\x1b[91m\x1b[1mError: \x1b[0mfake failure", file=sys.stderr)
+        # Names the agent's directory, as real errors do: the reason must redact it.
+        print(f"\x1b[91m\x1b[1mError: \x1b[0mfake failure in {os.getcwd()}", file=sys.stderr)
         return int(arg or 1)
     if name == "FLOOD":
         chunk = json.dumps({"type": "text", "part": {"text": "x" * 65536}}) + "\n"

@@ -1,0 +1,147 @@
+"""A prepared agent + an OpenCodeEngine wired to a launcher (stand-in or real), for engine tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from computer_service.engine.base import (
+    AgentPaths,
+    EngineEvent,
+    SessionPlan,
+    TurnRequest,
+    TurnResult,
+)
+from computer_service.engine.opencode import Launcher, OpenCodeEngine, UserOpenCode
+from computer_service.home import AgentHome, RunDirectory
+
+FAKE_OPENCODE = str(Path(__file__).resolve().parent.parent / "support" / "fake_opencode.py")
+AGENT_TOKEN = "agent-token-0123456789abcdef"
+AUTH = {"local": {"type": "api", "key": "sk-user-secret-key-42"}}
+BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+@dataclass(frozen=True)
+class Agent:
+    id: str
+    handle: str
+    name: str
+    persona: str
+
+
+@contextmanager
+def short_dir() -> Iterator[Path]:
+    """A short directory for Unix sockets (paths are limited to ~108 bytes)."""
+    d = Path(tempfile.mkdtemp(prefix="eng-", dir="/tmp"))
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@dataclass
+class Rig:
+    crew_home: Path
+    run: RunDirectory
+    home: AgentHome
+    user: UserOpenCode
+    engine: OpenCodeEngine | None = None
+    events: list[EngineEvent] = field(default_factory=list)
+
+    @property
+    def paths(self) -> AgentPaths:
+        return self.home.paths
+
+    def use(self, launcher: Launcher, **kw: Any) -> OpenCodeEngine:
+        self.engine = OpenCodeEngine(
+            launcher,
+            crew_home=self.crew_home,
+            run_id=self.run.run_id,
+            server_url="http://127.0.0.1:9",
+            bin_dir=self.run.bin_dir,
+            interpreter_dirs=self.run.interpreter_dirs(),
+            user=self.user,
+            base_path=BASE_PATH,
+            lang="C.UTF-8",
+            end_grace_s=kw.pop("end_grace_s", 2.0),
+            **kw,
+        )
+        return self.engine
+
+    def plan(self, model: str = "local/scripted") -> SessionPlan:
+        assert self.engine is not None
+        return self.engine.plan_session(self.paths.agent_id, model, self.home.agents_md)
+
+    async def turn(
+        self,
+        text: str = "hello",
+        *,
+        model: str = "local/scripted",
+        plan: SessionPlan | None = None,
+        stop: anyio.Event | None = None,
+        render: Callable[[bool], str] | None = None,
+        **kw: Any,
+    ) -> TurnResult:
+        assert self.engine is not None
+        self.events = []
+
+        async def sink(event: EngineEvent) -> None:
+            self.events.append(event)
+
+        request = TurnRequest(
+            agent_id=self.paths.agent_id,
+            model=model,
+            plan=plan if plan is not None else self.plan(model),
+            render_input=render or (lambda new: ("NEW SESSION\n" if new else "") + text),
+            **kw,
+        )
+        return await self.engine.run_turn(request, sink, stop or anyio.Event())
+
+    def dumps(self) -> list[dict[str, Any]]:
+        """What the fake opencode recorded, one entry per process, in order."""
+        d = self.paths.work_dir / ".fake-opencode"
+        if not d.exists():
+            return []
+        return [json.loads(p.read_text()) for p in sorted(d.iterdir())]
+
+    def forget_sessions(self) -> None:
+        shutil.rmtree(self.paths.data_dir / "fake-opencode" / "sessions", ignore_errors=True)
+
+
+def make_rig(tmp_path: Path, write_auth: bool = True) -> Rig:
+    crew_home = tmp_path / "crew"
+    run = RunDirectory(crew_home, "run-1")
+    run.prepare()
+    agent = Agent("agent-0001", "alice", "Alice", "Helpful.")
+    home = AgentHome(AgentPaths(crew_home, "run-1", agent.id), agent)
+    home.prepare(AGENT_TOKEN)
+    user_home = Path(os.environ["HOME"])
+    user = UserOpenCode.from_env({"HOME": str(user_home)})
+    if write_auth:
+        user.auth_file.parent.mkdir(parents=True, exist_ok=True)
+        user.auth_file.write_text(json.dumps(AUTH))
+    return Rig(crew_home, run, home, user)
+
+
+@asynccontextmanager
+async def standin_launcher(opencode_path: str = FAKE_OPENCODE) -> AsyncIterator[Any]:
+    """(client, state) of an in-process stand-in launcher (no sandbox)."""
+    from computer_service.launcher_client import LauncherClient
+    from tests.computer_unit.launcher_standin import StandinState, serve_standin
+
+    with short_dir() as d:
+        state = StandinState(secret="test-secret", opencode_path=opencode_path)
+        async with (
+            serve_standin(d / "l.sock", state),
+            LauncherClient(d / "l.sock", state.secret) as c,
+        ):
+            yield c, state

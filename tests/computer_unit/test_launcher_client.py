@@ -1,0 +1,194 @@
+"""LauncherClient against the in-test stand-in; LauncherProcess with a child stand-in."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import anyio
+import orjson
+import pytest
+
+from computer_service.launcher_client import (
+    EngineArgs,
+    ExitFrame,
+    LauncherClient,
+    LauncherError,
+    LauncherProcess,
+    LauncherRefused,
+    LauncherUnavailable,
+    LineFrame,
+    RunRequest,
+    StartedFrame,
+    frame_of,
+    launcher_argv,
+    split_lines,
+)
+from tests.computer_unit.launcher_standin import StandinState, serve_standin
+
+pytestmark = pytest.mark.anyio
+
+FAKE = str(Path(__file__).resolve().parent.parent / "support" / "fake_opencode.py")
+STANDIN = str(Path(__file__).resolve().parent / "launcher_standin.py")
+
+
+@pytest.fixture
+def sock() -> Iterator[Path]:
+    """A short Unix socket path (they are limited to ~108 bytes), removed afterwards."""
+    d = Path(tempfile.mkdtemp(prefix="lc-", dir="/tmp"))
+    try:
+        yield d / "l.sock"
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def run_request(tmp_path: Path, stdin: str, limit: int = 8 << 20) -> RunRequest:
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    env = {"PATH": "/usr/bin:/bin", "PWD": str(work), "XDG_DATA_HOME": str(tmp_path / "data")}
+    return RunRequest(
+        run_id="r1", agent_id="a1", agent_dir=str(tmp_path), runtime_dir=str(tmp_path / "rt"),
+        bin_dir=str(tmp_path / "bin"), model="local/m", env=env, stdin=stdin, stdout_limit=limit,
+        engine_args=EngineArgs(model="local/m", title="t", dir=str(work)),
+    )  # fmt: skip
+
+
+async def chunks(*parts: bytes) -> AsyncIterator[bytes]:
+    for p in parts:
+        yield p
+
+
+async def test_split_lines_across_chunks_and_long_lines() -> None:
+    long = b"x" * 200_000
+    got = [
+        x
+        async for x in split_lines(
+            chunks(b"a\nb", b"c\n" + long[:100], long[100:] + b"\nend"), 1 << 20
+        )
+    ]
+    assert got == [b"a", b"bc", long, b"end"]
+    with pytest.raises(LauncherError, match="over 10 bytes"):
+        _ = [x async for x in split_lines(chunks(b"y" * 11), 10)]
+
+
+def test_frame_of() -> None:
+    assert frame_of(b'{"t":"started","pid":5}') == StartedFrame(t="started", pid=5)
+    assert frame_of(b'{"t":"line","data":"{}"}') == LineFrame(t="line", data="{}")
+    exit_frame = frame_of(b'{"t":"exit","code":0,"signal":null,"stderr_tail":"","reason":null}')
+    assert isinstance(exit_frame, ExitFrame) and exit_frame.code == 0
+    for bad in (b"nope", b'{"t":"what"}', b'{"t":"line"}', b"[1]"):
+        with pytest.raises(LauncherError):
+            frame_of(bad)
+
+
+async def test_client_against_standin(tmp_path: Path, sock: Path) -> None:
+    state = StandinState(secret="s3cret", opencode_path=FAKE)
+    async with serve_standin(sock, state), LauncherClient(sock, "s3cret") as client:
+        health = await client.health()
+        assert health.sandbox.ok and health.engine is not None
+        assert await client.models() == ["local/scripted", "local/other"]
+        assert await client.runs() == []
+        await client.stop("no-such-run")  # 404 is fine
+        frames = [f async for f in client.run(run_request(tmp_path, "FAKE:LONGLINE"))]
+        assert isinstance(frames[0], StartedFrame)
+        assert isinstance(frames[-1], ExitFrame) and frames[-1].code == 0
+        lines = [f for f in frames if isinstance(f, LineFrame)]
+        assert max(len(f.data) for f in lines) > 100_000  # no 64 KiB line limit
+        sent = state.requests[0]
+        assert sent["engine_args"] == {
+            "session_id": None,
+            "model": "local/m",
+            "title": "t",
+            "dir": str(tmp_path / "work"),
+        }
+        assert sent["run_id"] == "r1" and sent["stdout_limit"] == 8 << 20
+        async with LauncherClient(sock, "wrong") as bad:
+            with pytest.raises(LauncherRefused) as info:
+                await bad.health()
+            assert info.value.status == 401 and info.value.code == "unauthorized"
+
+
+async def test_refused_run_carries_the_reason(tmp_path: Path, sock: Path) -> None:
+    state = StandinState(secret="s", opencode_path=FAKE)
+    state.health["sandbox"] = {"ok": False, "backend": "bwrap", "reason": "bwrap not found"}
+    async with serve_standin(sock, state), LauncherClient(sock, "s") as client:
+        with pytest.raises(LauncherRefused, match="bwrap not found") as info:
+            _ = [f async for f in client.run(run_request(tmp_path, "hi"))]
+        assert info.value.status == 503
+
+
+async def test_unreachable_launcher(tmp_path: Path) -> None:
+    async with LauncherClient(tmp_path / "missing.sock", "s") as client:
+        with pytest.raises(LauncherUnavailable, match="cannot reach"):
+            await client.health()
+        with pytest.raises(LauncherUnavailable):
+            _ = [f async for f in client.run(run_request(tmp_path, "hi"))]
+
+
+def test_launcher_argv() -> None:
+    argv = launcher_argv(
+        Path("/c"), "run-1", Path("/c/sockets/l.sock"), mode="tmpfs", opencode_path="/x/oc"
+    )
+    assert argv == [
+        sys.executable, "-I", "-m", "sandbox_launcher", "serve", "--crew-home", "/c",
+        "--run-id", "run-1", "--socket", "/c/sockets/l.sock", "--mode", "tmpfs", "--opencode", "/x/oc",
+    ]  # fmt: skip
+    assert "--mode" not in launcher_argv(Path("/c"), "r", Path("/s"))
+
+
+@pytest.mark.timeout(60)
+async def test_launcher_process_lifecycle(tmp_path: Path, sock: Path) -> None:
+    proc = LauncherProcess([sys.executable, STANDIN, str(sock), FAKE], sock)
+    await proc.start(ready_timeout_s=30)
+    async with proc.client() as client:
+        assert (await client.health()).sandbox.ok  # the secret went over stdin
+    assert await proc.stop() == 0  # closing stdin ends it
+
+
+@pytest.mark.timeout(60)
+async def test_launcher_process_death_is_seen(tmp_path: Path, sock: Path) -> None:
+    proc = LauncherProcess([sys.executable, STANDIN, str(sock), FAKE], sock)
+    await proc.start(ready_timeout_s=30)
+    assert proc.pid is not None
+    os.kill(proc.pid, signal.SIGKILL)
+    with anyio.fail_after(10):
+        assert await proc.wait() == -signal.SIGKILL
+    async with proc.client() as client:
+        with pytest.raises(LauncherUnavailable):
+            await client.health()
+    await proc.stop()
+
+
+@pytest.mark.timeout(30)
+async def test_launcher_that_exits_before_ready(tmp_path: Path) -> None:
+    proc = LauncherProcess(
+        [sys.executable, "-c", "import sys; print('boom', file=sys.stderr); sys.exit(3)"],
+        tmp_path / "s",
+    )
+    with pytest.raises(LauncherUnavailable, match="exit status 3"):
+        await proc.start(ready_timeout_s=10)
+
+
+@pytest.mark.timeout(30)
+async def test_launcher_that_stays_silent(tmp_path: Path) -> None:
+    proc = LauncherProcess(
+        [sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "s", stop_grace_s=0.5
+    )
+    with pytest.raises(LauncherUnavailable, match="did not say ready"):
+        await proc.start(ready_timeout_s=0.5)
+    assert proc.returncode is not None
+
+
+def test_request_models_forbid_extra_keys(tmp_path: Path) -> None:
+    with pytest.raises(ValueError):
+        EngineArgs.model_validate({"model": "m", "title": "t", "dir": "/", "argv": ["rm"]})
+    body = orjson.loads(orjson.dumps(run_request(tmp_path, "in").model_dump(mode="json")))
+    assert set(body) == {
+        "run_id", "agent_id", "agent_dir", "runtime_dir", "bin_dir", "interpreter_dirs", "model",
+        "session_id", "env", "stdin", "stdout_limit", "engine_args",
+    }  # fmt: skip
