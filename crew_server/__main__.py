@@ -20,15 +20,21 @@ from crew_server.store import Store
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="crew-server", description=__doc__)
-    parser.add_argument("--db", required=True, help="SQLite file (created when missing), or :memory:")
+    parser.add_argument(
+        "--db", required=True, help="SQLite file (created when missing), or :memory:"
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument(
-        "--dev", action="store_true",
+        "--dev",
+        action="store_true",
         help="no user auth and a movable clock (POST /api/dev/clock); loopback only",
     )
-    parser.add_argument("--reset-user-token", action="store_true",
-                        help="replace the user token and print the new one")
+    parser.add_argument(
+        "--reset-user-token",
+        action="store_true",
+        help="replace the user token and print the new one",
+    )
     parser.add_argument("--log-level", default="warning")
     return parser.parse_args(argv)
 
@@ -66,8 +72,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"user token (shown once, keep it): {token}", flush=True)
     app = create_app(store, clock, dev=args.dev)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                    access_log=False, lifespan="on")
+        uvicorn.run(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            access_log=False,
+            lifespan="on",
+        )
     finally:
         store.close()
     return 0

@@ -25,7 +25,7 @@ from starlette.routing import Route
 from crew_server import models as m
 from crew_server import rules
 from crew_server.clock import Clock, iso
-from crew_server.errors import ApiError, BadJson, Invalid, TooLarge, Unauthorized
+from crew_server.errors import ApiError, BadJson, Invalid, NotFound, TooLarge, Unauthorized
 from crew_server.store import USER, Actor, AgentIdentity, Store
 
 log = logging.getLogger("crew_server.app")
@@ -221,8 +221,9 @@ def create_app(
     async def post_agent(request: Request) -> Response:
         user(request)
         body = await read_body(request, m.AgentCreate)
-        created = store.create_agent(body.handle, body.name, body.persona, body.model,
-                                     body.engine, body.computer_id)
+        created = store.create_agent(
+            body.handle, body.name, body.persona, body.model, body.engine, body.computer_id
+        )
         return json_response(created, 201)
 
     async def patch_agent(request: Request) -> Response:
@@ -299,7 +300,9 @@ def create_app(
     async def post_user_status(request: Request) -> Response:
         actor = user(request)
         body = await read_body(request, m.TaskStatusSet)
-        return json_response(store.set_task_status(actor, task_number(request), body.status, body.note))
+        return json_response(
+            store.set_task_status(actor, task_number(request), body.status, body.note)
+        )
 
     async def post_user_assign(request: Request) -> Response:
         actor = user(request)
@@ -308,7 +311,7 @@ def create_app(
 
     async def post_dev_clock(request: Request) -> Response:
         if not dev:
-            raise ApiError("the clock hook exists only on a server started with --dev")
+            raise NotFound("the clock hook exists only on a server started with --dev")
         body = await read_body(request, m.DevClock)
         now = clock.advance(body.advance_seconds)
         fired = scheduler.run_due()
@@ -355,8 +358,12 @@ def create_app(
         computer_id = computer(request)
         body = await read_body(request, m.TurnRegister)
         registered = store.register_turn(
-            computer_id, request.path_params["agent_id"],
-            [r.model_dump() for r in body.rooms], body.input, body.engine, body.model,
+            computer_id,
+            request.path_params["agent_id"],
+            [r.model_dump() for r in body.rooms],
+            body.input,
+            body.engine,
+            body.model,
             body.session_id,
         )
         return json_response(registered, 201)
@@ -365,15 +372,19 @@ def create_app(
         computer_id = computer(request)
         body = await read_body(request, m.EventsBatch)
         events = [{"type": e.type, "at": iso(e.at), "data": e.data} for e in body.events]
-        store.add_events(computer_id, request.path_params["turn_id"], body.fence,
-                         body.first_index, events)
+        store.add_events(
+            computer_id, request.path_params["turn_id"], body.fence, body.first_index, events
+        )
         return no_content()
 
     async def post_finish(request: Request) -> Response:
         computer_id = computer(request)
         body = await read_body(request, m.TurnFinish)
         store.finish_turn(
-            computer_id, request.path_params["turn_id"], body.fence, body.status,
+            computer_id,
+            request.path_params["turn_id"],
+            body.fence,
+            body.status,
             body.failure.model_dump(by_alias=True) if body.failure else None,
             body.usage.model_dump() if body.usage else None,
         )
@@ -423,7 +434,8 @@ def create_app(
                 hub.unsubscribe(computer_id, flag)
 
         return StreamingResponse(
-            stream(), media_type="text/event-stream",
+            stream(),
+            media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
 
@@ -460,7 +472,9 @@ def create_app(
         identity = agent(request)
         body = await read_body(request, m.TaskStatusSet)
         return json_response(
-            store.set_task_status(agent_actor(identity), task_number(request), body.status, body.note)
+            store.set_task_status(
+                agent_actor(identity), task_number(request), body.status, body.note
+            )
         )
 
     async def post_agent_assign(request: Request) -> Response:
@@ -478,9 +492,12 @@ def create_app(
         except ValueError as exc:
             raise Invalid(str(exc)) from exc
         schedule = rules.Schedule(
-            at=body.at, every=body.every, daily=body.daily,
+            at=body.at,
+            every=body.every,
+            daily=body.daily,
             weekly_day=body.weekly.day if body.weekly else None,
-            weekly_time=body.weekly.time if body.weekly else None, tz=body.tz,
+            weekly_time=body.weekly.time if body.weekly else None,
+            tz=body.tz,
         )
         reminder = store.create_reminder(identity, body.room_id, body.title, schedule)
         scheduler.poke()

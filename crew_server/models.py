@@ -17,7 +17,9 @@ Uuid = Annotated[
     Field(pattern=r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"),
 ]
 Handle = Annotated[str, Field(pattern=r"^[a-z0-9_-]{1,32}$")]
-HandleRef = Annotated[str, Field(pattern=r"^@?[a-z0-9_-]{1,32}$", description="a handle; a leading @ is dropped")]
+HandleRef = Annotated[
+    str, Field(pattern=r"^@?[a-z0-9_-]{1,32}$", description="a handle; a leading @ is dropped")
+]
 Body = Annotated[str, Field(min_length=1, max_length=20_000, pattern=r"\S")]
 Title = Annotated[str, Field(min_length=1, max_length=500, pattern=r"\S")]
 Name = Annotated[str, Field(min_length=1, max_length=200, pattern=r"\S")]

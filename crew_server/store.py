@@ -127,8 +127,11 @@ class Store:
             )
             done = {r[0] for r in self._db.execute("SELECT version FROM schema_migrations")}
             files = sorted(
-                (f for f in resources.files("crew_server.migrations").iterdir()
-                 if f.name.endswith(".sql")),
+                (
+                    f
+                    for f in resources.files("crew_server.migrations").iterdir()
+                    if f.name.endswith(".sql")
+                ),
                 key=lambda f: f.name,
             )
             for file in files:
@@ -166,7 +169,9 @@ class Store:
     def _now(self) -> str:
         return iso(self.clock.now())
 
-    def _emit(self, db: sqlite3.Connection, computer_id: str, event: str, data: dict[str, Any]) -> None:
+    def _emit(
+        self, db: sqlite3.Connection, computer_id: str, event: str, data: dict[str, Any]
+    ) -> None:
         db.execute(
             "INSERT INTO computer_events (computer_id, event, data, created_at) VALUES (?, ?, ?, ?)",
             (computer_id, event, orjson.dumps(data).decode(), self._now()),
@@ -201,9 +206,7 @@ class Store:
             if row is not None:
                 return None
             token = new_token("cru")
-            db.execute(
-                "INSERT INTO settings VALUES ('user_token_hash', ?)", (hash_token(token),)
-            )
+            db.execute("INSERT INTO settings VALUES ('user_token_hash', ?)", (hash_token(token),))
             return token
 
     def reset_user_token(self) -> str:
@@ -228,7 +231,9 @@ class Store:
                 "SELECT id FROM computers WHERE token_hash = ?", (hash_token(token),)
             ).fetchone()
         if row is None:
-            raise Unauthorized("the computer token is not valid; check the credential you were given")
+            raise Unauthorized(
+                "the computer token is not valid; check the credential you were given"
+            )
         return str(row[0])
 
     def agent_by_token(self, token: str) -> AgentIdentity:
@@ -241,7 +246,9 @@ class Store:
                 (hash_token(token),),
             ).fetchone()
         if row is None:
-            raise Unauthorized("the agent token is not valid (it expires when the Computer reconnects)")
+            raise Unauthorized(
+                "the agent token is not valid (it expires when the Computer reconnects)"
+            )
         return AgentIdentity(row[0], row[1], row[2])
 
     # ------------------------------------------------------------------ computers
@@ -264,15 +271,22 @@ class Store:
             ).fetchall()
         return [
             {
-                "id": r[0], "name": r[1], "epoch": r[2], "hostname": r[3], "platform": r[4],
-                "version": r[5], "capacity": r[6], "models": orjson.loads(r[7]),
+                "id": r[0],
+                "name": r[1],
+                "epoch": r[2],
+                "hostname": r[3],
+                "platform": r[4],
+                "version": r[5],
+                "capacity": r[6],
+                "models": orjson.loads(r[7]),
                 "connected_at": r[8],
             }
             for r in rows
         ]
 
-    def connect(self, computer_id: str, hostname: str, platform: str, version: str,
-                capacity: int) -> dict[str, Any]:
+    def connect(
+        self, computer_id: str, hostname: str, platform: str, version: str, capacity: int
+    ) -> dict[str, Any]:
         """A new connection epoch; turns of older connections become interrupted."""
         now = self._now()
         with self._write() as db:
@@ -290,14 +304,20 @@ class Store:
                 "DELETE FROM agent_tokens WHERE computer_id = ? AND epoch < ?", (computer_id, epoch)
             )
         if interrupted:
-            log.info("computer %s connected (epoch %d): %d turns interrupted",
-                     computer_id, epoch, interrupted)
+            log.info(
+                "computer %s connected (epoch %d): %d turns interrupted",
+                computer_id,
+                epoch,
+                interrupted,
+            )
         return {"computer_id": computer_id, "epoch": epoch, "server_time": now}
 
     def set_models(self, computer_id: str, models: list[str]) -> None:
         with self._write() as db:
-            db.execute("UPDATE computers SET models = ? WHERE id = ?",
-                       (orjson.dumps(models).decode(), computer_id))
+            db.execute(
+                "UPDATE computers SET models = ? WHERE id = ?",
+                (orjson.dumps(models).decode(), computer_id),
+            )
 
     # ------------------------------------------------------------------ agents
 
@@ -306,18 +326,26 @@ class Store:
     @staticmethod
     def _agent_of(row: Sequence[Any]) -> dict[str, Any]:
         return {
-            "id": row[0], "handle": row[1], "name": row[2], "persona": row[3],
-            "engine": row[4], "model": row[5], "computer_id": row[6],
+            "id": row[0],
+            "handle": row[1],
+            "name": row[2],
+            "persona": row[3],
+            "engine": row[4],
+            "model": row[5],
+            "computer_id": row[6],
         }
 
     def _check_computer(self, db: sqlite3.Connection, computer_id: str | None) -> None:
-        if computer_id is not None and db.execute(
-            "SELECT 1 FROM computers WHERE id = ?", (computer_id,)
-        ).fetchone() is None:
+        if (
+            computer_id is not None
+            and db.execute("SELECT 1 FROM computers WHERE id = ?", (computer_id,)).fetchone()
+            is None
+        ):
             raise NotFound(f"no computer {computer_id}; create it with POST /api/computers first")
 
-    def create_agent(self, handle: str, name: str, persona: str, model: str, engine: str,
-                     computer_id: str | None) -> dict[str, Any]:
+    def create_agent(
+        self, handle: str, name: str, persona: str, model: str, engine: str, computer_id: str | None
+    ) -> dict[str, Any]:
         agent_id = new_id()
         with self._write() as db:
             self._check_computer(db, computer_id)
@@ -334,8 +362,9 @@ class Store:
 
     def get_agent(self, agent_id: str) -> dict[str, Any]:
         with self._read() as db:
-            row = db.execute(f"SELECT {self._AGENT_COLS} FROM agents WHERE id = ?",
-                             (agent_id,)).fetchone()
+            row = db.execute(
+                f"SELECT {self._AGENT_COLS} FROM agents WHERE id = ?", (agent_id,)
+            ).fetchone()
         if row is None:
             raise NotFound(f"no agent {agent_id}")
         return self._agent_of(row)
@@ -395,8 +424,9 @@ class Store:
         token = new_token("cra")
         with self._write() as db:
             self._own_agent(db, computer_id, agent_id)
-            epoch = db.execute("SELECT epoch FROM computers WHERE id = ?",
-                               (computer_id,)).fetchone()[0]
+            epoch = db.execute(
+                "SELECT epoch FROM computers WHERE id = ?", (computer_id,)
+            ).fetchone()[0]
             db.execute(
                 "INSERT INTO agent_tokens VALUES (?, ?, ?, ?, ?)",
                 (hash_token(token), agent_id, computer_id, epoch, self._now()),
@@ -405,7 +435,9 @@ class Store:
 
     # ------------------------------------------------------------------ rooms
 
-    def _room_row(self, db: sqlite3.Connection, room_id: str) -> tuple[str, str, str | None, str | None, str | None, int]:
+    def _room_row(
+        self, db: sqlite3.Connection, room_id: str
+    ) -> tuple[str, str, str | None, str | None, str | None, int]:
         row = db.execute(
             "SELECT id, kind, title, parent_room_id, root_message_id, last_seq FROM rooms WHERE id = ?",
             (room_id,),
@@ -430,9 +462,12 @@ class Store:
 
     def _is_member(self, db: sqlite3.Connection, room_id: str, agent_id: str) -> bool:
         base = self._member_room(db, room_id)
-        return db.execute(
-            "SELECT 1 FROM room_members WHERE room_id = ? AND agent_id = ?", (base, agent_id)
-        ).fetchone() is not None
+        return (
+            db.execute(
+                "SELECT 1 FROM room_members WHERE room_id = ? AND agent_id = ?", (base, agent_id)
+            ).fetchone()
+            is not None
+        )
 
     def _require_member(self, db: sqlite3.Connection, room_id: str, agent_id: str) -> None:
         row = self._room_row(db, room_id)
@@ -442,7 +477,9 @@ class Store:
             raise Forbidden("that room is a direct conversation between the user and another agent")
         raise Forbidden("you are not a member of that room; answer only in rooms you were given")
 
-    def create_room(self, kind: str, title: str | None, agent_ids: list[str]) -> tuple[dict[str, Any], bool]:
+    def create_room(
+        self, kind: str, title: str | None, agent_ids: list[str]
+    ) -> tuple[dict[str, Any], bool]:
         """A dm (the user and one agent; reused when it exists) or a group. (room, created)."""
         ids = list(dict.fromkeys(agent_ids))
         if kind == "dm" and len(ids) != 1:
@@ -468,7 +505,8 @@ class Store:
             )
             db.executemany("INSERT INTO room_members VALUES (?, ?)", [(room_id, a) for a in ids])
             db.executemany(
-                "INSERT INTO positions (agent_id, room_id) VALUES (?, ?)", [(a, room_id) for a in ids]
+                "INSERT INTO positions (agent_id, room_id) VALUES (?, ?)",
+                [(a, room_id) for a in ids],
             )
             return self._room_view(db, room_id, None), True
 
@@ -478,11 +516,17 @@ class Store:
 
     def list_rooms(self) -> list[dict[str, Any]]:
         with self._read() as db:
-            ids = [r[0] for r in db.execute(
-                "SELECT id FROM rooms WHERE kind != 'thread' ORDER BY created_at, id")]
+            ids = [
+                r[0]
+                for r in db.execute(
+                    "SELECT id FROM rooms WHERE kind != 'thread' ORDER BY created_at, id"
+                )
+            ]
             return [self._room_view(db, i, None) for i in ids]
 
-    def _room_view(self, db: sqlite3.Connection, room_id: str, for_agent: str | None) -> dict[str, Any]:
+    def _room_view(
+        self, db: sqlite3.Connection, room_id: str, for_agent: str | None
+    ) -> dict[str, Any]:
         rid, kind, title, parent_id, root_id, _ = self._room_row(db, room_id)
         members: list[dict[str, Any]] = [dict(USER_AUTHOR)]
         members += [
@@ -491,8 +535,9 @@ class Store:
         parent_title = None
         root_message = None
         if kind == "thread" and parent_id is not None:
-            parent_title = db.execute("SELECT title FROM rooms WHERE id = ?",
-                                      (parent_id,)).fetchone()[0]
+            parent_title = db.execute(
+                "SELECT title FROM rooms WHERE id = ?", (parent_id,)
+            ).fetchone()[0]
             if root_id is not None:
                 found = self._messages(db, "WHERE m.id = ?", (root_id,))
                 root_message = found[0] if found else None
@@ -506,9 +551,15 @@ class Store:
             if row is not None:
                 muted, until = True, row[0]
         return {
-            "id": rid, "kind": kind, "title": title, "members": members,
-            "parent_room_id": parent_id, "parent_title": parent_title,
-            "root_message": root_message, "muted": muted, "muted_until": until,
+            "id": rid,
+            "kind": kind,
+            "title": title,
+            "members": members,
+            "parent_room_id": parent_id,
+            "parent_title": parent_title,
+            "root_message": root_message,
+            "muted": muted,
+            "muted_until": until,
         }
 
     # ------------------------------------------------------------------ messages
@@ -522,11 +573,17 @@ class Store:
         else:
             author = SYSTEM_AUTHOR
         return {
-            "id": r[0], "room_id": r[1], "seq": r[2], "author": author, "body": r[7],
-            "kind": r[8], "mentions": orjson.loads(r[9]),
+            "id": r[0],
+            "room_id": r[1],
+            "seq": r[2],
+            "author": author,
+            "body": r[7],
+            "kind": r[8],
+            "mentions": orjson.loads(r[9]),
             "task": (
                 {"number": r[14], "title": r[15], "status": r[16], "assignee": r[17]}
-                if r[14] is not None else None
+                if r[14] is not None
+                else None
             ),
             "thread": (
                 {"id": r[10], "replies": r[11], "last_at": r[12]} if r[10] is not None else None
@@ -534,14 +591,17 @@ class Store:
             "created_at": r[13],
         }
 
-    def _messages(self, db: sqlite3.Connection, where: str, params: Sequence[Any]) -> list[dict[str, Any]]:
+    def _messages(
+        self, db: sqlite3.Connection, where: str, params: Sequence[Any]
+    ) -> list[dict[str, Any]]:
         return [self._message_of(r) for r in db.execute(_MESSAGE_SELECT + where, params)]
 
     def list_messages(self, room_id: str, after_seq: int, limit: int) -> list[dict[str, Any]]:
         with self._read() as db:
             self._room_row(db, room_id)
             return self._messages(
-                db, "WHERE m.room_id = ? AND m.seq > ? ORDER BY m.seq LIMIT ?",
+                db,
+                "WHERE m.room_id = ? AND m.seq > ? ORDER BY m.seq LIMIT ?",
                 (room_id, after_seq, limit),
             )
 
@@ -578,8 +638,10 @@ class Store:
         db.execute("UPDATE messages SET thread_id = ? WHERE id = ?", (thread_id, message_id))
         if author_kind == "agent":
             # The root's author follows the thread from the start.
-            db.execute("INSERT OR IGNORE INTO positions (agent_id, room_id) VALUES (?, ?)",
-                       (author_id, thread_id))
+            db.execute(
+                "INSERT OR IGNORE INTO positions (agent_id, room_id) VALUES (?, ?)",
+                (author_id, thread_id),
+            )
         return thread_id, True
 
     def _post(
@@ -603,12 +665,23 @@ class Store:
             members = self._members(db, rid)
             mentions = rules.mentioned_ids(body, {h: a for a, h, _ in members})
         message_id = new_id()
-        author_kind, author_id = ("system", "system") if author is None else (author.kind, author.id)
+        author_kind, author_id = (
+            ("system", "system") if author is None else (author.kind, author.id)
+        )
         db.execute(
             "INSERT INTO messages (id, room_id, seq, author_kind, author_id, body, kind, mentions, "
             "created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (message_id, rid, seq, author_kind, author_id, body,
-             "normal" if author is not None else "notice", orjson.dumps(mentions).decode(), now),
+            (
+                message_id,
+                rid,
+                seq,
+                author_kind,
+                author_id,
+                body,
+                "normal" if author is not None else "notice",
+                orjson.dumps(mentions).decode(),
+                now,
+            ),
         )
         if kind == "thread":
             db.execute(
@@ -634,22 +707,30 @@ class Store:
                     [(a, rid) for a in mentions],
                 )
                 followers = frozenset(
-                    r[0] for r in db.execute("SELECT agent_id FROM positions WHERE room_id = ?", (rid,))
+                    r[0]
+                    for r in db.execute("SELECT agent_id FROM positions WHERE room_id = ?", (rid,))
                 )
                 facts = rules.RoomFacts("thread", followers, frozenset())
             else:
-                muted = frozenset(
-                    r[0] for r in db.execute(
-                        "SELECT agent_id FROM mutes WHERE room_id = ? AND (until IS NULL OR until > ?)",
-                        (rid, now),
+                muted = (
+                    frozenset(
+                        r[0]
+                        for r in db.execute(
+                            "SELECT agent_id FROM mutes WHERE room_id = ? AND (until IS NULL OR until > ?)",
+                            (rid, now),
+                        )
                     )
-                ) if kind == "group" else frozenset()
+                    if kind == "group"
+                    else frozenset()
+                )
                 facts = rules.RoomFacts(kind, frozenset(a for a, _, _ in members), muted)
             woken = rules.woken_by_message(facts, author.id, mentions)
         if woken and kind == "thread":
             # Whoever a thread message wakes must also get it at the next unread claim.
-            db.executemany("INSERT OR IGNORE INTO positions (agent_id, room_id) VALUES (?, ?)",
-                           [(a, rid) for a in woken])
+            db.executemany(
+                "INSERT OR IGNORE INTO positions (agent_id, room_id) VALUES (?, ?)",
+                [(a, rid) for a in woken],
+            )
         self._wake(db, woken)
         return self._messages(db, "WHERE m.id = ?", (message_id,))[0]
 
@@ -674,8 +755,9 @@ class Store:
             raise Invalid(f"message {message_id} is not in room {room_id}")
         return message_id
 
-    def reply(self, agent: AgentIdentity, room_id: str, body: str,
-              thread_of: str | None) -> dict[str, Any]:
+    def reply(
+        self, agent: AgentIdentity, room_id: str, body: str, thread_of: str | None
+    ) -> dict[str, Any]:
         """An agent's reply; raises Held (after recording delivery) when it missed messages."""
         held: list[dict[str, Any]] | None = None
         with self._write() as db:
@@ -735,7 +817,9 @@ class Store:
                 )
                 if not messages:
                     continue
-                answer.append({"room": self._room_view(db, room_id, agent_id), "messages": messages})
+                answer.append(
+                    {"room": self._room_view(db, room_id, agent_id), "messages": messages}
+                )
                 db.execute(
                     "UPDATE positions SET delivered_seq = ? WHERE agent_id = ? AND room_id = ?",
                     (last_seq, agent_id, room_id),
@@ -756,26 +840,47 @@ class Store:
 
     # ------------------------------------------------------------------ turns
 
-    def register_turn(self, computer_id: str, agent_id: str, rooms: list[dict[str, Any]],
-                      input_text: str, engine: str, model: str,
-                      session_id: str | None) -> dict[str, Any]:
+    def register_turn(
+        self,
+        computer_id: str,
+        agent_id: str,
+        rooms: list[dict[str, Any]],
+        input_text: str,
+        engine: str,
+        model: str,
+        session_id: str | None,
+    ) -> dict[str, Any]:
         turn_id = new_id()
         with self._write() as db:
             self._own_agent(db, computer_id, agent_id)
-            epoch = db.execute("SELECT epoch FROM computers WHERE id = ?",
-                               (computer_id,)).fetchone()[0]
+            epoch = db.execute(
+                "SELECT epoch FROM computers WHERE id = ?", (computer_id,)
+            ).fetchone()[0]
             if epoch == 0:
-                raise NotConnected("this computer has not connected; call POST /computer/connect first")
+                raise NotConnected(
+                    "this computer has not connected; call POST /computer/connect first"
+                )
             db.execute(
                 "INSERT INTO turns (id, agent_id, computer_id, fence, status, rooms, input, engine, "
                 "model, session_id, started_at) VALUES (?, ?, ?, ?, 'running', ?, ?, ?, ?, ?, ?)",
-                (turn_id, agent_id, computer_id, epoch, orjson.dumps(rooms).decode(), input_text,
-                 engine, model, session_id, self._now()),
+                (
+                    turn_id,
+                    agent_id,
+                    computer_id,
+                    epoch,
+                    orjson.dumps(rooms).decode(),
+                    input_text,
+                    engine,
+                    model,
+                    session_id,
+                    self._now(),
+                ),
             )
         return {"turn_id": turn_id, "fence": epoch}
 
-    def _fenced_turn(self, db: sqlite3.Connection, computer_id: str, turn_id: str,
-                     fence: int) -> tuple[str, int]:
+    def _fenced_turn(
+        self, db: sqlite3.Connection, computer_id: str, turn_id: str, fence: int
+    ) -> tuple[str, int]:
         """Check a write for a turn carries a live fence: (agent id, next event index)."""
         row = db.execute(
             "SELECT t.agent_id, t.computer_id, t.fence, t.status, t.next_index, c.epoch "
@@ -786,24 +891,34 @@ class Store:
             raise NotFound(f"no turn {turn_id} on this computer")
         agent_id, _, turn_fence, status, next_index, epoch = row
         if status != "running":
-            raise StaleTurn(f"turn {turn_id} is {status}, no longer running; stop it without acking")
+            raise StaleTurn(
+                f"turn {turn_id} is {status}, no longer running; stop it without acking"
+            )
         if fence != turn_fence or epoch != turn_fence:
             raise StaleTurn(
                 f"turn {turn_id} belongs to an older connection of this computer; stop it without acking"
             )
         return agent_id, next_index
 
-    def add_events(self, computer_id: str, turn_id: str, fence: int, first_index: int,
-                   events: list[dict[str, Any]]) -> None:
+    def add_events(
+        self,
+        computer_id: str,
+        turn_id: str,
+        fence: int,
+        first_index: int,
+        events: list[dict[str, Any]],
+    ) -> None:
         """Append a batch of events; a jump past the next index records the gap."""
         with self._write() as db:
             _, next_index = self._fenced_turn(db, computer_id, turn_id, fence)
             if first_index > next_index:
-                gaps = orjson.loads(db.execute("SELECT gaps FROM turns WHERE id = ?",
-                                               (turn_id,)).fetchone()[0])
+                gaps = orjson.loads(
+                    db.execute("SELECT gaps FROM turns WHERE id = ?", (turn_id,)).fetchone()[0]
+                )
                 gaps.append({"from_index": next_index, "to_index": first_index - 1})
-                db.execute("UPDATE turns SET gaps = ? WHERE id = ?",
-                           (orjson.dumps(gaps).decode(), turn_id))
+                db.execute(
+                    "UPDATE turns SET gaps = ? WHERE id = ?", (orjson.dumps(gaps).decode(), turn_id)
+                )
             db.executemany(
                 "INSERT OR IGNORE INTO turn_events (turn_id, idx, type, at, data) VALUES (?, ?, ?, ?, ?)",
                 [
@@ -811,11 +926,20 @@ class Store:
                     for i, e in enumerate(events)
                 ],
             )
-            db.execute("UPDATE turns SET next_index = MAX(next_index, ?) WHERE id = ?",
-                       (first_index + len(events), turn_id))
+            db.execute(
+                "UPDATE turns SET next_index = MAX(next_index, ?) WHERE id = ?",
+                (first_index + len(events), turn_id),
+            )
 
-    def finish_turn(self, computer_id: str, turn_id: str, fence: int, status: str,
-                    failure: dict[str, Any] | None, usage: dict[str, Any] | None) -> None:
+    def finish_turn(
+        self,
+        computer_id: str,
+        turn_id: str,
+        fence: int,
+        status: str,
+        failure: dict[str, Any] | None,
+        usage: dict[str, Any] | None,
+    ) -> None:
         with self._write() as db:
             self._fenced_turn(db, computer_id, turn_id, fence)
             if usage is None:
@@ -829,8 +953,13 @@ class Store:
                 usage = rules.usage_from_events(events)
             db.execute(
                 "UPDATE turns SET status = ?, failure = ?, usage = ?, finished_at = ? WHERE id = ?",
-                (status, orjson.dumps(failure).decode() if failure else None,
-                 orjson.dumps(usage).decode(), self._now(), turn_id),
+                (
+                    status,
+                    orjson.dumps(failure).decode() if failure else None,
+                    orjson.dumps(usage).decode(),
+                    self._now(),
+                    turn_id,
+                ),
             )
 
     def ack(self, computer_id: str, agent_id: str, turn_id: str, fence: int) -> None:
@@ -846,17 +975,29 @@ class Store:
                 (agent_id,),
             )
 
-    _TURN_COLS = ("id, agent_id, computer_id, fence, status, failure, rooms, input, engine, model, "
-                  "session_id, usage, gaps, started_at, finished_at")
+    _TURN_COLS = (
+        "id, agent_id, computer_id, fence, status, failure, rooms, input, engine, model, "
+        "session_id, usage, gaps, started_at, finished_at"
+    )
 
     @staticmethod
     def _turn_of(r: Sequence[Any]) -> dict[str, Any]:
         return {
-            "id": r[0], "agent_id": r[1], "computer_id": r[2], "fence": r[3], "status": r[4],
-            "failure": orjson.loads(r[5]) if r[5] else None, "rooms": orjson.loads(r[6]),
-            "input": r[7], "engine": r[8], "model": r[9], "session_id": r[10],
-            "usage": orjson.loads(r[11]) if r[11] else None, "gaps": orjson.loads(r[12]),
-            "started_at": r[13], "finished_at": r[14],
+            "id": r[0],
+            "agent_id": r[1],
+            "computer_id": r[2],
+            "fence": r[3],
+            "status": r[4],
+            "failure": orjson.loads(r[5]) if r[5] else None,
+            "rooms": orjson.loads(r[6]),
+            "input": r[7],
+            "engine": r[8],
+            "model": r[9],
+            "session_id": r[10],
+            "usage": orjson.loads(r[11]) if r[11] else None,
+            "gaps": orjson.loads(r[12]),
+            "started_at": r[13],
+            "finished_at": r[14],
         }
 
     def list_turns(self, agent_id: str | None, limit: int) -> list[dict[str, Any]]:
@@ -876,8 +1017,9 @@ class Store:
 
     def get_turn(self, turn_id: str) -> dict[str, Any]:
         with self._read() as db:
-            row = db.execute(f"SELECT {self._TURN_COLS} FROM turns WHERE id = ?",
-                             (turn_id,)).fetchone()
+            row = db.execute(
+                f"SELECT {self._TURN_COLS} FROM turns WHERE id = ?", (turn_id,)
+            ).fetchone()
             if row is None:
                 raise NotFound(f"no turn {turn_id}")
             events = [
@@ -891,7 +1033,9 @@ class Store:
 
     # ------------------------------------------------------------------ SSE log
 
-    def events_after(self, computer_id: str, after_id: int, limit: int = 500) -> list[tuple[int, str, str]]:
+    def events_after(
+        self, computer_id: str, after_id: int, limit: int = 500
+    ) -> list[tuple[int, str, str]]:
         """(id, event, JSON data) of this Computer's events after `after_id`, oldest first."""
         with self._read() as db:
             return db.execute(
@@ -915,8 +1059,13 @@ class Store:
     @staticmethod
     def _task_of(r: Sequence[Any]) -> dict[str, Any]:
         return {
-            "number": r[0], "title": r[1], "status": r[2], "assignee": r[3], "room_id": r[4],
-            "host_message_id": r[5], "thread_id": r[6],
+            "number": r[0],
+            "title": r[1],
+            "status": r[2],
+            "assignee": r[3],
+            "room_id": r[4],
+            "host_message_id": r[5],
+            "thread_id": r[6],
         }
 
     def _task_row(self, db: sqlite3.Connection, number: int) -> Sequence[Any]:
@@ -951,18 +1100,28 @@ class Store:
                 if actor.kind == "agent":
                     rows = db.execute(
                         self._TASK_SELECT + "JOIN room_members rm ON rm.room_id = t.room_id "
-                        "WHERE rm.agent_id = ? ORDER BY t.number", (actor.id,)
+                        "WHERE rm.agent_id = ? ORDER BY t.number",
+                        (actor.id,),
                     ).fetchall()
                 else:
                     rows = db.execute(self._TASK_SELECT + "ORDER BY t.number").fetchall()
             else:
                 self._check_actor_in(db, actor, room_id)
-                rows = db.execute(self._TASK_SELECT + "WHERE t.room_id = ? ORDER BY t.number",
-                                  (self._task_room(db, room_id),)).fetchall()
+                rows = db.execute(
+                    self._TASK_SELECT + "WHERE t.room_id = ? ORDER BY t.number",
+                    (self._task_room(db, room_id),),
+                ).fetchall()
         return [self._task_of(r) for r in rows]
 
-    def _new_task(self, db: sqlite3.Connection, actor: Actor, room_id: str, host_id: str,
-                  title: str, assignee: str | None) -> dict[str, Any]:
+    def _new_task(
+        self,
+        db: sqlite3.Connection,
+        actor: Actor,
+        room_id: str,
+        host_id: str,
+        title: str,
+        assignee: str | None,
+    ) -> dict[str, Any]:
         assignee_id = self._agent_by_handle(db, room_id, assignee) if assignee else None
         thread_id, _ = self._thread_of(db, host_id)
         now = self._now()
@@ -976,12 +1135,18 @@ class Store:
         if assignee_id is not None:
             detail = f", assigned to @{assignee.removeprefix('@') if assignee else ''}"
         wakes = [assignee_id] if assignee_id and assignee_id != actor.id else []
-        self._post(db, thread_id, None, rules.task_notice("created", number, actor_text, detail=detail),
-                   notice_wakes=wakes)
+        self._post(
+            db,
+            thread_id,
+            None,
+            rules.task_notice("created", number, actor_text, detail=detail),
+            notice_wakes=wakes,
+        )
         return self._task_of(self._task_row(db, number))
 
-    def create_task(self, actor: Actor, room_id: str, title: str,
-                    assignee: str | None) -> dict[str, Any]:
+    def create_task(
+        self, actor: Actor, room_id: str, title: str, assignee: str | None
+    ) -> dict[str, Any]:
         """A task hosted on a new message (its title) in the room; its thread gets a notice."""
         with self._write() as db:
             self._check_actor_in(db, actor, room_id)
@@ -994,16 +1159,20 @@ class Store:
         with self._write() as db:
             row = db.execute(
                 "SELECT m.room_id, m.body, r.kind FROM messages m JOIN rooms r ON r.id = m.room_id "
-                "WHERE m.id = ?", (message_id,),
+                "WHERE m.id = ?",
+                (message_id,),
             ).fetchone()
             if row is None:
                 raise NotFound(f"no message {message_id}")
             room_id, body, kind = row
             self._check_actor_in(db, actor, room_id)
             if kind == "thread":
-                raise Refused("a message inside a thread cannot become a task; convert the thread's first message")
-            existing = db.execute("SELECT number FROM tasks WHERE host_message_id = ?",
-                                  (message_id,)).fetchone()
+                raise Refused(
+                    "a message inside a thread cannot become a task; convert the thread's first message"
+                )
+            existing = db.execute(
+                "SELECT number FROM tasks WHERE host_message_id = ?", (message_id,)
+            ).fetchone()
             if existing is not None:
                 raise Refused(f"that message is already task #{existing[0]}")
             title = (body.strip().splitlines() or [""])[0][:200] or "(untitled)"
@@ -1019,27 +1188,45 @@ class Store:
                     "it over — ask them to assign it to you"
                 )
             status = "in_progress" if row[2] == "todo" else row[2]
-            db.execute("UPDATE tasks SET assignee_id = ?, status = ?, updated_at = ? WHERE number = ?",
-                       (actor.id, status, self._now(), number))
-            self._post(db, row[6], None,
-                       rules.task_notice("claimed", number, rules.actor_text(actor.handle)))
+            db.execute(
+                "UPDATE tasks SET assignee_id = ?, status = ?, updated_at = ? WHERE number = ?",
+                (actor.id, status, self._now(), number),
+            )
+            self._post(
+                db,
+                row[6],
+                None,
+                rules.task_notice("claimed", number, rules.actor_text(actor.handle)),
+            )
             return self._task_of(self._task_row(db, number))
 
-    def set_task_status(self, actor: Actor, number: int, status: str,
-                        note: str | None) -> dict[str, Any]:
+    def set_task_status(
+        self, actor: Actor, number: int, status: str, note: str | None
+    ) -> dict[str, Any]:
         with self._write() as db:
             row = self._task_row(db, number)
             self._check_actor_in(db, actor, row[4])
             if actor.kind == "agent":
                 if row[7] is None:
-                    raise Refused(f"task #{number} has no assignee; claim it first (crew task claim {number})")
+                    raise Refused(
+                        f"task #{number} has no assignee; claim it first (crew task claim {number})"
+                    )
                 if row[7] != actor.id:
-                    raise Refused(f"only the assignee (@{row[3]}) or the user can move task #{number}")
-            db.execute("UPDATE tasks SET status = ?, updated_at = ? WHERE number = ?",
-                       (status, self._now(), number))
+                    raise Refused(
+                        f"only the assignee (@{row[3]}) or the user can move task #{number}"
+                    )
+            db.execute(
+                "UPDATE tasks SET status = ?, updated_at = ? WHERE number = ?",
+                (status, self._now(), number),
+            )
             wakes = [row[7]] if row[7] is not None and row[7] != actor.id else []
-            text = rules.task_notice("status", number, rules.actor_text(actor.handle),
-                                     detail=status, note=(note or "").strip())
+            text = rules.task_notice(
+                "status",
+                number,
+                rules.actor_text(actor.handle),
+                detail=status,
+                note=(note or "").strip(),
+            )
             self._post(db, row[6], None, text, notice_wakes=wakes)
             return self._task_of(self._task_row(db, number))
 
@@ -1052,28 +1239,43 @@ class Store:
                     f"task #{number} is assigned to @{row[3]}; only @{row[3]} or the user can reassign it"
                 )
             assignee_id = self._agent_by_handle(db, row[4], assignee)
-            db.execute("UPDATE tasks SET assignee_id = ?, updated_at = ? WHERE number = ?",
-                       (assignee_id, self._now(), number))
+            db.execute(
+                "UPDATE tasks SET assignee_id = ?, updated_at = ? WHERE number = ?",
+                (assignee_id, self._now(), number),
+            )
             wakes = [assignee_id] if assignee_id != actor.id else []
-            text = rules.task_notice("assigned", number, rules.actor_text(actor.handle),
-                                     detail=f"@{assignee.removeprefix('@')}")
+            text = rules.task_notice(
+                "assigned",
+                number,
+                rules.actor_text(actor.handle),
+                detail=f"@{assignee.removeprefix('@')}",
+            )
             self._post(db, row[6], None, text, notice_wakes=wakes)
             return self._task_of(self._task_row(db, number))
 
     # ------------------------------------------------------------------ reminders
 
-    _REMINDER_COLS = "id, agent_id, room_id, title, next_at, every, daily, weekly_day, weekly_time, tz"
+    _REMINDER_COLS = (
+        "id, agent_id, room_id, title, next_at, every, daily, weekly_day, weekly_time, tz"
+    )
 
     @staticmethod
     def _reminder_of(r: Sequence[Any]) -> dict[str, Any]:
         return {
-            "id": r[0], "agent_id": r[1], "room_id": r[2], "title": r[3], "next_at": r[4],
-            "every": r[5], "daily": r[6],
-            "weekly": {"day": r[7], "time": r[8]} if r[7] is not None else None, "tz": r[9],
+            "id": r[0],
+            "agent_id": r[1],
+            "room_id": r[2],
+            "title": r[3],
+            "next_at": r[4],
+            "every": r[5],
+            "daily": r[6],
+            "weekly": {"day": r[7], "time": r[8]} if r[7] is not None else None,
+            "tz": r[9],
         }
 
-    def create_reminder(self, agent: AgentIdentity, room_id: str, title: str,
-                        schedule: rules.Schedule) -> dict[str, Any]:
+    def create_reminder(
+        self, agent: AgentIdentity, room_id: str, title: str, schedule: rules.Schedule
+    ) -> dict[str, Any]:
         reminder_id = new_id()
         with self._write() as db:
             self._require_member(db, room_id, agent.agent_id)
@@ -1081,11 +1283,23 @@ class Store:
             db.execute(
                 f"INSERT INTO reminders ({self._REMINDER_COLS}, created_at) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (reminder_id, agent.agent_id, room_id, title, iso(next_at), schedule.every,
-                 schedule.daily, schedule.weekly_day, schedule.weekly_time, schedule.tz, self._now()),
+                (
+                    reminder_id,
+                    agent.agent_id,
+                    room_id,
+                    title,
+                    iso(next_at),
+                    schedule.every,
+                    schedule.daily,
+                    schedule.weekly_day,
+                    schedule.weekly_time,
+                    schedule.tz,
+                    self._now(),
+                ),
             )
-            row = db.execute(f"SELECT {self._REMINDER_COLS} FROM reminders WHERE id = ?",
-                             (reminder_id,)).fetchone()
+            row = db.execute(
+                f"SELECT {self._REMINDER_COLS} FROM reminders WHERE id = ?", (reminder_id,)
+            ).fetchone()
         return self._reminder_of(row)
 
     def list_reminders(self, agent_id: str) -> list[dict[str, Any]]:
@@ -1098,8 +1312,9 @@ class Store:
 
     def delete_reminder(self, agent_id: str, reminder_id: str) -> None:
         with self._write() as db:
-            gone = db.execute("DELETE FROM reminders WHERE id = ? AND agent_id = ?",
-                              (reminder_id, agent_id)).rowcount
+            gone = db.execute(
+                "DELETE FROM reminders WHERE id = ? AND agent_id = ?", (reminder_id, agent_id)
+            ).rowcount
         if not gone:
             raise NotFound(f"no reminder {reminder_id} of yours; list them with crew remind list")
 
@@ -1112,25 +1327,37 @@ class Store:
         """Post the notice of every due reminder, wake its agent, reschedule or drop it."""
         now = self.clock.now()
         fired = 0
+        qualified = ", ".join(f"r.{c.strip()}" for c in self._REMINDER_COLS.split(","))
         with self._write() as db:
             due = db.execute(
-                f"SELECT {self._REMINDER_COLS}, a.handle FROM reminders "
-                "JOIN agents a ON a.id = reminders.agent_id WHERE next_at <= ? ORDER BY next_at, id",
+                f"SELECT {qualified}, a.handle FROM reminders r "
+                "JOIN agents a ON a.id = r.agent_id WHERE r.next_at <= ? ORDER BY r.next_at, r.id",
                 (iso(now),),
             ).fetchall()
             for r in due:
                 reminder = self._reminder_of(r)
-                self._post(db, reminder["room_id"], None, rules.reminder_notice(r[10], reminder["title"]),
-                           notice_wakes=[reminder["agent_id"]])
+                self._post(
+                    db,
+                    reminder["room_id"],
+                    None,
+                    rules.reminder_notice(r[10], reminder["title"]),
+                    notice_wakes=[reminder["agent_id"]],
+                )
                 schedule = rules.Schedule(
                     at=None if (r[5] or r[6] or r[7]) else parse_iso(r[4]),
-                    every=r[5], daily=r[6], weekly_day=r[7], weekly_time=r[8], tz=r[9],
+                    every=r[5],
+                    daily=r[6],
+                    weekly_day=r[7],
+                    weekly_time=r[8],
+                    tz=r[9],
                 )
                 following = rules.next_fire(schedule, parse_iso(r[4]), now)
                 if following is None:
                     db.execute("DELETE FROM reminders WHERE id = ?", (r[0],))
                 else:
-                    db.execute("UPDATE reminders SET next_at = ? WHERE id = ?", (iso(following), r[0]))
+                    db.execute(
+                        "UPDATE reminders SET next_at = ? WHERE id = ?", (iso(following), r[0])
+                    )
                 fired += 1
         return fired
 
@@ -1149,8 +1376,10 @@ class Store:
             except ValueError as exc:
                 raise Refused(str(exc)) from exc
             until_text = iso(until) if until is not None else None
-            db.execute("INSERT OR REPLACE INTO mutes VALUES (?, ?, ?)",
-                       (agent.agent_id, room_id, until_text))
+            db.execute(
+                "INSERT OR REPLACE INTO mutes VALUES (?, ?, ?)",
+                (agent.agent_id, room_id, until_text),
+            )
         return {"room_id": room_id, "until": until_text}
 
     def unmute(self, agent_id: str, room_id: str) -> None:

@@ -27,7 +27,6 @@ async def world() -> AsyncIterator[World]:
     clock = Clock(START)
     store = Store(":memory:", clock)
     app = create_app(store, clock, dev=True)
-    async with LifespanManager(app) as manager:
-        async with World.open(manager.app, store, clock) as w:
-            yield w
+    async with LifespanManager(app) as manager, World.open(manager.app, store, clock) as w:
+        yield w
     store.close()

@@ -23,8 +23,10 @@ async def test_claim_marks_delivered_and_ack_moves_read(world: World) -> None:
 
     turn = await world.register(box, alice)
     await world.ok(
-        "POST", f"/computer/agents/{alice['id']}/ack",
-        json={"turn_id": turn["turn_id"], "fence": turn["fence"]}, headers=box.headers,
+        "POST",
+        f"/computer/agents/{alice['id']}/ack",
+        json={"turn_id": turn["turn_id"], "fence": turn["fence"]},
+        headers=box.headers,
     )
     assert (await world.positions(alice))[room["id"]] == (2, 2)
     assert await world.unread(box, alice) == []

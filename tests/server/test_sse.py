@@ -74,7 +74,9 @@ def test_reconnect_with_last_event_id_replays_every_missed_wake_in_order(tmp_pat
         # disconnected: a dm, a group message (two wakes) and a settings change
         server.post(dm["id"], "second")
         server.post(group["id"], "to the group")
-        server.client().patch(f"/api/agents/{bob['id']}", json={"model": "p/other"}).raise_for_status()
+        server.client().patch(
+            f"/api/agents/{bob['id']}", json={"model": "p/other"}
+        ).raise_for_status()
 
         missed = read_events(client, "/computer/events", box["token"], 4, last_id=first[0].id)
         got = [(e.event, e.json()["agent_id"]) for e in missed]
@@ -132,8 +134,14 @@ def threaded_server() -> Iterator[tuple[str, Store]]:
     store = Store(":memory:", clock)
     app = create_app(store, clock, dev=True, ping_seconds=0.2)
     port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                            lifespan="on", timeout_graceful_shutdown=1)
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        lifespan="on",
+        timeout_graceful_shutdown=1,
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -154,8 +162,10 @@ def test_pings_carry_the_stream_position(threaded_server: tuple[str, Store]) -> 
     url, store = threaded_server
     with httpx.Client(base_url=url) as client:
         made = client.post("/api/computers", json={"name": "box"}).json()
-        alice = client.post("/api/agents", json={"handle": "alice", "name": "A", "model": "m",
-                                                 "computer_id": made["computer_id"]}).json()
+        alice = client.post(
+            "/api/agents",
+            json={"handle": "alice", "name": "A", "model": "m", "computer_id": made["computer_id"]},
+        ).json()
         position = str(store.last_event_id())
         seen: list[tuple[str, str, Any]] = []
         headers = {"Authorization": f"Bearer {made['token']}"}

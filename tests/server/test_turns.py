@@ -17,8 +17,14 @@ def event(kind: str, **data: Any) -> dict[str, Any]:
     return {"type": kind, "at": AT, "data": data}
 
 
-async def send(world: World, box: Computer, turn: dict[str, Any], first: int,
-               events: list[dict[str, Any]], status: int = 204) -> dict[str, Any] | None:
+async def send(
+    world: World,
+    box: Computer,
+    turn: dict[str, Any],
+    first: int,
+    events: list[dict[str, Any]],
+    status: int = 204,
+) -> dict[str, Any] | None:
     body = {"fence": turn["fence"], "first_index": first, "events": events}
     response = await world.client.post(
         f"/computer/turns/{turn['turn_id']}/events", json=body, headers=box.headers
@@ -27,8 +33,9 @@ async def send(world: World, box: Computer, turn: dict[str, Any], first: int,
     return response.json() if response.content else None
 
 
-async def finish(world: World, box: Computer, turn: dict[str, Any], status: str = "succeeded",
-                 **extra: Any) -> Any:
+async def finish(
+    world: World, box: Computer, turn: dict[str, Any], status: str = "succeeded", **extra: Any
+) -> Any:
     body = {"fence": turn["fence"], "status": status, **extra}
     return await world.client.post(
         f"/computer/turns/{turn['turn_id']}/finish", json=body, headers=box.headers
@@ -42,24 +49,45 @@ async def test_turn_records_rooms_input_events_in_order_and_usage(world: World) 
     await world.post(room["id"], "hi")
     body = {
         "rooms": [{"room_id": room["id"], "from_seq": 1, "to_seq": 1}],
-        "input": "It is Monday.\n- hi", "engine": "opencode", "model": "p/m", "session_id": None,
+        "input": "It is Monday.\n- hi",
+        "engine": "opencode",
+        "model": "p/m",
+        "session_id": None,
     }
-    turn = await world.ok("POST", f"/computer/agents/{alice['id']}/turns", json=body,
-                          headers=box.headers, status=201)
+    turn = await world.ok(
+        "POST", f"/computer/agents/{alice['id']}/turns", json=body, headers=box.headers, status=201
+    )
     assert turn["fence"] == 1
     await send(world, box, turn, 0, [event("step_start"), event("text", text="hello")])
-    await send(world, box, turn, 2, [
-        event("step_finish", reason="stop",
-              tokens={"input": 10, "output": 5, "reasoning": 1, "cache_read": 2, "cache_write": 0},
-              cost=0.25),
-    ])
+    await send(
+        world,
+        box,
+        turn,
+        2,
+        [
+            event(
+                "step_finish",
+                reason="stop",
+                tokens={
+                    "input": 10,
+                    "output": 5,
+                    "reasoning": 1,
+                    "cache_read": 2,
+                    "cache_write": 0,
+                },
+                cost=0.25,
+            ),
+        ],
+    )
     assert (await finish(world, box, turn)).status_code == 204
 
     record = await world.ok("GET", f"/api/turns/{turn['turn_id']}")
     assert record["status"] == "succeeded" and record["finished_at"] is not None
     assert record["rooms"] == body["rooms"] and record["input"] == body["input"]
     assert [(e["index"], e["type"]) for e in record["events"]] == [
-        (0, "step_start"), (1, "text"), (2, "step_finish")
+        (0, "step_start"),
+        (1, "text"),
+        (2, "step_finish"),
     ]
     assert record["events"][1]["data"] == {"text": "hello"}
     assert record["usage"]["input_tokens"] == 10 and record["usage"]["cost"] == 0.25
@@ -94,14 +122,23 @@ async def test_usage_is_summed_from_step_finish_when_finish_has_none(world: Worl
     box = await world.computer()
     alice = await world.agent("alice", box)
     turn = await world.register(box, alice)
-    step = event("step_finish", reason="stop",
-                 tokens={"input": 3, "output": 4, "reasoning": 0, "cache_read": 1, "cache_write": 2},
-                 cost=0.5)
+    step = event(
+        "step_finish",
+        reason="stop",
+        tokens={"input": 3, "output": 4, "reasoning": 0, "cache_read": 1, "cache_write": 2},
+        cost=0.5,
+    )
     await send(world, box, turn, 0, [step, step])
     assert (await finish(world, box, turn, usage=None)).status_code == 204
     usage = (await world.ok("GET", f"/api/turns/{turn['turn_id']}"))["usage"]
-    assert usage == {"input_tokens": 6, "output_tokens": 8, "reasoning_tokens": 0,
-                     "cache_read": 2, "cache_write": 4, "cost": 1.0}
+    assert usage == {
+        "input_tokens": 6,
+        "output_tokens": 8,
+        "reasoning_tokens": 0,
+        "cache_read": 2,
+        "cache_write": 4,
+        "cost": 1.0,
+    }
 
 
 async def test_agent_status_follows_its_latest_turn(world: World) -> None:
@@ -123,8 +160,12 @@ async def test_agent_status_follows_its_latest_turn(world: World) -> None:
     turn = await world.register(box, alice)
     assert (await finish(world, box, turn)).status_code == 204
     assert await status() == ("idle", None)
-    await world.ok("PUT", f"/computer/agents/{alice['id']}/problem",
-                   json={"reason": "sandbox unavailable: bwrap not found"}, headers=box.headers)
+    await world.ok(
+        "PUT",
+        f"/computer/agents/{alice['id']}/problem",
+        json={"reason": "sandbox unavailable: bwrap not found"},
+        headers=box.headers,
+    )
     assert await status() == ("idle", "sandbox unavailable: bwrap not found")
     await world.ok("DELETE", f"/computer/agents/{alice['id']}/problem", headers=box.headers)
     assert await status() == ("idle", None)
@@ -138,9 +179,14 @@ async def test_second_connect_fences_out_the_old_connection(world: World) -> Non
 
     assert (await world.ok("GET", f"/api/turns/{old['turn_id']}"))["status"] == "interrupted"
     for path, body in (
-        (f"/computer/turns/{old['turn_id']}/events",
-         {"fence": old["fence"], "first_index": 0, "events": [event("step_start")]}),
-        (f"/computer/turns/{old['turn_id']}/finish", {"fence": old["fence"], "status": "succeeded"}),
+        (
+            f"/computer/turns/{old['turn_id']}/events",
+            {"fence": old["fence"], "first_index": 0, "events": [event("step_start")]},
+        ),
+        (
+            f"/computer/turns/{old['turn_id']}/finish",
+            {"fence": old["fence"], "status": "succeeded"},
+        ),
         (f"/computer/agents/{alice['id']}/ack", {"turn_id": old["turn_id"], "fence": old["fence"]}),
     ):
         answer = await world.client.post(path, json=body, headers=box.headers)
@@ -153,7 +199,9 @@ async def test_second_connect_fences_out_the_old_connection(world: World) -> Non
     assert (await finish(world, box, new)).status_code == 204
 
 
-async def test_a_running_turn_of_the_current_connection_survives_nothing_but_connect(world: World) -> None:
+async def test_a_running_turn_of_the_current_connection_survives_nothing_but_connect(
+    world: World,
+) -> None:
     box = await world.computer()
     alice = await world.agent("alice", box)
     turn = await world.register(box, alice)
@@ -169,6 +217,7 @@ async def test_registering_before_connect_is_refused(world: World) -> None:
     box = await world.computer(connect=False)
     alice = await world.agent("alice", box)
     body = {"rooms": [], "input": "x", "engine": "opencode", "model": "m"}
-    answer = await world.client.post(f"/computer/agents/{alice['id']}/turns", json=body,
-                                     headers=box.headers)
+    answer = await world.client.post(
+        f"/computer/agents/{alice['id']}/turns", json=body, headers=box.headers
+    )
     assert answer.status_code == 409 and answer.json()["error"]["code"] == "not_connected"

@@ -62,7 +62,9 @@ async def test_muted_agent_is_woken_when_mentioned(world: World) -> None:
     room = await world.group("launch", alice, bob)
     bob_token = await world.token(box, bob)
     until = iso(world.clock.now() + timedelta(hours=2))
-    await world.ok("PUT", f"/agent/mutes/{room['id']}", json={"until": until}, headers=bearer(bob_token))
+    await world.ok(
+        "PUT", f"/agent/mutes/{room['id']}", json={"until": until}, headers=bearer(bob_token)
+    )
     before = world.cursor()
     message = await world.post(room["id"], "@bob can you check?")
     assert message["mentions"] == [bob["id"]]
@@ -75,7 +77,9 @@ async def test_a_mute_that_ran_out_no_longer_silences(world: World) -> None:
     room = await world.group("launch", bob)
     bob_token = await world.token(box, bob)
     until = iso(world.clock.now() + timedelta(minutes=30))
-    await world.ok("PUT", f"/agent/mutes/{room['id']}", json={"until": until}, headers=bearer(bob_token))
+    await world.ok(
+        "PUT", f"/agent/mutes/{room['id']}", json={"until": until}, headers=bearer(bob_token)
+    )
     world.clock.advance(31 * 60)
     before = world.cursor()
     await world.post(room["id"], "anyone?")

@@ -46,7 +46,9 @@ class World:
     async def ok(self, method: str, path: str, *, status: int | None = None, **kw: Any) -> Any:
         response = await self.client.request(method, path, **kw)
         expected = (status,) if status is not None else (200, 201, 204)
-        assert response.status_code in expected, f"{method} {path}: {response.status_code} {response.text}"
+        assert response.status_code in expected, (
+            f"{method} {path}: {response.status_code} {response.text}"
+        )
         return response.json() if response.content else None
 
     # ------------------------------------------------------------ set-up
@@ -112,8 +114,11 @@ class World:
         body = {"rooms": [], "input": "turn input", "engine": "opencode", "model": "m/x"}
         return dict(
             await self.ok(
-                "POST", f"/computer/agents/{agent['id']}/turns", json=body,
-                headers=computer.headers, status=201,
+                "POST",
+                f"/computer/agents/{agent['id']}/turns",
+                json=body,
+                headers=computer.headers,
+                status=201,
             )
         )
 

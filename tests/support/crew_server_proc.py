@@ -1,10 +1,10 @@
 """A real `crew-server --dev` subprocess for tests: free loopback port, temp db.
 
-    with start_crew_server(tmp_path) as server:
-        computer = server.create_computer()
-        alice = server.create_agent("alice", computer_id=computer["computer_id"])
-        room = server.create_room("dm", [alice["id"]])
-        server.post(room["id"], "hello @alice")
+with start_crew_server(tmp_path) as server:
+    computer = server.create_computer()
+    alice = server.create_agent("alice", computer_id=computer["computer_id"])
+    room = server.create_room("dm", [alice["id"]])
+    server.post(room["id"], "hello @alice")
 """
 
 from __future__ import annotations
@@ -111,7 +111,9 @@ class CrewServer:
         }
         return dict(self._ok(self.client().post("/api/agents", json=body)))
 
-    def create_room(self, kind: str, agent_ids: list[str], title: str | None = None) -> dict[str, Any]:
+    def create_room(
+        self, kind: str, agent_ids: list[str], title: str | None = None
+    ) -> dict[str, Any]:
         """A dm (one agent) or a group (`title` required) → the room."""
         body = {"kind": kind, "agent_ids": agent_ids, "title": title}
         return dict(self._ok(self.client().post("/api/rooms", json=body)))
@@ -123,7 +125,9 @@ class CrewServer:
 
     def messages(self, room_id: str, after_seq: int = 0) -> list[dict[str, Any]]:
         return list(
-            self._ok(self.client().get(f"/api/rooms/{room_id}/messages", params={"after_seq": after_seq}))
+            self._ok(
+                self.client().get(f"/api/rooms/{room_id}/messages", params={"after_seq": after_seq})
+            )
         )
 
     def agents(self) -> list[dict[str, Any]]:
@@ -147,7 +151,9 @@ class CrewServer:
         )
 
 
-def start_crew_server(tmp_path: Path, *, db: Path | None = None, port: int | None = None) -> CrewServer:
+def start_crew_server(
+    tmp_path: Path, *, db: Path | None = None, port: int | None = None
+) -> CrewServer:
     """Start `crew-server --dev` on loopback and wait until `/health` answers."""
     db = db or tmp_path / "crew.db"
     log = tmp_path / f"crew-server-{time.monotonic_ns()}.log"
@@ -156,8 +162,18 @@ def start_crew_server(tmp_path: Path, *, db: Path | None = None, port: int | Non
         url = f"http://127.0.0.1:{chosen}"
         with log.open("ab") as sink:
             process = subprocess.Popen(
-                [sys.executable, "-m", "crew_server", "--db", str(db), "--host", "127.0.0.1",
-                 "--port", str(chosen), "--dev"],
+                [
+                    sys.executable,
+                    "-m",
+                    "crew_server",
+                    "--db",
+                    str(db),
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(chosen),
+                    "--dev",
+                ],
                 stdout=sink,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

@@ -1,0 +1,78 @@
+"""`crew-server` as a process: the user token is printed once; --dev only on loopback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.crew_server_proc import free_port
+
+
+def run_until_healthy(db: Path, *extra: str) -> tuple[str, str]:
+    """Start crew-server, wait for /health, stop it; return (stdout, url)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "crew_server", "--db", str(db), "--port", str(port), *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            assert process.poll() is None, process.communicate()[0].decode()
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        else:
+            raise AssertionError("crew-server did not answer /health")
+        if not extra:
+            # not --dev: the user API wants the token
+            assert httpx.get(f"{url}/api/agents", timeout=5).status_code == 401
+    finally:
+        process.terminate()
+        out, _ = process.communicate(timeout=10)
+    return out.decode(), url
+
+
+@pytest.mark.timeout(60)
+def test_user_token_is_printed_once_at_first_start(tmp_path: Path) -> None:
+    db = tmp_path / "crew.db"
+    first, _ = run_until_healthy(db)
+    lines = [line for line in first.splitlines() if line.startswith("user token")]
+    assert len(lines) == 1 and "cru_" in lines[0]
+    second, _ = run_until_healthy(db)
+    assert "user token" not in second
+    dev, _ = run_until_healthy(tmp_path / "dev.db", "--dev")
+    assert "user token" not in dev
+
+
+@pytest.mark.timeout(30)
+def test_dev_is_refused_off_loopback(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "crew_server",
+            "--db",
+            str(tmp_path / "x.db"),
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(free_port()),
+            "--dev",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+    assert done.returncode == 2
+    assert "--dev" in done.stderr and "loopback" in done.stderr
+    assert not (tmp_path / "x.db").exists()
