@@ -37,8 +37,11 @@ TMPFS_NOTE = (
 class Backend(Protocol):
     """Turns a policy and a command into the argv that runs it sandboxed."""
 
-    name: Literal["bwrap", "seatbelt"]
-    mode: Literal["hybrid", "tmpfs"] | None
+    @property
+    def name(self) -> Literal["bwrap", "seatbelt"]: ...
+
+    @property
+    def mode(self) -> Literal["hybrid", "tmpfs"] | None: ...
 
     def argv(self, policy: SandboxPolicy, command: list[str]) -> list[str]: ...
 

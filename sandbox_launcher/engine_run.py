@@ -56,7 +56,7 @@ def _tail_text(data: bytes) -> str:
     return data[start:].decode("utf-8", "replace")
 
 
-def line_frame(line: bytes) -> bytes:
+def line_frame(line: bytes | bytearray) -> bytes:
     """One NDJSON `line` frame. Invalid UTF-8 becomes U+FFFD (JSON carries text only)."""
     return orjson.dumps({"t": "line", "data": line.decode("utf-8", "replace")}) + b"\n"
 

@@ -1,0 +1,62 @@
+"""`crew-launcher serve …` (started by the Computer) and `crew-launcher sandbox … -- CMD…`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from sandbox_launcher.bwrap import LinuxMode
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="crew-launcher", description="The crew sandbox launcher: runs engines sandboxed."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser(
+        "serve",
+        help="serve the launcher API on a Unix socket (the bearer secret is stdin's first line)",
+    )
+    serve.add_argument("--crew-home", required=True, type=Path)
+    serve.add_argument("--run-id", required=True, help="the Computer's run: runtime/<run-id>/")
+    serve.add_argument("--socket", required=True, type=Path)
+    serve.add_argument("--mode", choices=[m.value for m in LinuxMode], default=None)
+    serve.add_argument("--opencode", default=None, help="path of the opencode executable")
+    sandbox = sub.add_parser(
+        "sandbox", help="run one command under the policy an agent gets (HOME, CREW_HOME from env)"
+    )
+    sandbox.add_argument("--mode", choices=[m.value for m in LinuxMode], default=None)
+    sandbox.add_argument("--agent-dir", required=True)
+    sandbox.add_argument("--runtime-dir", required=True)
+    sandbox.add_argument(
+        "--read-dir", action="append", default=[], help="another directory to keep readable"
+    )
+    sandbox.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS…]")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `crew-launcher` console script."""
+    args = _parser().parse_args(argv)
+    mode = LinuxMode(args.mode) if args.mode else None
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="crew-launcher %(levelname)s %(message)s"
+    )
+    if args.command == "serve":
+        from sandbox_launcher.server import LauncherExit, serve
+
+        try:
+            return serve(args.crew_home, args.run_id, args.socket, args.opencode, mode)
+        except LauncherExit as exc:
+            sys.stderr.write(f"crew-launcher: {exc}\n")
+            return 2
+    from sandbox_launcher.sandbox_command import run_sandboxed
+
+    command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    return run_sandboxed(mode, args.agent_dir, args.runtime_dir, args.read_dir, command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

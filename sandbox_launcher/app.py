@@ -1,0 +1,252 @@
+"""The launcher's HTTP API (launcher.md; `openapi/launcher.yaml`).
+
+Routes fit on one screen; every request needs the bearer secret. `POST /runs`
+answers with an NDJSON stream whose life is the run's life: the response
+owns the engine run, and a client that goes away stops it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import logging
+import os
+import re
+import signal
+import subprocess
+from typing import Any
+
+import anyio
+import orjson
+from pydantic import BaseModel, ValidationError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from sandbox_launcher.engine_run import EngineRun
+from sandbox_launcher.launcher import Launcher, RequestRefused
+from sandbox_launcher.schema import ModelList, RunList, RunRequest, StopResult
+
+log = logging.getLogger(__name__)
+
+MODELS_TIMEOUT_S = 30.0
+MAX_BODY = 40 * 1024 * 1024
+_MODEL_LINE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/\S+$")
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+class JSONResponse(Response):
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        if isinstance(content, BaseModel):
+            return content.model_dump_json().encode("utf-8")
+        return orjson.dumps(content)
+
+
+def error(status: int, code: str, message: str) -> JSONResponse:
+    """The error shape of every launcher answer: `{"error": {"code", "message"}}`."""
+    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
+
+
+class BearerAuth:
+    """Refuses (401) every request without `Authorization: Bearer <secret>`."""
+
+    def __init__(self, app: ASGIApp, secret: str) -> None:
+        self.app = app
+        self._expected = f"Bearer {secret}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self._expected):
+                response = error(
+                    401, "unauthorized", "missing or wrong bearer secret for this launcher"
+                )
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class RunStream(Response):
+    """Streams one run's frames; stops the run when the client disconnects."""
+
+    media_type = "application/x-ndjson"
+
+    def __init__(self, launcher: Launcher, run: EngineRun) -> None:
+        super().__init__(status_code=200)
+        # Streamed (chunked): no content-length, unlike a plain Response.
+        self.raw_headers = [(b"content-type", self.media_type.encode())]
+        self.launcher = launcher
+        self.run = run
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        run = self.run
+        self.launcher.runs[run.run_id] = run
+
+        async def emit(data: bytes) -> None:
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+
+        async def watch_disconnect() -> None:
+            while True:
+                message: Message = await receive()
+                if message["type"] == "http.disconnect":
+                    log.info("client of run %s disconnected; stopping it", run.run_id)
+                    run.client_gone = True
+                    run.request_stop()
+                    return
+
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(watch_disconnect)
+                try:
+                    exit_frame = await run.execute(emit)
+                except OSError as exc:
+                    log.error("run %s could not start: %s", run.run_id, exc)
+                    exit_frame = None
+                    await emit(
+                        orjson.dumps(
+                            {
+                                "t": "exit",
+                                "code": None,
+                                "signal": None,
+                                "stderr_tail": f"the sandbox could not be started: {exc}",
+                                "reason": None,
+                            }
+                        )
+                        + b"\n"
+                    )
+                tg.cancel_scope.cancel()
+            if exit_frame is not None and not run.client_gone:
+                await emit(exit_frame.model_dump_json().encode("utf-8") + b"\n")
+            if not run.client_gone:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except OSError as exc:
+            log.info("client of run %s went away while finishing: %s", run.run_id, exc)
+        finally:
+            self.launcher.runs.pop(run.run_id, None)
+
+
+def create_app(launcher: Launcher, secret: str) -> ASGIApp:
+    """The ASGI app: Starlette routes behind the bearer check."""
+
+    async def health(request: Request) -> Response:
+        return JSONResponse(launcher.health())
+
+    async def start_run(request: Request) -> Response:
+        body = await request.body()
+        if len(body) > MAX_BODY:
+            return error(413, "too_large", f"the request body is over {MAX_BODY} bytes")
+        try:
+            run_request = RunRequest.model_validate_json(body)
+        except ValidationError as exc:
+            return error(400, "invalid_request", _validation_message(exc))
+        try:
+            run = launcher.prepare(run_request)
+        except RequestRefused as exc:
+            return error(exc.status, exc.code, exc.message)
+        return RunStream(launcher, run)
+
+    async def stop_run(request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        run = launcher.runs.get(run_id)
+        if run is None:
+            return error(404, "unknown_run", f"no run {run_id} is running")
+        run.request_stop()
+        return JSONResponse(StopResult(run_id=run_id, stopping=True))
+
+    async def list_runs(request: Request) -> Response:
+        return JSONResponse(RunList(runs=[r.info() for r in launcher.runs.values()]))
+
+    async def models(request: Request) -> Response:
+        if launcher.config.opencode is None:
+            return error(503, "engine_missing", "opencode was not found when the launcher started")
+        try:
+            found = await list_models(str(launcher.config.opencode))
+        except ModelsFailed as exc:
+            return error(exc.status, exc.code, str(exc))
+        return JSONResponse(ModelList(models=found))
+
+    routes = [
+        Route("/health", health, methods=["GET"]),
+        Route("/runs", start_run, methods=["POST"]),
+        Route("/runs", list_runs, methods=["GET"]),
+        Route("/runs/{run_id}/stop", stop_run, methods=["POST"]),
+        Route("/models", models, methods=["POST"]),
+    ]
+    app = Starlette(routes=routes, exception_handlers={404: _not_found, 405: _not_allowed})
+    return BearerAuth(app, secret)
+
+
+async def _not_found(request: Request, exc: Exception) -> Response:
+    return error(404, "not_found", f"no such endpoint: {request.url.path}")
+
+
+async def _not_allowed(request: Request, exc: Exception) -> Response:
+    return error(
+        405, "method_not_allowed", f"{request.method} is not allowed on {request.url.path}"
+    )
+
+
+def _validation_message(exc: ValidationError) -> str:
+    # Never echo the input: env values carry credentials.
+    parts = []
+    for err in exc.errors()[:5]:
+        where = ".".join(str(p) for p in err["loc"]) or "body"
+        parts.append(f"{where}: {err['msg']}")
+    return "invalid run request: " + "; ".join(parts)
+
+
+class ModelsFailed(Exception):
+    """`opencode models` did not give a list; `status`/`code` for the answer."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+async def list_models(opencode: str) -> list[str]:
+    """Run `opencode models` (the user's environment, unsandboxed, 30 s cap); keep `provider/model` lines."""
+    process = await anyio.open_process(
+        [opencode, "models"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    out, err = bytearray(), bytearray()
+
+    async def read_into(stream: Any, buf: bytearray) -> None:
+        async for chunk in stream:
+            buf.extend(chunk)
+
+    try:
+        with anyio.move_on_after(MODELS_TIMEOUT_S) as scope:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(read_into, process.stdout, out)
+                tg.start_soon(read_into, process.stderr, err)
+                await process.wait()
+                _kill_group(process.pid)  # a child left holding the pipes must not delay us
+    finally:
+        with anyio.CancelScope(shield=True):
+            _kill_group(process.pid)
+            await process.wait()
+            await process.aclose()
+    if scope.cancelled_caught:
+        raise ModelsFailed(504, "models_timeout", "opencode models took over 30 s and was stopped")
+    if process.returncode != 0:
+        tail = _ANSI.sub("", err.decode("utf-8", "replace")).strip()[-300:]
+        raise ModelsFailed(
+            502, "models_failed", f"opencode models exited {process.returncode}: {tail}"
+        )
+    lines = out.decode("utf-8", "replace").splitlines()
+    return [line.strip() for line in lines if _MODEL_LINE.match(line.strip())]
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):  # already gone: the normal case
+        os.killpg(pgid, signal.SIGKILL)

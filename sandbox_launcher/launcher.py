@@ -1,0 +1,188 @@
+"""The launcher's state: its configuration, the backend, and the runs in flight.
+
+`Launcher.prepare` turns a typed `RunRequest` into an `EngineRun` (argv,
+environment, stdin) or refuses it with a reason. The HTTP layer
+(`sandbox_launcher.app`) only maps these to responses.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sandbox_launcher.backend import Backend
+from sandbox_launcher.engine_run import EngineRun
+from sandbox_launcher.paths import PathRefused, dir_below, is_inside
+from sandbox_launcher.policy import SandboxPolicy, check_read_dir, engine_read_paths
+from sandbox_launcher.schema import EngineHealth, Health, RunRequest, SandboxHealth
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TITLE = "crew turn"
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+VERSION_TIMEOUT_S = 15.0
+
+
+class RequestRefused(Exception):
+    """A run request the launcher will not start; `status` is the HTTP status to answer."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True)
+class LauncherConfig:
+    """Fixed at start. `crew_home` and `home` are resolved; `run_id` names `runtime/<run-id>/`."""
+
+    crew_home: Path
+    home: Path
+    run_id: str
+    opencode: Path | None
+
+
+def find_opencode(explicit: str | None) -> Path | None:
+    """The opencode executable: `--opencode PATH`, else `PATH`, else `~/.opencode/bin`."""
+    candidates = [explicit] if explicit else [shutil.which("opencode")]
+    if not explicit:
+        candidates.append(os.path.expanduser("~/.opencode/bin/opencode"))
+    for candidate in candidates:
+        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return Path(os.path.abspath(candidate))
+    return None
+
+
+def engine_version(opencode: Path) -> str | None:
+    """`opencode --version`, or None (logged) when it does not answer."""
+    try:
+        done = subprocess.run(
+            [str(opencode), "--version"],
+            capture_output=True,
+            text=True,
+            timeout=VERSION_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.warning("opencode --version failed: %s", exc)
+        return None
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        log.warning("opencode --version exited %s: %s", done.returncode, done.stderr.strip()[:200])
+        return None
+    return lines[-1].strip()
+
+
+@dataclass
+class Launcher:
+    """Configuration, the sandbox's health, and the runs in flight (by run id)."""
+
+    config: LauncherConfig
+    backend: Backend | None
+    sandbox: SandboxHealth
+    engine: EngineHealth | None
+    runs: dict[str, EngineRun] = field(default_factory=dict)
+
+    def health(self) -> Health:
+        """`GET /health`."""
+        return Health(sandbox=self.sandbox, engine=self.engine)
+
+    def prepare(self, request: RunRequest) -> EngineRun:
+        """Validate a run request and build its engine run; raises `RequestRefused`."""
+        if self.backend is None or not self.sandbox.ok:
+            raise RequestRefused(503, "sandbox_unavailable", self.sandbox.reason or "no sandbox")
+        if self.config.opencode is None:
+            raise RequestRefused(
+                503,
+                "engine_missing",
+                "opencode was not found when the launcher started; install it or pass --opencode",
+            )
+        if request.run_id in self.runs:
+            raise RequestRefused(409, "run_exists", f"run {request.run_id} is already running")
+        busy = [r.run_id for r in self.runs.values() if r.agent_id == request.agent_id]
+        if busy:
+            raise RequestRefused(
+                409,
+                "agent_busy",
+                f"agent {request.agent_id} already has run {busy[0]}; stop it first",
+            )
+        try:
+            policy = self._policy(request)
+        except PathRefused as exc:
+            raise RequestRefused(400, "path_refused", str(exc)) from exc
+        command = self._command(request, policy)
+        env = self._env(request, policy)
+        return EngineRun(
+            run_id=request.run_id,
+            agent_id=request.agent_id,
+            argv=self.backend.argv(policy, command),
+            env=env,
+            stdin=request.stdin.encode("utf-8"),
+            stdout_limit=request.stdout_limit,
+        )
+
+    def _policy(self, request: RunRequest) -> SandboxPolicy:
+        crew, agent_id = self.config.crew_home, request.agent_id
+        run_dir = crew / "runtime" / self.config.run_id
+        expected = {
+            "agent_dir": crew / "agents" / agent_id,
+            "runtime_dir": run_dir / "agents" / agent_id,
+            "bin_dir": run_dir / "bin",
+        }
+        checked: dict[str, Path] = {}
+        for name, want in expected.items():
+            got = getattr(request, name)
+            if got != str(want):
+                raise PathRefused(f"{name} must be {want} for agent {agent_id}, got {got!r}")
+            checked[name] = dir_below(crew, got, name)
+        agent_dir, runtime_dir = checked["agent_dir"], checked["runtime_dir"]
+        tmp_dir = dir_below(crew, str(runtime_dir / "tmp"), "the runtime temp dir")
+        work_text = (request.engine_args.dir if request.engine_args else None) or str(
+            agent_dir / "work"
+        )
+        work_dir = dir_below(crew, work_text, "engine_args.dir")
+        if not is_inside(work_dir, agent_dir):
+            raise PathRefused(f"engine_args.dir must lie inside {agent_dir}, got {work_text!r}")
+        read_dirs = [checked["bin_dir"]]
+        read_dirs += [check_read_dir(d, self.config.home, crew) for d in request.interpreter_dirs]
+        assert self.config.opencode is not None
+        engine_dirs, engine_files = engine_read_paths(self.config.opencode)
+        return SandboxPolicy(
+            home=self.config.home,
+            crew_home=crew,
+            agent_dir=agent_dir,
+            runtime_dir=runtime_dir,
+            tmp_dir=tmp_dir,
+            work_dir=work_dir,
+            read_dirs=tuple(dict.fromkeys([*read_dirs, *engine_dirs])),
+            read_files=engine_files,
+        )
+
+    def _command(self, request: RunRequest, policy: SandboxPolicy) -> list[str]:
+        assert self.config.opencode is not None
+        engine = os.path.realpath(self.config.opencode)
+        title = (request.engine_args.title if request.engine_args else None) or DEFAULT_TITLE
+        command = [engine, "run", "--pure", "--format", "json", "--print-logs", "--auto"]
+        command += ["--title", title, "--dir", str(policy.work_dir)]
+        session = request.effective_session
+        if session is not None:
+            command += ["--session", session]
+        model = request.effective_model
+        assert model is not None  # RunRequest guarantees it
+        return [*command, "--model", model]
+
+    def _env(self, request: RunRequest, policy: SandboxPolicy) -> dict[str, str]:
+        env = dict(request.env)
+        # zsh writes heredocs to $TMPPREFIX (default /tmp/zsh), not $TMPDIR.
+        env.setdefault("TMPDIR", str(policy.tmp_dir))
+        env.setdefault("TMPPREFIX", f"{env['TMPDIR']}/zsh")
+        env.setdefault("PWD", str(policy.work_dir))  # OpenCode takes its project from $PWD
+        env.setdefault("PATH", f"{policy.read_dirs[0]}:{DEFAULT_PATH}")
+        env.setdefault("HOME", str(policy.agent_dir))
+        return env

@@ -1,0 +1,167 @@
+"""A fake `opencode` for launcher tests: what it does is read as JSON from stdin.
+
+Run by a generated wrapper as `python -I -S fake_engine.py ARGS…` inside the
+real sandbox. Prints JSON lines; the tests read them from the launcher's
+`line` frames. Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+def emit(obj: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def attempt(name: str, action: Callable[[], object]) -> None:
+    """Run one probe; report whether it worked and what it gave or raised."""
+    try:
+        result = action()
+    except OSError as exc:
+        emit({"check": name, "worked": False, "errno": exc.errno, "error": str(exc)})
+        return
+    emit({"check": name, "worked": True, "result": repr(result)[:200]})
+
+
+def read(path: str) -> str:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return f.read()
+
+
+def write(path: str, text: str = "pwned\n") -> int:
+    with open(path, "w", encoding="utf-8") as f:
+        return f.write(text)
+
+
+def connect(path: str) -> str:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(path)
+    finally:
+        s.close()
+    return "connected"
+
+
+def rename_across(base: str) -> str:
+    a, b = os.path.join(base, "ren-a"), os.path.join(base, "ren-b")
+    os.makedirs(a, exist_ok=True)
+    os.makedirs(b, exist_ok=True)
+    write(os.path.join(a, "f"), "moved\n")
+    os.rename(os.path.join(a, "f"), os.path.join(b, "f"))
+    return read(os.path.join(b, "f"))
+
+
+def zsh_heredoc() -> str:
+    done = subprocess.run(
+        ["zsh", "-c", "cat <<EOF\nheredoc-ok\nEOF"], capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0 or done.stdout.strip() != "heredoc-ok":
+        raise OSError(0, f"zsh heredoc failed: rc={done.returncode} {done.stderr.strip()}")
+    return done.stdout.strip()
+
+
+def hostile(cfg: dict[str, Any]) -> None:
+    home, marker = cfg["home"], cfg["marker"]
+    attempt("read_ssh_key", lambda: read(f"{home}/.ssh/id_rsa"))
+    attempt("read_secret", lambda: read(f"{home}/secret"))
+    attempt("stat_ssh_key", lambda: os.stat(f"{home}/.ssh/id_rsa").st_size)
+    attempt("stat_secret", lambda: os.stat(f"{home}/secret").st_size)
+    attempt("write_bashrc", lambda: write(f"{home}/.bashrc"))
+    attempt("write_var_tmp", lambda: write(cfg["var_tmp_file"]))
+    attempt("write_etc", lambda: write(cfg["etc_file"]))
+    attempt("read_other_token", lambda: read(cfg["other_token"]))
+    attempt("read_own_token", lambda: read(cfg["own_token"]))
+    attempt("connect_computer_socket", lambda: connect(cfg["computer_sock"]))
+    attempt("read_launcher_environ", lambda: read(f"/proc/{cfg['launcher_pid']}/environ"))
+    attempt("signal_launcher", lambda: os.kill(cfg["launcher_pid"], signal.SIGTERM))
+    attempt("write_agent_dir", lambda: write(os.path.join(cfg["agent_dir"], "probe.txt"), "a\n"))
+    attempt("write_runtime_dir", lambda: write(os.path.join(cfg["runtime_dir"], "probe.txt")))
+    attempt("write_tmpdir", lambda: write(os.path.join(os.environ["TMPDIR"], "probe.txt")))
+    attempt("write_slash_tmp", lambda: write("/tmp/probe-slash-tmp.txt"))
+    attempt("read_bin_crew", lambda: read(cfg["bin_crew"]))
+    attempt("zsh_heredoc", zsh_heredoc)
+    attempt("rename_agent_dir", lambda: rename_across(cfg["agent_dir"]))
+    attempt("rename_tmpdir", lambda: rename_across(os.environ["TMPDIR"]))
+    # Leave processes behind: one in our group, one in its own session.
+    subprocess.Popen(["sleep", marker], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.Popen(["setsid", "sleep", marker], stdout=subprocess.DEVNULL)
+    time.sleep(0.2)
+    emit({"check": "done", "worked": True})
+
+
+def stop_gracefully(cfg: dict[str, Any]) -> None:
+    def on_int(signum: int, frame: object) -> None:
+        emit({"event": "graceful"})
+        sys.exit(130)
+
+    signal.signal(signal.SIGINT, on_int)
+    subprocess.Popen(["sleep", cfg["marker"]], stdout=subprocess.DEVNULL)
+    subprocess.Popen(["setsid", "sleep", cfg["marker"]], stdout=subprocess.DEVNULL)
+    emit({"event": "waiting"})
+    while True:
+        time.sleep(1)
+
+
+def ignore_int(cfg: dict[str, Any]) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    emit({"event": "waiting"})
+    while True:
+        time.sleep(1)
+
+
+def flood(cfg: dict[str, Any]) -> None:
+    line = "x" * (cfg["line_size"] - 1) + "\n"
+    out = sys.stdout
+    for _ in range(cfg["lines"]):
+        out.write(line)
+    out.flush()
+    if cfg.get("then_sleep"):
+        time.sleep(cfg["then_sleep"])
+
+
+def pipe_holder(cfg: dict[str, Any]) -> None:
+    # A daemon that keeps our stdout open long after we exit.
+    subprocess.Popen(["setsid", "sleep", cfg["marker"]])
+    subprocess.Popen(["sleep", cfg["marker"]])
+    emit({"event": "leaving"})
+
+
+def echo(cfg: dict[str, Any]) -> None:
+    emit({"argv": sys.argv[1:], "env": dict(os.environ), "cwd": os.getcwd(), "stdin": cfg})
+    sys.stdout.write("no newline at the end")
+    sys.stdout.flush()
+    sys.stderr.write("e" * cfg.get("stderr_bytes", 0))
+    sys.exit(cfg.get("exit", 0))
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--version"]:
+        print("0.0.0-fake")
+        return
+    if sys.argv[1:2] == ["models"]:
+        print("\x1b[1mnoise\x1b[0m\nlocal/scripted\nopencode/big-pickle\nnot a model line")
+        return
+    cfg = json.loads(sys.stdin.read())
+    scenarios = {
+        "hostile": hostile,
+        "stop": stop_gracefully,
+        "ignore_int": ignore_int,
+        "flood": flood,
+        "pipe_holder": pipe_holder,
+        "echo": echo,
+    }
+    scenarios[cfg["scenario"]](cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""Launcher test support: a crew home laid out like the Computer does, a fake engine, a real launcher process."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+FAKE_ENGINE = Path(__file__).with_name("fake_engine.py")
+PYTHON = os.path.realpath(sys.executable)
+READY_TIMEOUT_S = 30.0
+
+
+@dataclass
+class CrewLayout:
+    """`<crew home>` with one Computer run and agents, as computer.md §4 lays them out."""
+
+    home: Path
+    crew_home: Path
+    run_id: str
+
+    @property
+    def run_dir(self) -> Path:
+        return self.crew_home / "runtime" / self.run_id
+
+    @property
+    def bin_dir(self) -> Path:
+        return self.run_dir / "bin"
+
+    def agent_dir(self, agent_id: str) -> Path:
+        return self.crew_home / "agents" / agent_id
+
+    def runtime_dir(self, agent_id: str) -> Path:
+        return self.run_dir / "agents" / agent_id
+
+    def add_agent(self, agent_id: str) -> None:
+        for path in (self.agent_dir(agent_id) / "work", self.runtime_dir(agent_id) / "tmp"):
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        (self.runtime_dir(agent_id) / "token").write_text(f"token-of-{agent_id}\n")
+
+    def run_request(self, agent_id: str, stdin: Any, **extra: Any) -> dict[str, Any]:
+        """A valid `POST /runs` body; `stdin` is sent as JSON (the fake engine's script)."""
+        runtime = self.runtime_dir(agent_id)
+        body: dict[str, Any] = {
+            "run_id": str(uuid.uuid4()),
+            "agent_id": agent_id,
+            "agent_dir": str(self.agent_dir(agent_id)),
+            "runtime_dir": str(runtime),
+            "bin_dir": str(self.bin_dir),
+            "interpreter_dirs": [],
+            "model": "local/scripted",
+            "session_id": None,
+            "env": {
+                "PATH": f"{self.bin_dir}:/usr/local/bin:/usr/bin:/bin",
+                "HOME": str(self.agent_dir(agent_id)),
+                "TMPDIR": str(runtime / "tmp"),
+                "LANG": "C.UTF-8",
+                "CREW_TOKEN_FILE": str(runtime / "token"),
+            },
+            "stdin": orjson.dumps(stdin).decode(),
+        }
+        body.update(extra)
+        return body
+
+
+def make_layout(home: Path) -> CrewLayout:
+    """A crew home in `home` with the Computer's run directory and `bin/crew`."""
+    crew_home = home / ".crew"
+    layout = CrewLayout(home=home, crew_home=crew_home, run_id=uuid.uuid4().hex[:12])
+    for path in (crew_home / "sockets", layout.bin_dir):
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(crew_home, 0o700)
+    (layout.bin_dir / "crew").write_text("#!/bin/sh\necho crew-wrapper\n")
+    return layout
+
+
+def write_fake_opencode(directory: Path) -> Path:
+    """An executable `opencode` that runs `fake_engine.py` with this interpreter."""
+    directory.mkdir(parents=True, exist_ok=True)
+    script = directory / "opencode"
+    script.write_text(f'#!/bin/sh\nexec "{PYTHON}" -I -S "{FAKE_ENGINE}" "$@"\n')
+    script.chmod(0o755)
+    return script
+
+
+class LauncherProcess:
+    """A real `python -I -m sandbox_launcher serve …` process, as the Computer starts it."""
+
+    def __init__(
+        self,
+        layout: CrewLayout,
+        opencode: Path | None,
+        mode: str | None = None,
+        secret: str | None = None,
+    ) -> None:
+        self.layout = layout
+        self.secret = secret or secrets.token_urlsafe(24)
+        self.socket = layout.crew_home / "sockets" / f"launcher-{layout.run_id}.sock"
+        argv = [sys.executable, "-I", "-m", "sandbox_launcher", "serve"]
+        argv += ["--crew-home", str(layout.crew_home), "--run-id", layout.run_id]
+        argv += ["--socket", str(self.socket)]
+        if mode:
+            argv += ["--mode", mode]
+        if opencode:
+            argv += ["--opencode", str(opencode)]
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd="/",
+        )
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(f"{self.secret}\n".encode())
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()  # blocks until ready or exit
+        if line != b"ready\n":
+            self.proc.kill()
+            _, err = self.proc.communicate(timeout=10)
+            raise AssertionError(f"launcher did not get ready: {line!r} {err.decode()[-2000:]}")
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def client(self, secret: str | None = None, timeout: float = 30.0) -> httpx.Client:
+        """An httpx client over the launcher's Unix socket, with the bearer secret."""
+        return httpx.Client(
+            transport=httpx.HTTPTransport(uds=str(self.socket)),
+            base_url="http://launcher",
+            headers={"Authorization": f"Bearer {secret or self.secret}"},
+            timeout=timeout,
+        )
+
+    def run(self, body: dict[str, Any]) -> list[dict[str, Any]]:
+        """POST /runs and collect every frame until the stream ends."""
+        with self.client() as client, client.stream("POST", "/runs", json=body) as response:
+            assert response.status_code == 200, response.read()
+            return [orjson.loads(line) for line in response.iter_lines() if line]
+
+    def stop(self) -> tuple[int, str]:
+        """Close stdin (the Computer's "stop") and wait; returns (exit status, stderr)."""
+        if self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        assert self.proc.stderr is not None
+        err = self.proc.stderr.read().decode("utf-8", "replace")
+        self.proc.stdout.close() if self.proc.stdout else None
+        self.proc.stderr.close()
+        return self.proc.returncode, err
+
+
+def engine_lines(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The fake engine's JSON lines out of the `line` frames."""
+    out = []
+    for frame in frames:
+        if frame["t"] == "line":
+            try:
+                out.append(orjson.loads(frame["data"]))
+            except orjson.JSONDecodeError:
+                out.append({"raw": frame["data"]})
+    return out
+
+
+def processes_with(marker: str) -> list[int]:
+    """Pids on the host whose command line contains `marker`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        if marker.encode() in cmdline:
+            found.append(int(entry))
+    return found
