@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import orjson

@@ -1,0 +1,178 @@
+"""The service in-process against a real crew-server: event stream, reconnects, sync, stop."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from computer_service.bootstrap import Bootstrap
+from computer_service.engine.base import AgentPaths, Engine
+from computer_service.home import AgentHome, AgentHomeError, RunDirectory
+from computer_service.service import (
+    AgentPreparationFailed,
+    Backoff,
+    ComputerService,
+    LauncherStatus,
+)
+from computer_service.upstream import AgentRecord
+from tests.computer.scripted import ScriptedEngine
+from tests.support.crew_server_proc import start_crew_server
+
+USABLE = LauncherStatus(True, "bwrap", None, True, "test")
+
+
+class FakeParts:
+    """Real directories and agent homes; a scripted engine instead of the launcher."""
+
+    def __init__(self, crew_home: Path, engine: Engine, status: LauncherStatus = USABLE) -> None:
+        self.crew_home = crew_home
+        self.run = RunDirectory(crew_home, "testrun")
+        self._engine = engine
+        self.status = status
+        self.launcher_stopped = False
+
+    async def start_launcher(self) -> LauncherStatus:
+        return self.status
+
+    async def stop_launcher(self) -> None:
+        self.launcher_stopped = True
+
+    async def models(self) -> list[str]:
+        return ["local/fake"]
+
+    def prepare_run_dir(self) -> None:
+        self.run.prepare()
+
+    def remove_run_dir(self) -> None:
+        self.run.remove()
+
+    def engine(self) -> Engine:
+        return self._engine
+
+    def prepare_agent(self, agent: AgentRecord, token: str) -> AgentHome:
+        home = AgentHome(AgentPaths(self.crew_home, "testrun", agent.id), agent)
+        try:
+            home.prepare(token)
+        except AgentHomeError as exc:
+            raise AgentPreparationFailed(str(exc)) from exc
+        return home
+
+
+async def finished(
+    server: Any, agent_id: str, count: int, timeout: float = 20
+) -> list[dict[str, Any]]:
+    with anyio.fail_after(timeout):
+        while True:
+            done = [t for t in reversed(server.turns(agent_id)) if t["status"] != "running"]
+            if len(done) >= count:
+                return done
+            await anyio.sleep(0.05)
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(90)
+async def test_reconnects_after_a_server_restart_and_handles_what_came_meanwhile(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "srv").mkdir()
+    server = start_crew_server(tmp_path / "srv")
+    port = int(server.url.rsplit(":", 1)[1])
+    crew_home = tmp_path / "crew"
+    engine = ScriptedEngine()
+    parts = FakeParts(crew_home, engine)
+    try:
+        comp = server.create_computer()
+        agent = server.create_agent("rc", computer_id=comp["computer_id"])
+        room = server.create_room("dm", [agent["id"]])
+        boot = Bootstrap(server_url=server.url, token=comp["token"], crew_home=crew_home)
+        service = ComputerService(boot, parts, handle_signals=False)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(service.serve)
+            with anyio.fail_after(20):
+                await service.synced.wait()
+            server.post(room["id"], "before the restart")
+            await finished(server, agent["id"], 1)
+
+            server.stop()
+            with anyio.fail_after(20):
+                while service.connected:
+                    await anyio.sleep(0.05)
+            server = start_crew_server(tmp_path / "srv", db=server.db, port=port)
+            server.post(room["id"], "while the Computer was away")
+            turns = await finished(server, agent["id"], 2, timeout=45)
+            assert [t["status"] for t in turns] == ["succeeded", "succeeded"]
+            assert "while the Computer was away" in engine.inputs[1]
+            assert "before the restart" not in engine.inputs[1]  # acked, not handled twice
+            assert service.connected
+
+            # The introspection socket serves while running.
+            transport = httpx.AsyncHTTPTransport(uds=str(crew_home / "sockets" / "computer.sock"))
+            async with httpx.AsyncClient(transport=transport, base_url="http://c") as local:
+                rows = (await local.get("/agents")).json()
+                assert rows[0]["last_result"] == "succeeded"
+                woken = await local.post(f"/agents/{agent['id']}/wake")
+                assert woken.status_code == 202
+            service.request_stop()
+        assert parts.launcher_stopped
+        assert not (crew_home / "runtime" / "testrun").exists()
+        assert not (crew_home / "sockets" / "computer.sock").exists()
+    finally:
+        server.stop()
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(60)
+async def test_agent_changes_replace_and_drop_runners(tmp_path: Path) -> None:
+    (tmp_path / "srv").mkdir()
+    server = start_crew_server(tmp_path / "srv")
+    crew_home = tmp_path / "crew"
+    engine = ScriptedEngine()
+    try:
+        comp = server.create_computer()
+        other = server.create_computer("other")
+        agent = server.create_agent("chg", computer_id=comp["computer_id"])
+        boot = Bootstrap(server_url=server.url, token=comp["token"], crew_home=crew_home)
+        service = ComputerService(boot, FakeParts(crew_home, engine), handle_signals=False)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(service.serve)
+            with anyio.fail_after(20):
+                while agent["id"] not in service.runners:
+                    await anyio.sleep(0.05)
+            first = service.runners[agent["id"]]
+            server.client().patch(f"/api/agents/{agent['id']}", json={"model": "local/other"})
+            with anyio.fail_after(20):
+                while service.runners.get(agent["id"]) in (None, first):
+                    await anyio.sleep(0.05)
+            assert service.runners[agent["id"]].agent.model == "local/other"
+            assert first.finished.is_set()
+            agents_md = (crew_home / "agents" / agent["id"] / "AGENTS.md").read_text()
+            assert "@chg" in agents_md
+
+            # Moved to another Computer: the runner is dropped.
+            server.client().patch(
+                f"/api/agents/{agent['id']}", json={"computer_id": other["computer_id"]}
+            )
+            with anyio.fail_after(20):
+                while agent["id"] in service.runners:
+                    await anyio.sleep(0.05)
+            service.request_stop()
+    finally:
+        server.stop()
+
+
+def test_backoff_is_capped_jittered_and_honours_retry() -> None:
+    random.seed(7)
+    backoff = Backoff(initial_s=0.5, cap_s=8)
+    delays = [backoff.next_delay() for _ in range(10)]
+    assert all(0.25 <= d <= 8 for d in delays)
+    assert delays[0] <= 0.5 and max(delays[6:]) <= 8 and min(delays[6:]) >= 4
+    backoff.reset()
+    backoff.server_retry(2000)
+    first = backoff.next_delay()
+    assert 1.0 <= first <= 2.0
+    assert len({round(d, 6) for d in delays}) > 5  # jittered, not lockstep
