@@ -117,8 +117,8 @@ class Rig:
         shutil.rmtree(self.paths.data_dir / "fake-opencode" / "sessions", ignore_errors=True)
 
 
-def make_rig(tmp_path: Path, write_auth: bool = True) -> Rig:
-    crew_home = tmp_path / "crew"
+def make_rig(tmp_path: Path, write_auth: bool = True, crew_home: Path | None = None) -> Rig:
+    crew_home = crew_home or tmp_path / "crew"
     run = RunDirectory(crew_home, "run-1")
     run.prepare()
     agent = Agent("agent-0001", "alice", "Alice", "Helpful.")

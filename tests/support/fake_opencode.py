@@ -32,7 +32,8 @@ Behaviour is chosen by markers in the turn input (any line), else by
 - `FAKE:429`           the real 429 APIError line (05_http_429), exit 1
 - `FAKE:UNKNOWN`       endless steps finishing with reason "unknown" and zero tokens
 - `FAKE:STEPS <n>`     n tool-call steps, then a text step
-- `FAKE:BG`            leave a background child (own session) holding stdout open, exit 0
+- `FAKE:BG [s]`        leave a background child (own session) holding stdout open that
+                       touches `bg-survived` in the work dir after s seconds (default 2); exit 0
 """
 
 from __future__ import annotations
@@ -235,8 +236,13 @@ def run_mode(out: Out, name: str, arg: str) -> int:
         out.step_finish(reason="tool-calls")
     if name == "BG":
         out.step_start()
-        # A detached child in its own session that keeps our stdout open.
-        subprocess.Popen(["/bin/sh", "-c", "sleep 30"], start_new_session=True, stdout=sys.stdout)
+        # A detached child in its own session that keeps our stdout open and,
+        # if it survives the turn, leaves `bg-survived` in the work dir.
+        subprocess.Popen(
+            ["/bin/sh", "-c", f"sleep {arg or 2}; touch bg-survived"],
+            start_new_session=True,
+            stdout=sys.stdout,
+        )
     out.step_start()
     out.text("ok")
     out.step_finish()
