@@ -110,7 +110,7 @@ def pipeline_times(turns: int) -> tuple[list[float], list[float]]:
                     raise SystemExit(f"the sandbox is not usable: {health['sandbox']['reason']}")
                 work = m.crew_home / "agents" / agent["id"] / "work"
                 for n in range(turns + 1):
-                    body = f"FAKE:RUN echo pong {n} | crew reply {room['id']}"
+                    body = f"please answer:\nFAKE:RUN echo pong {n} | crew reply {room['id']}"
                     t0 = time.time()
                     server.post(room["id"], body)
 

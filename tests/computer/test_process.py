@@ -58,7 +58,10 @@ def test_messages_before_start_wakes_and_new_agents_then_a_clean_exit(crew_serve
         comp = crew_server.create_computer()
         alice = crew_server.create_agent("alice1", computer_id=comp["computer_id"])
         dm = crew_server.create_room("dm", [alice["id"]])
-        crew_server.post(dm["id"], "posted before the Computer started")
+        crew_server.post(
+            dm["id"],
+            f"posted before the Computer started\nFAKE:RUN echo pong | crew reply {dm['id']}",
+        )
         c = launch(m, bootstrap_for(crew_server.url, comp["token"], m))
         try:
             health = usable(c)
@@ -66,6 +69,9 @@ def test_messages_before_start_wakes_and_new_agents_then_a_clean_exit(crew_serve
             [first] = finished(crew_server, alice["id"], 1)
             assert first["status"] == "succeeded", first
             assert "posted before the Computer started" in crew_server.turn(first["id"])["input"]
+            # The engine's `crew reply`, from inside the sandbox, reached the room.
+            replies = [x for x in crew_server.messages(dm["id"]) if x["author"]["kind"] == "agent"]
+            assert [x["body"] for x in replies] == ["pong"]
             assert len(run_dir_entries(m)) == 1  # this run's directory, nothing older
 
             # An SSE wake-up for a new message.
@@ -109,7 +115,7 @@ def test_sigterm_during_a_turn_cancels_it_and_exits_cleanly(crew_server: Any) ->
         comp = crew_server.create_computer()
         agent = crew_server.create_agent("hang1", computer_id=comp["computer_id"])
         dm = crew_server.create_room("dm", [agent["id"]])
-        crew_server.post(dm["id"], "FAKE:HANG")
+        crew_server.post(dm["id"], "think long:\nFAKE:HANG")
         c = launch(m, bootstrap_for(crew_server.url, comp["token"], m))
         try:
             usable(c)
