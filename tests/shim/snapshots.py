@@ -2,7 +2,9 @@
 
 Each test renders a case (command, exit code, stdout, stderr) with ids, times
 and ports normalised, and compares it with its section. `UPDATE_SNAPSHOTS=1`
-rewrites the sections the run produced (others are kept); review the diff.
+rewrites the file from the sections the run produced, so run the whole of
+`tests/shim` when updating (sections of cases that no longer exist go away);
+review the diff.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ Every text the `crew` command prints, fixed by `tests/shim/` (each section is
 one case run against a real `crew-server`). Ids are replaced by names
 (`<group>`, `<id-1>` …), local times by `<local time>`, clock times in message
 lines by `hh:mm`, loopback ports by `<port>`.
-Regenerate with `UPDATE_SNAPSHOTS=1 .venv/bin/pytest tests/shim` and review the diff.
+Regenerate with `UPDATE_SNAPSHOTS=1 .venv/bin/pytest tests/shim` (the whole
+directory: the file is rewritten from the cases that ran) and review the diff.
 """
 
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -62,14 +65,12 @@ class SnapshotFile:
         self.path = path
         self.update = os.environ.get("UPDATE_SNAPSHOTS") == "1"
         self.sections = _parse(path.read_text(encoding="utf-8")) if path.exists() else {}
-        self.changed = False
+        self.visited: dict[str, str] = {}
 
     def check(self, name: str, text: str) -> None:
         """Assert `text` is the stored section `name` (store it when updating)."""
         if self.update:
-            if self.sections.get(name) != text:
-                self.sections[name] = text
-                self.changed = True
+            self.visited[name] = text
             return
         assert name in self.sections, (
             f"no snapshot section {name!r} in {self.path}: run UPDATE_SNAPSHOTS=1 "
@@ -81,12 +82,12 @@ class SnapshotFile:
         )
 
     def save(self) -> None:
-        """Write the file when a section changed (update mode only)."""
-        if not (self.update and self.changed):
+        """Rewrite the file from the sections this run produced (update mode only)."""
+        if not (self.update and self.visited):
             return
         parts = [_HEADER]
-        for name in sorted(self.sections):
-            parts.append(f"## {name}\n\n{FENCE}text\n{self.sections[name]}\n{FENCE}\n")
+        for name in sorted(self.visited):
+            parts.append(f"## {name}\n\n{FENCE}text\n{self.visited[name]}\n{FENCE}\n")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text("\n".join(parts), encoding="utf-8")
 

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from tests.shim.conftest import World
+from tests.shim.conftest import EXAMPLE_ID, World
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -79,6 +79,45 @@ def test_thread_is_created_then_reused(world: World) -> None:
     ]
     # A thread reply adds nothing to the group timeline.
     assert [m["body"] for m in world.messages(room)] == ["Can someone check the nightly build?"]
+
+    # New messages in the thread hold a reply there; the section shows the thread.
+    world.server.post(room, "@alice which test?", thread_of=root["id"])
+    held = world.crew("reply", thread_id, stdin="test_login.")
+    assert held.code == 1
+    assert f'## Thread in group "launch" (room {room})' in held.stdout
+    assert "Root: [#1 " in held.stdout and "Can someone check the nightly build?" in held.stdout
+    world.check("reply: held in a thread", held)
+
+
+def test_thread_refusals(world: World) -> None:
+    group = world.group["id"]
+    other = world.server.post(world.dm["id"], "a message of another room")
+    world.normalise.name(other["id"], "dm-message")
+    elsewhere = world.crew("reply", group, "--thread", other["id"], stdin="hi")
+    assert elsewhere.code == 1 and elsewhere.stdout == "" and elsewhere.stderr.startswith("error: ")
+    world.check("reply --thread refused: a message of another room", elsewhere)
+
+    unknown = world.crew("reply", group, "--thread", EXAMPLE_ID, stdin="hi")
+    assert unknown.code == 1 and unknown.stderr.startswith("error: ")
+    world.check("reply --thread refused: no such message", unknown)
+    assert world.messages(group) == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="crew-server opens threads in a dm and nests them in threads; "
+    "upstream.md: a thread hangs off a group message (reported)",
+)
+@pytest.mark.parametrize("where", ["dm", "thread"])
+def test_thread_outside_a_group_is_refused(world: World, where: str) -> None:
+    room = world.dm["id"]
+    if where == "thread":
+        root = world.server.post(world.group["id"], "root")
+        room = world.server.post(world.group["id"], "in it", thread_of=root["id"])["room_id"]
+    message = world.server.post(room, "hello")
+    world.crew("reply", room, stdin="seen")  # HELD: now it has seen the message
+    result = world.crew("reply", room, "--thread", message["id"], stdin="in a thread?")
+    assert result.code == 1 and result.stdout == "" and result.stderr.startswith("error: ")
 
 
 @pytest.mark.parametrize(

@@ -189,6 +189,12 @@ def test_mute_and_unmute(world: World) -> None:
     assert timed.stdout.startswith(f"Muted room {group} until ")
     world.check("mute --for", timed)
 
+    # A muted group's section says so (here in a HELD answer).
+    world.server.post(group, "lunch?")
+    held = world.crew("reply", group, stdin="sure")
+    assert held.code == 1 and '## Group "launch" (you muted it until ' in held.stdout
+    world.check("reply: held in a muted group", held)
+
     forever = world.crew("mute", group)
     assert forever.code == 0 and "until you unmute it" in forever.stdout
     world.check("mute until unmuted", forever)
