@@ -145,3 +145,41 @@ async def standin_launcher(opencode_path: str = FAKE_OPENCODE) -> AsyncIterator[
             LauncherClient(d / "l.sock", state.secret) as c,
         ):
             yield c, state
+
+
+@asynccontextmanager
+async def sandboxed_rig(tmp_path: Path, opencode_path: str = FAKE_OPENCODE) -> AsyncIterator[Rig]:
+    """A prepared agent and an engine wired to the REAL `sandbox_launcher` (bwrap).
+
+    Skips locally (fails in CI) when the launcher or bwrap is missing or the
+    sandbox self-test fails.
+    """
+    import importlib.util
+
+    from computer_service.launcher_client import LauncherProcess, launcher_argv
+    from tests.support.ci import required_in_ci
+
+    if importlib.util.find_spec("sandbox_launcher.__main__") is None:
+        required_in_ci("sandbox_launcher (its serve command)")
+    if shutil.which("bwrap") is None and not Path("/usr/bin/bwrap").exists():
+        required_in_ci("bwrap (Debian package bubblewrap)")
+    # A short crew home: the launcher socket path must fit in ~108 bytes.
+    crew_home = Path(tempfile.mkdtemp(prefix="crew-", dir="/tmp"))
+    try:
+        rig = make_rig(tmp_path, crew_home=crew_home)
+        sock = crew_home / "sockets" / f"launcher-{rig.run.run_id}.sock"
+        sock.parent.mkdir(mode=0o700, exist_ok=True)
+        argv = launcher_argv(crew_home, rig.run.run_id, sock, opencode_path=opencode_path)
+        proc = LauncherProcess(argv, sock)
+        await proc.start(ready_timeout_s=60)
+        try:
+            async with proc.client() as client:
+                health = await client.health()
+                if not health.sandbox.ok:
+                    required_in_ci(f"a usable sandbox ({health.sandbox.reason})")
+                rig.use(client)
+                yield rig
+        finally:
+            await proc.stop()
+    finally:
+        shutil.rmtree(crew_home, ignore_errors=True)

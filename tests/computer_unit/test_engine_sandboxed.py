@@ -9,10 +9,7 @@ hangs it.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import shutil
-import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -21,40 +18,15 @@ import anyio
 import pytest
 
 from computer_service.engine.base import FailureClass, SessionPlan
-from computer_service.launcher_client import LauncherProcess, launcher_argv
-from tests.computer_unit.engine_fixtures import AUTH, BASE_PATH, FAKE_OPENCODE, Rig, make_rig
-from tests.support.ci import required_in_ci
+from tests.computer_unit.engine_fixtures import AUTH, BASE_PATH, Rig, sandboxed_rig
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
 
 @pytest.fixture
 async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
-    if importlib.util.find_spec("sandbox_launcher.__main__") is None:
-        required_in_ci("sandbox_launcher (its serve command)")
-    if shutil.which("bwrap") is None and not Path("/usr/bin/bwrap").exists():
-        required_in_ci("bwrap (Debian package bubblewrap)")
-    # A short crew home: the launcher socket path must fit in ~108 bytes.
-    crew_home = Path(tempfile.mkdtemp(prefix="crew-", dir="/tmp"))
-    try:
-        rig = make_rig(tmp_path, crew_home=crew_home)
-        sock = crew_home / "sockets" / f"launcher-{rig.run.run_id}.sock"
-        sock.parent.mkdir(mode=0o700, exist_ok=True)
-        proc = LauncherProcess(
-            launcher_argv(crew_home, rig.run.run_id, sock, opencode_path=FAKE_OPENCODE), sock
-        )
-        await proc.start(ready_timeout_s=60)
-        try:
-            async with proc.client() as client:
-                health = await client.health()
-                if not health.sandbox.ok:
-                    required_in_ci(f"a usable sandbox ({health.sandbox.reason})")
-                rig.use(client)
-                yield rig
-        finally:
-            await proc.stop()
-    finally:
-        shutil.rmtree(crew_home, ignore_errors=True)
+    async with sandboxed_rig(tmp_path) as rig:
+        yield rig
 
 
 async def test_ok_turn_exact_env_in_the_sandbox(rig: Rig) -> None:
