@@ -44,7 +44,9 @@ def _dispatch(args: list[str]) -> int:
     if command == "reply":
         from crew_shim import reply
 
-        return reply.run(rest, stdin=sys.stdin.buffer, stdout=sys.stdout)
+        # sys.stdin is None when the process was started with fd 0 closed.
+        stdin = sys.stdin.buffer if sys.stdin is not None else None
+        return reply.run(rest, stdin=stdin, stdout=sys.stdout)
     if command == "task":
         from crew_shim import tasks
 

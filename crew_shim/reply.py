@@ -31,7 +31,7 @@ _EFFECT = Effect(
 )
 
 
-def run(argv: Sequence[str], *, stdin: BinaryIO, stdout: Any) -> int:
+def run(argv: Sequence[str], *, stdin: BinaryIO | None, stdout: Any) -> int:
     """Check everything locally, send once, print the outcome; return the exit code."""
     from crew_shim.help import REPLY_HELP
 
@@ -51,7 +51,7 @@ def run(argv: Sequence[str], *, stdin: BinaryIO, stdout: Any) -> int:
     room_id = check_id(args.positionals[0], what="room id")
     thread = args.option("thread")
     thread_of = check_id(thread, what="message id") if thread is not None else None
-    if stdin.isatty():
+    if stdin is None or stdin.isatty():
         raise InputError(f"there is no message on stdin. Use a heredoc: {_HEREDOC_HINT}.")
     body = check_body(stdin.read(_MAX_READ + 1))
 

@@ -72,6 +72,7 @@ class World:
         agent: Agent | None = None,
         url: str | None = None,
         timeout: float = 30,
+        extra_env: dict[str, str] | None = None,
     ) -> Result:
         """Run the installed `crew` with only CREW_SERVER_URL and CREW_TOKEN_FILE set."""
         data = stdin.encode("utf-8") if isinstance(stdin, str) else stdin
@@ -80,6 +81,7 @@ class World:
             "CREW_TOKEN_FILE": str((agent or self.alice).token_file),
             "PATH": "/usr/bin:/bin",
             "LANG": "C.UTF-8",
+            **(extra_env or {}),
         }
         done = subprocess.run(
             [str(CREW_BIN), *argv],

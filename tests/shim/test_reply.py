@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import time
 import uuid
+from datetime import datetime
 
 import pytest
 
@@ -146,6 +147,30 @@ def test_local_refusals_send_nothing(
         result.stdin = b"<20,001 times x>"
     world.check(f"reply refused locally: {case}", result)
     assert world.messages(room) == []
+
+
+def test_only_its_two_variables_count(world: World) -> None:
+    """A proxy, a TZ or Python variables in the environment change nothing."""
+    result = world.crew(
+        "reply",
+        world.dm["id"],
+        stdin="through no proxy",
+        extra_env={
+            "HTTP_PROXY": "http://127.0.0.1:9",
+            "http_proxy": "http://127.0.0.1:9",
+            "ALL_PROXY": "http://127.0.0.1:9",
+            "TZ": "Asia/Tokyo",
+        },
+    )
+    assert (result.code, result.stderr) == (0, "")
+    assert world.messages(world.dm["id"])[0]["body"] == "through no proxy"
+    # Times follow the machine's zone (/etc/localtime), not TZ.
+    remind = world.crew(
+        "remind", world.dm["id"], "x", "--at", "23:59", extra_env={"TZ": "Asia/Tokyo"}
+    )
+    assert remind.code == 0, remind.stderr
+    local = datetime.now().astimezone().strftime("%z")
+    assert f"23:59 {local[:3]}:{local[3:]}" in remind.stdout
 
 
 def test_largest_body_is_accepted(world: World) -> None:
