@@ -144,6 +144,19 @@ class Chain:
         )
         return [self.turn(t["id"]) for t in done]
 
+    def settled_turns(self, agent_id: str, timeout: float = 90) -> list[dict[str, Any]]:
+        """Wait until the agent is idle with no pending wake and no running turn; its turns."""
+
+        def probe() -> list[dict[str, Any]] | None:
+            with self.computer.introspection() as local:
+                row = local.get(f"/agents/{agent_id}").json()
+            if row.get("state") != "idle" or row.get("pending_wake"):
+                return None
+            turns = self.turns(agent_id)
+            return turns if all(t["status"] != "running" for t in turns) else None
+
+        return wait_for(f"@{self.handles.get(agent_id)} to settle", probe, timeout)
+
     def agent_messages(self, room_id: str, agent_id: str) -> list[dict[str, Any]]:
         return [m for m in self.messages(room_id) if m["author"]["id"] == agent_id]
 

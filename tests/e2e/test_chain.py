@@ -156,7 +156,8 @@ def test_group_held_reply_is_sent_again_with_the_news_and_the_other_agent_stays_
     bodies = [m["body"] for m in chain.agent_messages(group["id"], alice["id"])]
     assert bodies == ["Plan: ship on Friday, noted NEWS-freeze."]
     assert chain.agent_messages(group["id"], bob["id"]) == []
-    assert all(t["status"] == "succeeded" for t in chain.turns(bob["id"]))
+    bob_turns = chain.settled_turns(bob["id"])
+    assert bob_turns and all(t["status"] == "succeeded" for t in bob_turns)
 
 
 # ---------------------------------------------------------------- 3. thread
