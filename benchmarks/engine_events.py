@@ -21,7 +21,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,7 +74,7 @@ class InProcessLauncher:
         frames.append({"t": "exit", "code": 0, "signal": None, "stderr_tail": "", "reason": None})
         self.body = b"".join(orjson.dumps(f) + b"\n" for f in frames)
 
-    async def run(self, request: RunRequest) -> AsyncIterator[Frame]:
+    async def run(self, request: RunRequest) -> AsyncGenerator[Frame, None]:
         async def chunks() -> AsyncIterator[bytes]:
             for i in range(0, len(self.body), 65536):
                 yield self.body[i : i + 65536]

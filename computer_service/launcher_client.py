@@ -14,7 +14,7 @@ import logging
 import secrets
 import signal
 import sys
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -228,7 +228,7 @@ class LauncherClient:
             if exc.status != 404:
                 raise
 
-    async def run(self, request: RunRequest) -> AsyncIterator[Frame]:
+    async def run(self, request: RunRequest) -> AsyncGenerator[Frame, None]:
         """`POST /runs`: yield the run's frames as they arrive; the last is `exit`.
 
         Leaving the iteration early closes the connection, which makes the

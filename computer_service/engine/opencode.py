@@ -15,7 +15,7 @@ import contextlib
 import logging
 import os
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -67,7 +67,7 @@ END_GRACE_S = 10.0
 class Launcher(Protocol):
     """What the engine needs of the launcher (`LauncherClient` satisfies it)."""
 
-    def run(self, request: RunRequest) -> AsyncIterator[Frame]: ...
+    def run(self, request: RunRequest) -> AsyncGenerator[Frame, None]: ...
 
     async def stop(self, run_id: str) -> None: ...
 
@@ -511,19 +511,22 @@ class OpenCodeEngine:
             tg.start_soon(watch_clock)
             with read_scope:
                 try:
-                    async for frame in self.launcher.run(run):
-                        if isinstance(frame, LineFrame):
-                            a.lines += 1
-                            event = engine_event_of(frame.data)
-                            guard = a.track(event, request.max_steps)
-                            await on_event(event)
-                            if guard and a.ending is None:
-                                a.guard_reason = guard
-                                tg.start_soon(end_run, "guard")
-                        elif isinstance(frame, StartedFrame):
-                            started.set()
-                        elif isinstance(frame, ExitFrame):
-                            a.exit = frame
+                    # aclosing: leaving early (stop, guard, cancellation) closes the
+                    # stream at once, which makes the launcher end the run.
+                    async with contextlib.aclosing(self.launcher.run(run)) as frames:
+                        async for frame in frames:
+                            if isinstance(frame, LineFrame):
+                                a.lines += 1
+                                event = engine_event_of(frame.data)
+                                guard = a.track(event, request.max_steps)
+                                await on_event(event)
+                                if guard and a.ending is None:
+                                    a.guard_reason = guard
+                                    tg.start_soon(end_run, "guard")
+                            elif isinstance(frame, StartedFrame):
+                                started.set()
+                            elif isinstance(frame, ExitFrame):
+                                a.exit = frame
                 except LauncherRefused as exc:
                     cls = FailureClass.SANDBOX
                     a.launcher_failure = Failure(cls, f"the sandbox refused the run: {exc}")

@@ -162,7 +162,6 @@ def test_read_user_providers(tmp_path: Path) -> None:
 # ---- whole turns through the stand-in launcher ----
 
 
-
 @pytest.mark.anyio
 @pytest.mark.timeout(60)
 async def test_ok_turn_exact_env_argv_events_usage(tmp_path: Path) -> None:
@@ -459,3 +458,28 @@ async def test_run_turn_never_raises(tmp_path: Path) -> None:
         "RuntimeError" in result.failure.reason
         and str(rig.paths.agent_dir) not in result.failure.reason
     )
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(60)
+async def test_cancelling_run_turn_leaves_no_engine(tmp_path: Path) -> None:
+    rig = make_rig(tmp_path)
+    async with standin_launcher() as (client, state):
+        rig.use(client)
+        with anyio.move_on_after(10) as scope:
+            async with anyio.create_task_group() as tg:
+
+                async def cancel_when_started() -> None:
+                    while not rig.dumps():
+                        await anyio.sleep(0.02)
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(cancel_when_started)
+                await rig.turn("FAKE:HANG")
+        assert not scope.cancelled_caught, "the turn was not cancelled promptly"
+        pid = rig.dumps()[0]["pid"]
+        with anyio.fail_after(10):
+            while state.running:
+                await anyio.sleep(0.05)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
