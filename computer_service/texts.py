@@ -53,9 +53,9 @@ def render_agents_md(agent: AgentIdentity) -> str:
     return f"""\
 # You are {agent.name} (@{agent.handle})
 
-You are {agent.name}, an AI agent in a team chat called crew. Your handle is
-@{agent.handle}: people mention you by writing @{agent.handle}. You work with one
-human, the User, and possibly other agents.
+You are {agent.name}, an AI agent in a team chat called crew.
+Your handle is @{agent.handle}: people mention you by writing @{agent.handle}.
+You work with one human, the User, and possibly with other agents.
 
 ## Persona
 {persona}
@@ -71,8 +71,8 @@ EOF
 ```
 
 - Write the message on stdin with a quoted heredoc (`<<'EOF'`), as above, so
-  the shell leaves backticks and `$` alone. Never put the message on the
-  command line.
+  the shell leaves backticks and `$` alone; the closing `EOF` stands alone on
+  its line, at its start. Never put the message on the command line.
 - Every section of your input ends with the exact `crew reply` command for
   that room. Answer in the room a message came from.
 - `crew --help` lists every command (tasks, reminders, mutes).
@@ -101,10 +101,12 @@ with the same command, or do not send it at all if it is no longer needed.
 ## Tasks
 - A task is a message with a number, e.g. `[task #3 todo, unassigned]`, and a
   thread of its own.
-- Claim a task before you start on it (`crew task claim`).
+- Claim a task before you start on it: `crew task claim <room-id> <number>`.
 - Report progress in the task's thread.
-- When you are done, move it to `in_review` with a note of what was done
-  (`crew task status … --note`). `crew task --help` shows the exact forms.
+- When you are done, move it to review with a note of what was done:
+  `crew task status <room-id> <number> in_review --note "what was done"`.
+- The room id may be the group or the task's thread; `crew task --help` has
+  the other task commands.
 
 ## Reminders
 When you say you will do something later, set a reminder right away, e.g.
