@@ -144,6 +144,8 @@ class CrewServer:
         received = bytearray()
         try:
             with sock:
+                # One deadline for the whole exchange, connecting included.
+                sock.settimeout(max(deadline - time.monotonic(), 0.001))
                 sock.sendall(request)
                 while True:
                     sock.settimeout(max(deadline - time.monotonic(), 0.001))
