@@ -15,6 +15,8 @@ from pathlib import Path
 import anyio
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from computer_service.engine.base import AgentPaths, FailureClass, SessionPlan
 from computer_service.engine.opencode import (
@@ -483,3 +485,18 @@ async def test_cancelling_run_turn_leaves_no_engine(tmp_path: Path) -> None:
                 await anyio.sleep(0.05)
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(), children, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@given(JSON_VALUES)
+def test_strip_jsonc_leaves_plain_json_alone(value: object) -> None:
+    text = json.dumps(value, ensure_ascii=False, indent=1)
+    assert orjson.loads(strip_jsonc(text)) == value
