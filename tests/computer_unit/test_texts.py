@@ -353,3 +353,14 @@ def test_turn_input_accepts_models_and_needs_aware_time() -> None:
 )
 def test_format_now(when: datetime, expected: str) -> None:
     assert format_now(when) == expected
+
+
+def test_turn_input_from_upstream_models_matches_dicts() -> None:
+    """The runner passes `UnreadRoom` models; they must render exactly like the JSON."""
+    shim_renderer()
+    from computer_service.upstream import UnreadRoom
+
+    models = [UnreadRoom.model_validate(r) for r in rooms()]
+    assert render_turn_input(NOW, models, ALICE, False, None) == render_turn_input(
+        NOW, rooms(), ALICE, False, None
+    )
