@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 import subprocess
+import tempfile
 import sys
 import uuid
 from dataclasses import dataclass
@@ -111,11 +112,14 @@ class LauncherProcess:
             argv += ["--mode", mode]
         if opencode:
             argv += ["--opencode", str(opencode)]
+        # stderr to a file: a full pipe nobody reads would block the launcher.
+        self._stderr = tempfile.TemporaryFile()
+        self._result: tuple[int, str] | None = None
         self.proc = subprocess.Popen(
             argv,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stderr=self._stderr,
             cwd="/",
         )
         assert self.proc.stdin is not None and self.proc.stdout is not None
@@ -124,8 +128,8 @@ class LauncherProcess:
         line = self.proc.stdout.readline()  # blocks until ready or exit
         if line != b"ready\n":
             self.proc.kill()
-            _, err = self.proc.communicate(timeout=10)
-            raise AssertionError(f"launcher did not get ready: {line!r} {err.decode()[-2000:]}")
+            _, err = self.stop()
+            raise AssertionError(f"launcher did not get ready: {line!r} {err[-2000:]}")
 
     @property
     def pid(self) -> int:
@@ -148,19 +152,22 @@ class LauncherProcess:
 
     def stop(self) -> tuple[int, str]:
         """Close stdin (the Computer's "stop") and wait; returns (exit status, stderr)."""
+        if self._result is not None:
+            return self._result
+        assert self.proc.stdin is not None and self.proc.stdout is not None
         if self.proc.poll() is None:
-            assert self.proc.stdin is not None
             self.proc.stdin.close()
             try:
                 self.proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        assert self.proc.stderr is not None
-        err = self.proc.stderr.read().decode("utf-8", "replace")
-        self.proc.stdout.close() if self.proc.stdout else None
-        self.proc.stderr.close()
-        return self.proc.returncode, err
+        self.proc.stdout.close()
+        self._stderr.seek(0)
+        err = self._stderr.read().decode("utf-8", "replace")
+        self._stderr.close()
+        self._result = (self.proc.returncode, err)
+        return self._result
 
 
 def engine_lines(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
