@@ -7,6 +7,7 @@ repeats the key cases through the real `sandbox_launcher`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -500,3 +501,43 @@ JSON_VALUES = st.recursive(
 def test_strip_jsonc_leaves_plain_json_alone(value: object) -> None:
     text = json.dumps(value, ensure_ascii=False, indent=1)
     assert orjson.loads(strip_jsonc(text)) == value
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(60)
+async def test_launcher_dying_mid_turn_fails_the_turn_as_crashed(tmp_path: Path) -> None:
+    import signal
+    import sys
+
+    from computer_service.launcher_client import LauncherProcess
+    from tests.computer_unit.engine_fixtures import FAKE_OPENCODE, short_dir
+
+    rig = make_rig(tmp_path)
+    standin = str(Path(__file__).resolve().parent / "launcher_standin.py")
+    with short_dir() as d:
+        proc = LauncherProcess(
+            [sys.executable, standin, str(d / "l.sock"), FAKE_OPENCODE], d / "l.sock"
+        )
+        await proc.start(ready_timeout_s=30)
+        try:
+            async with proc.client() as client:
+                rig.use(client)
+
+                async def kill_launcher_when_running() -> None:
+                    while not rig.dumps():
+                        await anyio.sleep(0.02)
+                    assert proc.pid is not None
+                    os.kill(proc.pid, signal.SIGKILL)
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(kill_launcher_when_running)
+                    with anyio.fail_after(20):
+                        result = await rig.turn("FAKE:HANG")
+        finally:
+            await proc.stop()
+            for dump in rig.dumps():  # the stand-in has no sandbox to take its engine along
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(dump["pgid"], signal.SIGKILL)
+    assert result.status == "failed"
+    assert result.failure is not None and result.failure.cls is FailureClass.PROCESS_CRASHED
+    assert "launcher" in result.failure.reason
