@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -25,7 +26,16 @@ from starlette.routing import Route
 from crew_server import models as m
 from crew_server import rules
 from crew_server.clock import Clock, iso
-from crew_server.errors import ApiError, BadJson, Invalid, NotFound, TooLarge, Unauthorized
+from crew_server.errors import (
+    ApiError,
+    BadJson,
+    Conflict,
+    Invalid,
+    NotFound,
+    Refused,
+    TooLarge,
+    Unauthorized,
+)
 from crew_server.store import USER, Actor, AgentIdentity, Store
 
 log = logging.getLogger("crew_server.app")
@@ -36,8 +46,10 @@ M = TypeVar("M", bound=BaseModel)
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-def json_response(data: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(data), status_code=status, media_type="application/json")
+def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(
+        orjson.dumps(data), status_code=status, media_type="application/json", headers=headers
+    )
 
 
 def no_content() -> Response:
@@ -132,15 +144,15 @@ async def read_body(request: Request, model: type[M]) -> M:
         if len(raw) > MAX_BODY:
             raise TooLarge("the request body is over 1 MiB; send less")
     try:
-        data = orjson.loads(raw) if raw.strip() else {}
-    except orjson.JSONDecodeError as exc:
-        raise BadJson(f"the request body is not valid JSON ({exc}); send a JSON object") from exc
-    try:
-        return model.model_validate(data)
+        return model.model_validate_json(bytes(raw) if raw.strip() else b"{}")
     except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        if any(err["type"] == "json_invalid" for err in errors):
+            raise BadJson(
+                f"the request body is not valid JSON ({errors[0]['msg']}); send a JSON object"
+            ) from exc
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}"
-            for err in exc.errors()[:5]
+            f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in errors[:5]
         )
         raise Invalid(f"the request body is invalid: {problems}") from exc
 
@@ -164,6 +176,38 @@ def int_param(request: Request, name: str, default: int, low: int, high: int) ->
     if not low <= value <= high:
         raise Invalid(f"query parameter {name} must be between {low} and {high}")
     return value
+
+
+def route(path: str, query: tuple[str, ...] = (), **handlers: Handler) -> Route:
+    """One route per path, dispatching on the method, so a 405 lists every allowed method.
+
+    Query parameters other than `query` are refused: a typo must not pass silently.
+    """
+
+    async def endpoint(request: Request) -> Response:
+        unknown = sorted(set(request.query_params) - set(query))
+        if unknown:
+            allowed = ", ".join(query) or "none"
+            raise Invalid(f"unknown query parameter {unknown[0]!r}; this endpoint takes: {allowed}")
+        method = "GET" if request.method == "HEAD" else request.method
+        return await handlers[method](request)
+
+    return Route(path, endpoint, methods=list(handlers))
+
+
+_UUID_RE = re.compile(
+    r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+)
+
+
+def uuid_param(request: Request, name: str) -> str | None:
+    """An optional UUID query parameter; 422 when present but not a UUID."""
+    raw = request.query_params.get(name)
+    if raw is None:
+        return None
+    if not _UUID_RE.match(raw):
+        raise Invalid(f"query parameter {name} must be a UUID")
+    return raw
 
 
 def create_app(
@@ -197,9 +241,12 @@ def create_app(
 
     def task_number(request: Request) -> int:
         raw = request.path_params["number"]
-        if not raw.isdigit() or len(raw) > 12:
+        if not raw.isdigit():
             raise Invalid("the task number must be a positive integer, like 3")
-        return int(raw)
+        number = int(raw)
+        if not 1 <= number < 2**53:
+            raise NotFound(f"no task #{raw}")
+        return number
 
     # ------------------------------------------------------------ public
 
@@ -229,10 +276,12 @@ def create_app(
     async def patch_agent(request: Request) -> Response:
         user(request)
         body = await read_body(request, m.AgentPatch)
-        changes = body.model_dump(exclude_unset=True)
-        for key in ("name", "persona", "model", "engine"):
-            if key in changes and changes[key] is None:
-                raise Invalid(f"{key} cannot be null")
+        # null means "no change", except computer_id: null takes the agent off its Computer
+        changes = {
+            k: v
+            for k, v in body.model_dump(exclude_unset=True).items()
+            if v is not None or k == "computer_id"
+        }
         return json_response(store.update_agent(request.path_params["agent_id"], changes))
 
     async def get_agents(request: Request) -> Response:
@@ -277,7 +326,7 @@ def create_app(
     async def get_turns(request: Request) -> Response:
         user(request)
         limit = int_param(request, "limit", 100, 1, 1000)
-        return json_response(store.list_turns(request.query_params.get("agent_id"), limit))
+        return json_response(store.list_turns(uuid_param(request, "agent_id"), limit))
 
     async def get_turn(request: Request) -> Response:
         user(request)
@@ -285,7 +334,7 @@ def create_app(
 
     async def get_user_tasks(request: Request) -> Response:
         actor = user(request)
-        return json_response(store.list_tasks(actor, request.query_params.get("room_id")))
+        return json_response(store.list_tasks(actor, uuid_param(request, "room_id")))
 
     async def post_user_task(request: Request) -> Response:
         actor = user(request)
@@ -310,6 +359,7 @@ def create_app(
         return json_response(store.assign_task(actor, task_number(request), body.assignee))
 
     async def post_dev_clock(request: Request) -> Response:
+        user(request)
         if not dev:
             raise NotFound("the clock hook exists only on a server started with --dev")
         body = await read_body(request, m.DevClock)
@@ -371,6 +421,12 @@ def create_app(
     async def post_events(request: Request) -> Response:
         computer_id = computer(request)
         body = await read_body(request, m.EventsBatch)
+        for offset, item in enumerate(body.events):
+            if item.index is not None and item.index != body.first_index + offset:
+                raise Conflict(
+                    f"event {offset} has index {item.index} but first_index makes it "
+                    f"{body.first_index + offset}; number events from first_index"
+                )
         events = [{"type": e.type, "at": iso(e.at), "data": e.data} for e in body.events]
         store.add_events(
             computer_id, request.path_params["turn_id"], body.fence, body.first_index, events
@@ -449,7 +505,7 @@ def create_app(
     async def get_agent_tasks(request: Request) -> Response:
         identity = agent(request)
         return json_response(
-            store.list_tasks(agent_actor(identity), request.query_params.get("room_id"))
+            store.list_tasks(agent_actor(identity), uuid_param(request, "room_id"))
         )
 
     async def post_agent_task(request: Request) -> Response:
@@ -490,7 +546,7 @@ def create_app(
         try:
             rules.zone_of(body.tz)
         except ValueError as exc:
-            raise Invalid(str(exc)) from exc
+            raise Refused(str(exc)) from exc
         schedule = rules.Schedule(
             at=body.at,
             every=body.every,
@@ -534,7 +590,8 @@ def create_app(
             404: f"no such endpoint {request.url.path}; see openapi/upstream.yaml",
             405: f"{request.method} is not allowed on {request.url.path}",
         }.get(exc.status_code, str(exc.detail))
-        return json_response({"error": {"code": code, "message": message}}, exc.status_code)
+        body = {"error": {"code": code, "message": message}}
+        return json_response(body, exc.status_code, headers=dict(exc.headers or {}))
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -545,54 +602,50 @@ def create_app(
             tasks.cancel_scope.cancel()
 
     routes = [
-        Route("/health", health, methods=["GET"]),
+        route("/health", GET=health),
         # the Computer
-        Route("/computer/connect", post_connect, methods=["POST"]),
-        Route("/computer/events", get_events, methods=["GET"]),
-        Route("/computer/agents", get_computer_agents, methods=["GET"]),
-        Route("/computer/models", put_models, methods=["PUT"]),
-        Route("/computer/agents/{agent_id}/problem", put_problem, methods=["PUT"]),
-        Route("/computer/agents/{agent_id}/problem", delete_problem, methods=["DELETE"]),
-        Route("/computer/agents/{agent_id}/token", post_agent_token, methods=["POST"]),
-        Route("/computer/agents/{agent_id}/unread", post_unread, methods=["POST"]),
-        Route("/computer/agents/{agent_id}/turns", post_turn, methods=["POST"]),
-        Route("/computer/agents/{agent_id}/ack", post_ack, methods=["POST"]),
-        Route("/computer/turns/{turn_id}/events", post_events, methods=["POST"]),
-        Route("/computer/turns/{turn_id}/finish", post_finish, methods=["POST"]),
+        route("/computer/connect", POST=post_connect),
+        route("/computer/events", GET=get_events),
+        route("/computer/agents", GET=get_computer_agents),
+        route("/computer/models", PUT=put_models),
+        route("/computer/agents/{agent_id}/problem", PUT=put_problem, DELETE=delete_problem),
+        route("/computer/agents/{agent_id}/token", POST=post_agent_token),
+        route("/computer/agents/{agent_id}/unread", POST=post_unread),
+        route("/computer/agents/{agent_id}/turns", POST=post_turn),
+        route("/computer/agents/{agent_id}/ack", POST=post_ack),
+        route("/computer/turns/{turn_id}/events", POST=post_events),
+        route("/computer/turns/{turn_id}/finish", POST=post_finish),
         # agents, through `crew`
-        Route("/agent/reply", post_reply, methods=["POST"]),
-        Route("/agent/tasks", get_agent_tasks, methods=["GET"]),
-        Route("/agent/tasks", post_agent_task, methods=["POST"]),
-        Route("/agent/tasks/convert", post_agent_convert, methods=["POST"]),
-        Route("/agent/tasks/{number}/claim", post_agent_claim, methods=["POST"]),
-        Route("/agent/tasks/{number}/status", post_agent_status, methods=["POST"]),
-        Route("/agent/tasks/{number}/assign", post_agent_assign, methods=["POST"]),
-        Route("/agent/reminders", post_reminder, methods=["POST"]),
-        Route("/agent/reminders", get_reminders, methods=["GET"]),
-        Route("/agent/reminders/{reminder_id}", delete_reminder, methods=["DELETE"]),
-        Route("/agent/mutes/{room_id}", put_mute, methods=["PUT"]),
-        Route("/agent/mutes/{room_id}", delete_mute, methods=["DELETE"]),
+        route("/agent/reply", POST=post_reply),
+        route("/agent/tasks", ("room_id",), GET=get_agent_tasks, POST=post_agent_task),
+        route("/agent/tasks/convert", POST=post_agent_convert),
+        route("/agent/tasks/{number}/claim", POST=post_agent_claim),
+        route("/agent/tasks/{number}/status", POST=post_agent_status),
+        route("/agent/tasks/{number}/assign", POST=post_agent_assign),
+        route("/agent/reminders", POST=post_reminder, GET=get_reminders),
+        route("/agent/reminders/{reminder_id}", DELETE=delete_reminder),
+        route("/agent/mutes/{room_id}", PUT=put_mute, DELETE=delete_mute),
         # the user (demo, UI, tests)
-        Route("/api/computers", post_computer, methods=["POST"]),
-        Route("/api/computers", get_computers, methods=["GET"]),
-        Route("/api/agents", post_agent, methods=["POST"]),
-        Route("/api/agents", get_agents, methods=["GET"]),
-        Route("/api/agents/{agent_id}", patch_agent, methods=["PATCH"]),
-        Route("/api/agents/{agent_id}/positions", get_positions, methods=["GET"]),
-        Route("/api/agents/{agent_id}/mutes/{room_id}", delete_user_mute, methods=["DELETE"]),
-        Route("/api/rooms", post_room, methods=["POST"]),
-        Route("/api/rooms", get_rooms, methods=["GET"]),
-        Route("/api/rooms/{room_id}", get_room, methods=["GET"]),
-        Route("/api/rooms/{room_id}/messages", post_message, methods=["POST"]),
-        Route("/api/rooms/{room_id}/messages", get_messages, methods=["GET"]),
-        Route("/api/turns", get_turns, methods=["GET"]),
-        Route("/api/turns/{turn_id}", get_turn, methods=["GET"]),
-        Route("/api/tasks", get_user_tasks, methods=["GET"]),
-        Route("/api/tasks", post_user_task, methods=["POST"]),
-        Route("/api/tasks/convert", post_user_convert, methods=["POST"]),
-        Route("/api/tasks/{number}/status", post_user_status, methods=["POST"]),
-        Route("/api/tasks/{number}/assign", post_user_assign, methods=["POST"]),
-        Route("/api/dev/clock", post_dev_clock, methods=["POST"]),
+        route("/api/computers", POST=post_computer, GET=get_computers),
+        route("/api/agents", POST=post_agent, GET=get_agents),
+        route("/api/agents/{agent_id}", PATCH=patch_agent),
+        route("/api/agents/{agent_id}/positions", GET=get_positions),
+        route("/api/agents/{agent_id}/mutes/{room_id}", DELETE=delete_user_mute),
+        route("/api/rooms", POST=post_room, GET=get_rooms),
+        route("/api/rooms/{room_id}", GET=get_room),
+        route(
+            "/api/rooms/{room_id}/messages",
+            ("after_seq", "limit"),
+            POST=post_message,
+            GET=get_messages,
+        ),
+        route("/api/turns", ("agent_id", "limit"), GET=get_turns),
+        route("/api/turns/{turn_id}", GET=get_turn),
+        route("/api/tasks", ("room_id",), GET=get_user_tasks, POST=post_user_task),
+        route("/api/tasks/convert", POST=post_user_convert),
+        route("/api/tasks/{number}/status", POST=post_user_status),
+        route("/api/tasks/{number}/assign", POST=post_user_assign),
+        route("/api/dev/clock", POST=post_dev_clock),
     ]
     app = Starlette(
         routes=routes,

@@ -10,8 +10,19 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic.config import JsonDict
 
+
+def _integral(value: Any) -> Any:
+    """JSON `3.0` is the integer 3 (JSON Schema agrees); strict mode still refuses `true`, `"3"`."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+_INTEGRAL = BeforeValidator(_integral)
+Int = Annotated[int, _INTEGRAL]
 Uuid = Annotated[
     str,
     Field(pattern=r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"),
@@ -30,9 +41,10 @@ Weekday = Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
 
 
 class Request(BaseModel):
-    """Unknown fields are ignored, so newer clients keep working."""
+    """Strict types (no `"5"` for 5, no `false` for 0); unknown fields are ignored, so newer
+    clients keep working."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 # ---------------------------------------------------------------- user API requests
@@ -59,7 +71,27 @@ class AgentPatch(Request):
     computer_id: Uuid | None = None
 
 
+_ROOM_SHAPES: JsonDict = {
+    "oneOf": [
+        {
+            "properties": {
+                "kind": {"const": "dm"},
+                "agent_ids": {"type": "array", "minItems": 1, "maxItems": 1},
+            }
+        },
+        {
+            "required": ["title"],
+            "properties": {"kind": {"const": "group"}, "title": {"type": "string"}},
+        },
+    ]
+}
+
+
 class RoomCreate(Request):
+    """A dm has exactly one agent; a group has a title."""
+
+    model_config = ConfigDict(extra="ignore", strict=True, json_schema_extra=_ROOM_SHAPES)
+
     kind: Literal["dm", "group"]
     title: Name | None = None
     agent_ids: Annotated[list[Uuid], Field(max_length=500)]
@@ -81,11 +113,11 @@ class Connect(Request):
     hostname: Annotated[str, Field(max_length=255)]
     platform: Annotated[str, Field(max_length=64)]
     version: Annotated[str, Field(max_length=64)]
-    capacity: Annotated[int, Field(ge=0, le=100_000)]
+    capacity: Annotated[int, Field(ge=0, le=100_000), _INTEGRAL]
 
 
 class ModelsPut(Request):
-    models: Annotated[list[Annotated[str, Field(max_length=200)]], Field(max_length=10_000)]
+    models: Annotated[list[Annotated[str, Field(max_length=200)]], Field(max_length=2_000)]
 
 
 class ProblemPut(Request):
@@ -93,9 +125,11 @@ class ProblemPut(Request):
 
 
 class TurnRoom(BaseModel):
+    model_config = ConfigDict(strict=True)
+
     room_id: Uuid
-    from_seq: Annotated[int, Field(ge=0)]
-    to_seq: Annotated[int, Field(ge=0)]
+    from_seq: Annotated[int, Field(ge=0), _INTEGRAL]
+    to_seq: Annotated[int, Field(ge=0), _INTEGRAL]
 
 
 class TurnRegister(Request):
@@ -110,45 +144,40 @@ EventType = Literal["step_start", "text", "reasoning", "tool_use", "step_finish"
 
 
 class TurnEvent(BaseModel):
-    index: Annotated[int, Field(ge=0)] | None = None
+    model_config = ConfigDict(strict=True)
+
+    index: Annotated[int, Field(ge=0), _INTEGRAL] | None = None
     type: EventType
     at: AwareDatetime
     data: dict[str, Any]
 
 
 class EventsBatch(Request):
-    fence: int
-    first_index: Annotated[int, Field(ge=0, le=10_000_000)]
-    events: Annotated[list[TurnEvent], Field(max_length=100_000)]
-
-    @model_validator(mode="after")
-    def _indexes_follow(self) -> EventsBatch:
-        for offset, event in enumerate(self.events):
-            if event.index is not None and event.index != self.first_index + offset:
-                raise ValueError(
-                    f"event {offset} has index {event.index}, expected {self.first_index + offset}"
-                )
-        return self
+    fence: Int
+    first_index: Annotated[int, Field(ge=0, le=10_000_000), _INTEGRAL]
+    events: Annotated[list[TurnEvent], Field(max_length=5_000)]
 
 
 class FailureInfo(BaseModel):
-    model_config = ConfigDict(populate_by_name=True)
+    model_config = ConfigDict(strict=True, populate_by_name=True)
 
     class_: Annotated[str, Field(alias="class", min_length=1, max_length=64)]
     reason: Annotated[str, Field(max_length=4_000)]
 
 
 class Usage(BaseModel):
-    input_tokens: Annotated[int, Field(ge=0)] = 0
-    output_tokens: Annotated[int, Field(ge=0)] = 0
-    reasoning_tokens: Annotated[int, Field(ge=0)] = 0
-    cache_read: Annotated[int, Field(ge=0)] = 0
-    cache_write: Annotated[int, Field(ge=0)] = 0
+    model_config = ConfigDict(strict=True)
+
+    input_tokens: Annotated[int, Field(ge=0), _INTEGRAL] = 0
+    output_tokens: Annotated[int, Field(ge=0), _INTEGRAL] = 0
+    reasoning_tokens: Annotated[int, Field(ge=0), _INTEGRAL] = 0
+    cache_read: Annotated[int, Field(ge=0), _INTEGRAL] = 0
+    cache_write: Annotated[int, Field(ge=0), _INTEGRAL] = 0
     cost: Annotated[float, Field(ge=0)] = 0.0
 
 
 class TurnFinish(Request):
-    fence: int
+    fence: Int
     status: Literal["succeeded", "failed", "cancelled"]
     failure: FailureInfo | None = None
     usage: Usage | None = None
@@ -156,7 +185,7 @@ class TurnFinish(Request):
 
 class Ack(Request):
     turn_id: Uuid
-    fence: int
+    fence: Int
 
 
 # ---------------------------------------------------------------- agent API requests
@@ -189,18 +218,44 @@ class TaskAssign(Request):
 
 
 class Weekly(BaseModel):
+    model_config = ConfigDict(strict=True)
+
     day: Weekday
     time: HHMM
 
 
+_ONE_SCHEDULE: JsonDict = {
+    "oneOf": [
+        {"required": ["at"], "properties": {"at": {"type": "string"}}},
+        {"required": ["every"], "properties": {"every": {"type": "integer"}}},
+        {"required": ["daily"], "properties": {"daily": {"type": "string"}}},
+        {"required": ["weekly"], "properties": {"weekly": {"type": "object"}}},
+    ]
+}
+
+
 class ReminderCreate(Request):
+    """Exactly one of at / every / daily / weekly (null counts as absent)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True, json_schema_extra=_ONE_SCHEDULE)
+
     room_id: Uuid
     title: Title
     at: AwareDatetime | None = None
-    every: Annotated[int, Field(ge=900, le=366 * 86_400)] | None = None
+    every: Annotated[int, Field(ge=900, le=366 * 86_400), _INTEGRAL] | None = None
     daily: HHMM | None = None
     weekly: Weekly | None = None
-    tz: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    tz: (
+        Annotated[
+            str,
+            Field(
+                pattern=r"^([+-][0-9]{2}:?[0-9]{2}|UTC|Z|[A-Za-z][A-Za-z0-9_+-]*(/[A-Za-z0-9_+-]+)*)$",
+                max_length=64,
+                description="an IANA zone name or a +HH:MM offset; an unknown zone is refused",
+            ),
+        ]
+        | None
+    ) = None
 
     @model_validator(mode="after")
     def _one_schedule(self) -> ReminderCreate:
@@ -329,7 +384,7 @@ class TokenAnswer(BaseModel):
 
 class TurnRegistered(BaseModel):
     turn_id: str
-    fence: int
+    fence: Int
 
 
 class Gap(BaseModel):
@@ -348,7 +403,7 @@ class Turn(BaseModel):
     id: str
     agent_id: str
     computer_id: str
-    fence: int
+    fence: Int
     status: TurnStatus
     failure: dict[str, Any] | None
     rooms: list[TurnRoom]

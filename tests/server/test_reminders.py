@@ -124,11 +124,14 @@ async def test_reminder_requests_are_checked(world: World) -> None:
         {"room_id": room["id"], "title": "t", "every": 60},
         {"room_id": room["id"], "title": "t", "every": 900, "daily": "09:00"},
         {"room_id": room["id"], "title": "t", "daily": "25:00"},
-        {"room_id": room["id"], "title": "t", "daily": "09:00", "tz": "Mars/Olympus"},
+        {"room_id": room["id"], "title": "t", "daily": "09:00", "tz": "not a zone!"},
     ):
         answer = await world.client.post("/agent/reminders", json=body, headers=bearer(token))
         assert answer.status_code == 422, body
         assert answer.json()["error"]["code"] == "invalid"
+    unknown = {"room_id": room["id"], "title": "t", "daily": "09:00", "tz": "Mars/Olympus"}
+    answer = await world.client.post("/agent/reminders", json=unknown, headers=bearer(token))
+    assert answer.status_code == 409 and "unknown time zone" in answer.json()["error"]["message"]
 
 
 async def test_cancel_a_reminder(world: World) -> None:

@@ -114,8 +114,9 @@ async def test_event_indexes_must_follow_first_index(world: World) -> None:
     alice = await world.agent("alice", box)
     turn = await world.register(box, alice)
     wrong = [{**event("text", text="x"), "index": 7}]
-    answer = await send(world, box, turn, 0, wrong, status=422)
-    assert answer is not None and answer["error"]["code"] == "invalid"
+    answer = await send(world, box, turn, 0, wrong, status=409)
+    assert answer is not None and answer["error"]["code"] == "conflict"
+    assert "first_index" in answer["error"]["message"]
 
 
 async def test_usage_is_summed_from_step_finish_when_finish_has_none(world: World) -> None:

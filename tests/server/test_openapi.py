@@ -1,0 +1,89 @@
+"""The app against openapi/upstream.yaml: the document is current, and a bounded schemathesis fuzz
+finds no 5xx and no answer that breaks the schema."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import schemathesis
+from hypothesis import HealthCheck, settings
+from schemathesis.config import SchemathesisConfig
+
+from crew_server.app import create_app
+from crew_server.clock import Clock
+from crew_server.openapi import OPS, render
+from crew_server.store import Store
+
+OPENAPI = Path(__file__).resolve().parents[2] / "openapi" / "upstream.yaml"
+
+
+def test_the_committed_document_is_what_the_models_generate() -> None:
+    assert OPENAPI.read_text() == render(), (
+        "openapi/upstream.yaml is stale: run .venv/bin/python -m crew_server.openapi > "
+        "openapi/upstream.yaml"
+    )
+
+
+def test_every_route_of_the_app_is_documented() -> None:
+    app = create_app(Store(":memory:", Clock()), Clock(), dev=True)
+    routes = {
+        (method.lower(), route.path)  # type: ignore[attr-defined]
+        for route in app.routes
+        for method in (route.methods or ()) - {"HEAD"}  # type: ignore[attr-defined]
+    }
+    documented = {(op.method, op.path) for op in OPS}
+    assert routes == documented
+
+
+def _world() -> tuple[Store, dict[str, str]]:
+    """A store with a user token, a connected Computer, an agent on it, a group and a message."""
+    clock = Clock()
+    store = Store(":memory:", clock)
+    user_token = store.ensure_user_token()
+    assert user_token is not None
+    computer_id, computer_token = store.create_computer("fuzz")
+    store.connect(computer_id, "h", "linux", "1", 2)
+    agent = store.create_agent("fuzzy", "Fuzzy", "", "m/x", "opencode", computer_id)
+    room, _ = store.create_room("group", "fuzz", [agent["id"]])
+    store.user_post(room["id"], "hello @fuzzy", None)
+    return store, {
+        "user_token": user_token,
+        "computer_token": computer_token,
+        "computer_id": computer_id,
+        "agent_id": agent["id"],
+    }
+
+
+STORE, IDS = _world()
+# A body over 1 MiB is refused with 413 before it is read as JSON: a fine way to reject
+# (oversized) invalid data too.
+CONFIG = SchemathesisConfig.from_dict(
+    {
+        "checks": {
+            "negative_data_rejection": {
+                "expected-statuses": [400, 401, 403, 404, 405, 406, 409, 413, 415, 422]
+            }
+        }
+    }
+)
+schema = schemathesis.openapi.from_path(OPENAPI, config=CONFIG)
+# Not --dev: user auth is on, as the document says (the dev clock hook answers 404).
+schema.app = create_app(STORE, STORE.clock, dev=False, run_scheduler=False)
+# The event stream never ends by design; tests/server/test_sse.py covers it.
+schema = schema.exclude(path="/computer/events")
+
+
+@schema.parametrize()
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+def test_app_conforms_to_openapi(case: schemathesis.Case) -> None:
+    path = case.operation.path
+    headers: dict[str, str] = {}
+    if path.startswith("/computer/"):
+        headers["Authorization"] = f"Bearer {IDS['computer_token']}"
+    elif path.startswith("/agent/"):
+        # a fresh token each time: a fuzzed /computer/connect ends the older ones
+        token = STORE.issue_agent_token(IDS["computer_id"], IDS["agent_id"])
+        headers["Authorization"] = f"Bearer {token}"
+    elif path.startswith("/api/"):
+        headers["Authorization"] = f"Bearer {IDS['user_token']}"
+    case.call_and_validate(headers=headers)
