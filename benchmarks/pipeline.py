@@ -10,7 +10,12 @@ in the real sandbox through the real launcher:
 - reply → succeeded: the engine's `crew reply` landing on the server → the turn
   recorded as succeeded (both server timestamps).
 
-Usage: scripts/bench pipeline [--turns N]
+Also, with `--part start|events|agents|all`, the other Computer rows of quality.md:
+start → ready against importing the dependencies alone; 50,000 engine events
+reported in order with the Computer's CPU per event; 200 agents woken at once
+(scripted 1 s engine): cap held, all done, peak RSS, CPU while idle.
+
+Usage: scripts/bench pipeline [--part pipeline|start|events|agents|all] [--turns N]
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -31,10 +37,21 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import anyio  # noqa: E402
+import httpx  # noqa: E402
+import orjson  # noqa: E402
 
-from computer_service.bootstrap import Bootstrap  # noqa: E402
-from computer_service.engine.base import EngineEvent, SessionPlan, TurnRequest  # noqa: E402
+from computer_service.__main__ import read_bootstrap_line  # noqa: E402
+from computer_service.bootstrap import Bootstrap, parse_bootstrap  # noqa: E402
+from computer_service.engine.base import (  # noqa: E402
+    AgentPaths,
+    EngineEvent,
+    SessionPlan,
+    TurnRequest,
+    TurnResult,
+)
+from computer_service.home import AgentHome, RunDirectory  # noqa: E402
 from computer_service.parts import LocalParts  # noqa: E402
+from computer_service.service import ComputerService, LauncherStatus  # noqa: E402
 from computer_service.upstream import AgentRecord  # noqa: E402
 from tests.computer.computer_proc import (  # noqa: E402
     FAKE_OPENCODE,
@@ -44,6 +61,8 @@ from tests.computer.computer_proc import (  # noqa: E402
     machine,
     wait_for,
 )
+from tests.computer.rig import rig, wait_until  # noqa: E402
+from tests.computer.scripted import ScriptedEngine, sleeping  # noqa: E402
 from tests.support.crew_server_proc import CrewServer, start_crew_server  # noqa: E402
 
 
@@ -185,7 +204,214 @@ def ms(values: list[float]) -> str:
     return f"{statistics.median(values) * 1000:7.1f} ms"
 
 
+# --- start → ready ---------------------------------------------------------------
+
+DEPENDENCIES = "import anyio, httpx, httpx_sse, orjson, pydantic, starlette, uvicorn"
+
+
+def start_to_ready(runs: int) -> None:
+    """`crew-computer` start → `ready`, next to importing its dependencies alone (≤ 1.5×)."""
+    ready: list[float] = []
+    imports: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="bench-srv-") as srv, machine() as m:
+        m.log_in()
+        with start_crew_server(Path(srv)) as server:
+            comp = server.create_computer()
+            for n in range(runs + 1):
+                t0 = time.perf_counter()
+                subprocess.run([sys.executable, "-c", DEPENDENCIES], check=True)
+                imported = time.perf_counter() - t0
+                t0 = time.perf_counter()
+                c = launch(m, bootstrap_for(server.url, comp["token"], m))
+                said_ready = time.perf_counter() - t0
+                wait_for("the launcher's health", c.health_known, 60)  # let it settle, then stop
+                c.stop()
+                if n:
+                    ready.append(said_ready)
+                    imports.append(imported)
+    ratio = statistics.median(ready) / statistics.median(imports)
+    print(f"start → ready, {runs} runs, medians:")
+    print(f"  importing the dependencies alone   {ms(imports)}")
+    print(f"  crew-computer start → ready        {ms(ready)}   ratio {ratio:.2f}×  (target ≤ 1.5×)")
+
+
+# --- event reporting --------------------------------------------------------------
+
+
+def event_reporting(count: int) -> None:
+    """An engine printing `count` events: all arrive in order; Computer CPU per event."""
+
+    async def flood(engine: ScriptedEngine, request: Any, on_event: Any, stop: Any) -> Any:
+        for n in range(count):
+            await on_event(EngineEvent("text", "2026-01-01T00:00:00.000+00:00", {"text": f"e{n}"}))
+            if n % 500 == 0:
+                await anyio.sleep(0)  # an engine's lines arrive over time, not in one go
+        return TurnResult("succeeded", session_id="ses-flood")
+
+    engine = ScriptedEngine(default=flood)
+    with tempfile.TemporaryDirectory(prefix="bench-srv-") as srv, machine() as m:  # noqa: SIM117
+        with start_crew_server(Path(srv)) as server:
+
+            async def main() -> tuple[float, float, str]:
+                async with rig(server.url, m.crew_home, engine) as r:
+                    await r.user.post(r.room["id"], "flood please")
+                    cpu0, wall0 = time.process_time(), time.perf_counter()
+                    r.runner.wake()
+                    await wait_until("the flood turn", lambda: r.metrics.turns["succeeded"], 300)
+                    cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+                    return cpu, wall, r.runner.recent[0].id
+
+            cpu, wall, turn_id = anyio.run(main)
+            events = server.turn(turn_id)["events"]
+    in_order = [e["index"] for e in events] == list(range(count)) and all(
+        e["data"]["text"] == f"e{n}" for n, e in enumerate(events)
+    )
+    print(f"event reporting, {count} events through a runner to a real crew-server:")
+    print(f"  all arrived in order: {in_order} ({len(events)} stored), wall {wall:.2f} s")
+    print(
+        f"  Computer CPU per event: {cpu / count * 1e6:.1f} µs  (target ≤ 30 µs; includes the scripted engine)"
+    )
+
+
+# --- many agents --------------------------------------------------------------------
+
+
+def many_agents(count: int, capacity: int) -> None:
+    """`count` agents woken at once, a 1 s fake engine: cap held, all done, RSS, idle CPU."""
+    with tempfile.TemporaryDirectory(prefix="bench-srv-") as srv, machine() as m:  # noqa: SIM117
+        with start_crew_server(Path(srv)) as server:
+            comp = server.create_computer()
+            rooms = []
+            for n in range(count):
+                agent = server.create_agent(f"m{n}", computer_id=comp["computer_id"])
+                rooms.append((agent["id"], server.create_room("dm", [agent["id"]])["id"]))
+            stats = m.root / "stats.json"
+            boot = {"server_url": server.url, "token": comp["token"], "crew_home": str(m.crew_home),
+                    "max_concurrent_turns": capacity}  # fmt: skip
+            child = subprocess.Popen(
+                [sys.executable, __file__, "--child-computer", str(stats)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=m.env(),
+            )  # fmt: skip
+            assert child.stdin is not None and child.stdout is not None
+            child.stdin.write(orjson.dumps(boot) + b"\n")
+            child.stdin.flush()
+            assert child.stdout.readline() == b"ready\n"
+            local = httpx.Client(
+                transport=httpx.HTTPTransport(uds=str(m.crew_home / "sockets" / "computer.sock")),
+                base_url="http://computer",
+            )
+            wait_for("all runners", lambda: len(local.get("/agents").json()) == count, 60)
+            t0 = time.perf_counter()
+            for _, room_id in rooms:
+                server.post(room_id, "everyone, wake up")
+            most_running = 0
+
+            def all_done() -> bool:
+                nonlocal most_running
+                health = local.get("/health").json()
+                most_running = max(most_running, health["running_turns"])
+                rows = local.get("/agents").json()
+                return sum(r["last_result"] == "succeeded" for r in rows) == count
+
+            wait_for(f"{count} turns", all_done, 600)
+            elapsed = time.perf_counter() - t0
+            time.sleep(1)
+            rss_mb = _proc_kib(child.pid, "VmHWM") / 1024
+            ticks0 = _cpu_ticks(child.pid)
+            time.sleep(5)
+            idle_cpu_s = (_cpu_ticks(child.pid) - ticks0) / os.sysconf("SC_CLK_TCK")
+            local.close()
+            child.stdin.close()
+            child.wait(timeout=60)
+            peak = orjson.loads(stats.read_bytes())["engine_peak"]
+    print(f"{count} agents woken at once, fake 1 s engine, max_concurrent_turns={capacity}:")
+    print(f"  every turn done in {elapsed:.1f} s (ideal {count / capacity:.0f} s)")
+    print(
+        f"  most engines at once: {peak} (seen running in /health: {most_running}); cap held: {peak <= capacity}"
+    )
+    print(
+        f"  Computer peak RSS {rss_mb:.0f} MB (target ≤ 150 MB); CPU while idle for 5 s: {idle_cpu_s:.3f} s"
+    )
+
+
+def _proc_kib(pid: int, key: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    raise KeyError(key)
+
+
+def _cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+class SleepyParts:
+    """The service's parts with a scripted 1 s engine: the Computer's own cost, no sandbox."""
+
+    def __init__(self, crew_home: Path, engine: ScriptedEngine) -> None:
+        self.crew_home = crew_home
+        self.run = RunDirectory(crew_home, "benchrun")
+        self._engine = engine
+
+    async def start_launcher(self) -> LauncherStatus:
+        return LauncherStatus(True, "scripted", None, True, "scripted")
+
+    async def stop_launcher(self) -> None:
+        return None
+
+    async def models(self) -> list[str]:
+        return ["local/fake"]
+
+    def prepare_run_dir(self) -> None:
+        self.run.prepare()
+
+    def remove_run_dir(self) -> None:
+        self.run.remove()
+
+    def engine(self) -> ScriptedEngine:
+        return self._engine
+
+    def prepare_agent(self, agent: AgentRecord, token: str) -> AgentHome:
+        home = AgentHome(AgentPaths(self.crew_home, "benchrun", agent.id), agent)
+        home.prepare(token)
+        return home
+
+
+def child_computer(stats: Path) -> None:
+    """The Computer as a child process with a scripted 1 s engine (for `many_agents`)."""
+    boot = parse_bootstrap(read_bootstrap_line(0))
+    engine = ScriptedEngine(default=sleeping(1.0))
+    parts = SleepyParts(boot.resolved_crew_home(), engine)
+    service = ComputerService(boot, parts, stdout=sys.stdout.buffer, stdin_fd=0)
+    anyio.run(service.serve)
+    stats.write_bytes(orjson.dumps({"engine_peak": engine.peak}))
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", choices=["pipeline", "start", "events", "agents", "all"],
+                        default="pipeline")  # fmt: skip
+    parser.add_argument("--turns", type=int, default=15)
+    parser.add_argument("--events", type=int, default=50_000)
+    parser.add_argument("--agents", type=int, default=200)
+    parser.add_argument("--capacity", type=int, default=max(2, os.cpu_count() or 2))
+    parser.add_argument("--child-computer", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child_computer:
+        child_computer(args.child_computer)
+        return
+    if args.part in ("pipeline", "all"):
+        pipeline(args)
+    if args.part in ("start", "all"):
+        start_to_ready(10)
+    if args.part in ("events", "all"):
+        event_reporting(args.events)
+    if args.part in ("agents", "all"):
+        many_agents(args.agents, args.capacity)
+
+
+def pipeline(args: argparse.Namespace) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=15)
     args = parser.parse_args()
