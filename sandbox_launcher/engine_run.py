@@ -48,6 +48,29 @@ def _signal_group(pgid: int, sig: int) -> bool:
     return True
 
 
+def group_alive(pgid: int) -> bool:
+    """Does the group still have a live (non-zombie) member?
+
+    `killpg(pgid, 0)` also succeeds for zombies, and orphans reparented to an
+    init that never reaps (some containers) would keep us waiting for nothing.
+    """
+    if not os.path.isdir("/proc/self"):
+        return _signal_group(pgid, 0)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue  # gone meanwhile
+        # "pid (comm) state ppid pgrp …" — comm may contain spaces and parentheses.
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != b"Z":
+            return True
+    return False
+
+
 def _tail_text(data: bytes) -> str:
     # Cutting the front may leave half a UTF-8 sequence: skip its continuation bytes.
     start = 0
@@ -222,7 +245,7 @@ class EngineRun:
         if not _signal_group(pgid, signal.SIGTERM):
             return
         with anyio.move_on_after(CLEANUP_GRACE_S):
-            while _signal_group(pgid, 0):
+            while group_alive(pgid):
                 await anyio.sleep(GROUP_POLL_S)
             return
         _signal_group(pgid, signal.SIGKILL)

@@ -17,6 +17,7 @@ from types import FrameType
 
 from sandbox_launcher.backend import open_backend
 from sandbox_launcher.bwrap import LinuxMode
+from sandbox_launcher.engine_run import group_alive
 from sandbox_launcher.paths import PathRefused, resolved_dir
 from sandbox_launcher.policy import SandboxPolicy, check_read_dir
 from sandbox_launcher.selftest import self_test
@@ -111,7 +112,7 @@ def run_sandboxed(
     code = process.wait()
     if _signal_group(process.pid, signal.SIGTERM):
         deadline = time.monotonic() + CLEANUP_GRACE_S
-        while _signal_group(process.pid, 0) and time.monotonic() < deadline:
+        while group_alive(process.pid) and time.monotonic() < deadline:
             time.sleep(0.05)
         _signal_group(process.pid, signal.SIGKILL)
     return code if code >= 0 else 128 - code

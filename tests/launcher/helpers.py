@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import secrets
 import subprocess
-import tempfile
 import sys
+import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,7 +113,7 @@ class LauncherProcess:
         if opencode:
             argv += ["--opencode", str(opencode)]
         # stderr to a file: a full pipe nobody reads would block the launcher.
-        self._stderr = tempfile.TemporaryFile()
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the process
         self._result: tuple[int, str] | None = None
         self.proc = subprocess.Popen(
             argv,
