@@ -744,15 +744,26 @@ class Store:
             return self._post(db, target, USER, body)
 
     def _check_thread_of(self, db: sqlite3.Connection, room_id: str, message_id: str) -> str:
+        """`thread_of` must name a message of a group, in `room_id` (or its thread)."""
         row = db.execute(
-            "SELECT m.room_id, m.thread_id, r.parent_room_id FROM messages m "
+            "SELECT m.room_id, m.thread_id, r.kind FROM messages m "
             "JOIN rooms r ON r.id = m.room_id WHERE m.id = ?",
             (message_id,),
         ).fetchone()
         if row is None:
             raise NotFound(f"no message {message_id}")
-        if room_id not in (row[0], row[1], row[2]):
+        message_room, thread_id, kind = row
+        if room_id not in (message_room, thread_id):
             raise Invalid(f"message {message_id} is not in room {room_id}")
+        if kind == "dm":
+            raise Refused(
+                "threads hang off group messages; in a direct conversation reply without "
+                f"--thread (crew reply {message_room})"
+            )
+        if kind == "thread":
+            raise Refused(
+                f"threads do not nest; to answer in this thread reply with crew reply {message_room}"
+            )
         return message_id
 
     def reply(

@@ -101,3 +101,25 @@ async def test_thread_of_a_message_elsewhere_is_invalid(world: World) -> None:
         token, a["id"], "x", thread_of="00000000-0000-4000-8000-000000000000"
     )
     assert missing.status_code == 404
+
+
+async def test_threads_hang_off_group_messages_only(world: World) -> None:
+    box = await world.computer()
+    alice = await world.agent("alice", box)
+    dm, group = await world.dm(alice), await world.group("launch", alice)
+    token = await world.token(box, alice)
+    in_dm = await world.post(dm["id"], "hello")
+    root = await world.post(group["id"], "root")
+    inner = await world.post(group["id"], "inside", thread_of=root["id"])
+    await world.unread(box, alice)
+    refused = await world.reply(token, dm["id"], "x", thread_of=in_dm["id"])
+    assert refused.status_code == 409 and "group messages" in refused.json()["error"]["message"]
+    nested = await world.reply(token, inner["room_id"], "x", thread_of=inner["id"])
+    assert nested.status_code == 409
+    assert f"crew reply {inner['room_id']}" in nested.json()["error"]["message"]
+    user_nested = await world.client.post(
+        f"/api/rooms/{inner['room_id']}/messages", json={"body": "x", "thread_of": inner["id"]}
+    )
+    assert user_nested.status_code == 409
+    assert [m["body"] for m in await world.messages(dm["id"])] == ["hello"]
+    assert [m["body"] for m in await world.messages(inner["room_id"])] == ["inside"]

@@ -155,6 +155,7 @@ def start_crew_server(
     tmp_path: Path, *, db: Path | None = None, port: int | None = None
 ) -> CrewServer:
     """Start `crew-server --dev` on loopback and wait until `/health` answers."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     db = db or tmp_path / "crew.db"
     log = tmp_path / f"crew-server-{time.monotonic_ns()}.log"
     for attempt in range(3):
