@@ -174,18 +174,35 @@ class ComputerService:
     # --- life ----------------------------------------------------------------
 
     async def serve(self) -> int:
-        """Run until stopped; the exit status (0 after an orderly stop, 1 when start failed)."""
-        try:
-            await self.startup()
-        except StartupFailed as exc:
-            log.error("%s", exc)
-            await self.shutdown()
-            raise
-        try:
-            await self.main_loop()
-        finally:
-            await self.shutdown()
+        """Run until stopped: 0 after an orderly stop; raises `StartupFailed` when it cannot start.
+
+        Stop requests are watched from the first moment, so a SIGTERM during a
+        slow start (the launcher's self-test) still stops in order.
+        """
+        failed: StartupFailed | None = None
+        async with anyio.create_task_group() as watchers:
+            watchers.start_soon(self._watch_stdin)
+            if self._handle_signals:
+                watchers.start_soon(self._watch_signals)
+            try:
+                with anyio.CancelScope() as starting:
+                    watchers.start_soon(self._cancel_on_stop, starting)
+                    await self.startup()
+                if not self.stop_requested.is_set():
+                    await self.main_loop()
+            except StartupFailed as exc:
+                log.error("%s", exc)
+                failed = exc
+            finally:
+                await self.shutdown()
+                watchers.cancel_scope.cancel()
+        if failed is not None:
+            raise failed
         return 0
+
+    async def _cancel_on_stop(self, scope: anyio.CancelScope) -> None:
+        await self.stop_requested.wait()
+        scope.cancel()
 
     async def startup(self) -> None:
         """Connect, say `ready`, open the socket, start the launcher, prepare the run dir."""
@@ -209,9 +226,6 @@ class ComputerService:
         async with anyio.create_task_group() as runner_group:
             self._runner_group = runner_group
             async with anyio.create_task_group() as tasks:
-                tasks.start_soon(self._watch_stdin)
-                if self._handle_signals:
-                    tasks.start_soon(self._watch_signals)
                 if self.unavailable is None:
                     tasks.start_soon(self._report_models)
                 tasks.start_soon(self._follow_events)
@@ -309,17 +323,21 @@ class ComputerService:
         if fd is None:
             await anyio.sleep_forever()
             return
+        was_blocking = os.get_blocking(fd)
         os.set_blocking(fd, False)
-        while True:
-            await anyio.wait_readable(fd)
-            try:
-                data = os.read(fd, 4096)
-            except BlockingIOError:
-                continue
-            if not data:
-                log.info("stdin closed: stopping")
-                self.request_stop()
-                return
+        try:
+            while True:
+                await anyio.wait_readable(fd)
+                try:
+                    data = os.read(fd, 4096)
+                except BlockingIOError:
+                    continue
+                if not data:
+                    log.info("stdin closed: stopping")
+                    self.request_stop()
+                    return
+        finally:
+            os.set_blocking(fd, was_blocking)
 
     async def _watch_signals(self) -> None:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
