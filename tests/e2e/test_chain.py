@@ -429,6 +429,8 @@ def test_model_errors_fail_the_turn_with_their_class_and_keep_the_messages(chain
     assert limited["status"] == "failed"
     assert limited["failure"]["class"] == "rate_limited"
     assert chain.agent_messages(room["id"], jo["id"]) == []
+    [position] = chain.server.positions(jo["id"])
+    assert position["read_seq"] < sent["seq"] <= position["delivered_seq"]  # delivered, not read
     chain.script(
         [
             {
