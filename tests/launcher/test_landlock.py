@@ -1,0 +1,85 @@
+"""The Landlock helper on its own: argument parsing, the sibling enumeration, a real restriction."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from sandbox_launcher import landlock_exec
+from sandbox_launcher.landlock_exec import LandlockError, minimal_roots, parse_args, sibling_grants
+from tests.launcher.helpers import PYTHON
+from tests.support.ci import required_in_ci
+
+
+def test_parse_args() -> None:
+    assert parse_args(["--deny", "/h", "--ro", "/h/a", "--rw", "/h/b", "--", "cat", "x"]) == (
+        ["/h"],
+        ["/h/a"],
+        ["/h/b"],
+        ["cat", "x"],
+    )
+    for bad in (
+        ["--deny", "/h", "cat"],
+        ["--deny", "/h", "--"],
+        ["--ro", "/a", "--", "cat"],
+        ["--deny", "relative", "--", "cat"],
+        ["--allow", "/x", "--", "cat"],
+    ):
+        with pytest.raises(LandlockError):
+            parse_args(bad)
+
+
+def test_minimal_roots_drop_nested_ones() -> None:
+    assert minimal_roots(["/home/u/.crew", "/home/u", "/srv/crew"]) == ["/home/u", "/srv/crew"]
+    assert minimal_roots(["/home/u2", "/home/u"]) == ["/home/u", "/home/u2"]
+
+
+def test_sibling_grants_cover_everything_but_the_way_to_the_deny_root(tmp_path: Path) -> None:
+    home = tmp_path / "home" / "u"
+    home.mkdir(parents=True)
+    (tmp_path / "home" / "other").mkdir()
+    (tmp_path / "opt").mkdir()
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "link-into-home").symlink_to(home)
+    grants = sibling_grants([str(home)])
+    assert str(tmp_path / "home" / "other") in grants
+    assert str(tmp_path / "opt") in grants and str(tmp_path / "file") in grants
+    assert str(tmp_path / "link-into-home") not in grants  # a link into HOME must not open it
+    for path in grants:
+        assert not str(home).startswith(path.rstrip("/") + "/") and path != str(home)
+
+
+def test_the_helper_denies_contents_but_not_stat_and_keeps_renames(tmp_path: Path) -> None:
+    if landlock_exec.abi() < 2:
+        required_in_ci("Landlock ABI 2+ (Linux 5.19+)")
+    home = tmp_path / "home"
+    (home / "ok").mkdir(parents=True)
+    (home / "rw" / "a").mkdir(parents=True)
+    (home / "rw" / "b").mkdir()
+    (home / "secret").write_text("TOP-SECRET\n")
+    (home / "ok" / "f").write_text("readable\n")
+    (home / "rw" / "a" / "f").write_text("moved\n")
+    script = (
+        'cat "$1/secret"; echo "rc=$?"; cat "$1/ok/f"; stat -c %s "$1/secret"; '
+        'mv "$1/rw/a/f" "$1/rw/b/f" && cat "$1/rw/b/f"'
+    )
+    argv = [PYTHON, "-I", "-S", landlock_exec.__file__, "--deny", str(home)]
+    argv += ["--ro", str(home / "ok"), "--rw", str(home / "rw"), "--"]
+    argv += ["/bin/sh", "-c", script, "sh", str(home)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "TOP-SECRET" not in done.stdout
+    assert done.stdout.splitlines() == ["rc=1", "readable", "11", "moved"]
+    assert "Permission denied" in done.stderr
+
+
+def test_the_helper_refuses_to_run_the_command_when_it_cannot_apply(tmp_path: Path) -> None:
+    argv = [PYTHON, "-I", "-S", landlock_exec.__file__, "--deny", str(tmp_path)]
+    argv += ["--ro", str(tmp_path / "missing"), "--", "/bin/echo", "RAN"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False)
+    assert done.returncode == landlock_exec.EXIT_SETUP_FAILED
+    assert "RAN" not in done.stdout and "not started" in done.stderr
+    assert os.path.exists(tmp_path)
