@@ -313,3 +313,75 @@ def test_real_opencode_reports_401_without_retry_and_retries_429(tmp_path: Path)
         429
     ]
     assert attempts == 6  # OpenCode's own retries, quick thanks to retry-after-ms
+
+
+@pytest.mark.timeout(30)
+def test_stream_hang_sends_the_first_chunk_then_stalls() -> None:
+    script = Script.parse({"rules": [{"reply": {"hang": "stream"}}]})
+    with ScriptedModel(script) as model, httpx.Client(base_url=model.base_url) as http:
+        body = {"model": "m", "messages": [user("x")], "stream": True}
+        with http.stream("POST", "/chat/completions", json=body, timeout=1.0) as response:
+            lines = response.iter_lines()
+            first = next(lines)
+            assert (
+                orjson.loads(first.removeprefix("data: "))["choices"][0]["delta"]["role"]
+                == "assistant"
+            )
+            with pytest.raises(httpx.ReadTimeout):
+                for _ in lines:
+                    pass
+
+
+@pytest.mark.timeout(60)
+def test_command_line_serves_a_script_file_and_refuses_a_bad_one(tmp_path: Path) -> None:
+    import socket
+    import subprocess
+    import sys
+
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"rules": [{"match": "("}]}')
+    refused = subprocess.run(
+        [sys.executable, "-m", "crew_server.scripted_model", "--script", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert refused.returncode == 2
+    assert refused.stderr.startswith("error: the script is not valid")
+
+    good = tmp_path / "good.json"
+    good.write_text('{"rules": [{"match": "ping", "reply": {"text": "pong"}}]}')
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "crew_server.scripted_model",
+            "--port",
+            str(port),
+            "--script",
+            str(good),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                answer = httpx.post(
+                    f"http://127.0.0.1:{port}/v1/chat/completions",
+                    json={"model": "scripted", "messages": [user("ping")]},
+                    timeout=2,
+                )
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "the scripted model did not start"
+                time.sleep(0.1)
+        assert answer.json()["choices"][0]["message"]["content"] == "pong"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
