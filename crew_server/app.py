@@ -350,13 +350,15 @@ def create_app(
         actor = user(request)
         body = await read_body(request, m.TaskStatusSet)
         return json_response(
-            store.set_task_status(actor, task_number(request), body.status, body.note)
+            store.set_task_status(actor, task_number(request), body.status, body.note, body.room_id)
         )
 
     async def post_user_assign(request: Request) -> Response:
         actor = user(request)
         body = await read_body(request, m.TaskAssign)
-        return json_response(store.assign_task(actor, task_number(request), body.assignee))
+        return json_response(
+            store.assign_task(actor, task_number(request), body.assignee, body.room_id)
+        )
 
     async def post_dev_clock(request: Request) -> Response:
         user(request)
@@ -522,14 +524,17 @@ def create_app(
 
     async def post_agent_claim(request: Request) -> Response:
         identity = agent(request)
-        return json_response(store.claim_task(agent_actor(identity), task_number(request)))
+        body = await read_body(request, m.TaskClaim)
+        return json_response(
+            store.claim_task(agent_actor(identity), task_number(request), body.room_id)
+        )
 
     async def post_agent_status(request: Request) -> Response:
         identity = agent(request)
         body = await read_body(request, m.TaskStatusSet)
         return json_response(
             store.set_task_status(
-                agent_actor(identity), task_number(request), body.status, body.note
+                agent_actor(identity), task_number(request), body.status, body.note, body.room_id
             )
         )
 
@@ -537,7 +542,9 @@ def create_app(
         identity = agent(request)
         body = await read_body(request, m.TaskAssign)
         return json_response(
-            store.assign_task(agent_actor(identity), task_number(request), body.assignee)
+            store.assign_task(
+                agent_actor(identity), task_number(request), body.assignee, body.room_id
+            )
         )
 
     async def post_reminder(request: Request) -> Response:

@@ -81,9 +81,10 @@ class Held(ApiError):
     status = 409
     code = "held"
 
-    def __init__(self, rooms: list[dict[str, Any]]) -> None:
+    def __init__(self, agent_id: str, rooms: list[dict[str, Any]]) -> None:
         super().__init__("new messages arrived in this room; read them, then send again or not")
+        self.agent_id = agent_id
         self.rooms = rooms
 
     def body(self) -> dict[str, Any]:
-        return {"held": True, "rooms": self.rooms}
+        return {"held": True, "agent_id": self.agent_id, "rooms": self.rooms}

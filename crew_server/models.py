@@ -208,12 +208,24 @@ class TaskConvert(Request):
     assignee: HandleRef | None = None
 
 
+class TaskClaim(Request):
+    room_id: Uuid | None = Field(
+        default=None, description="the task's room or thread; another room is 404"
+    )
+
+
 class TaskStatusSet(Request):
+    room_id: Uuid | None = Field(
+        default=None, description="the task's room or thread; another room is 404"
+    )
     status: Status
     note: Annotated[str, Field(max_length=4_000)] | None = None
 
 
 class TaskAssign(Request):
+    room_id: Uuid | None = Field(
+        default=None, description="the task's room or thread; another room is 404"
+    )
     assignee: HandleRef
 
 
@@ -337,6 +349,7 @@ class UnreadAnswer(BaseModel):
 
 class HeldAnswer(BaseModel):
     held: Literal[True]
+    agent_id: str
     rooms: list[UnreadRoom]
 
 

@@ -475,8 +475,10 @@ def build() -> dict[str, Any]:
         if op.auth != "none":
             item["security"] = [{_SECURITY[op.auth]: []}]
         if op.body is not None:
+            # a body whose fields are all optional may be left out
+            needed = any(f.is_required() for f in op.body.model_fields.values())
             item["requestBody"] = {
-                "required": True,
+                "required": needed,
                 "content": {"application/json": {"schema": ref(op.body, "validation")}},
             }
         responses: dict[str, Any] = {}

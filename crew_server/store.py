@@ -801,7 +801,7 @@ class Store:
                 actor = Actor("agent", agent.agent_id, agent.handle)
                 message = self._post(db, target, actor, body)
         if held is not None:
-            raise Held(held)
+            raise Held(agent.agent_id, held)
         answer = {"message_id": message["id"], "room_id": room_id}
         if thread_id is not None:
             answer["thread_id"] = thread_id
@@ -1079,10 +1079,15 @@ class Store:
             "thread_id": r[6],
         }
 
-    def _task_row(self, db: sqlite3.Connection, number: int) -> Sequence[Any]:
+    def _task_row(
+        self, db: sqlite3.Connection, number: int, room_id: str | None = None
+    ) -> Sequence[Any]:
+        """The task; when the caller names a room, it must be the task's room or thread."""
         row = db.execute(self._TASK_SELECT + "WHERE t.number = ?", (number,)).fetchone()
         if row is None:
             raise NotFound(f"no task #{number}")
+        if room_id is not None and room_id not in (row[4], row[6]):
+            raise NotFound(f"task #{number} is not in room {room_id}; list that room's tasks first")
         return row
 
     def _agent_by_handle(self, db: sqlite3.Connection, room_id: str, handle: str) -> str:
@@ -1189,9 +1194,9 @@ class Store:
             title = (body.strip().splitlines() or [""])[0][:200] or "(untitled)"
             return self._new_task(db, actor, room_id, message_id, title, assignee)
 
-    def claim_task(self, actor: Actor, number: int) -> dict[str, Any]:
+    def claim_task(self, actor: Actor, number: int, room_id: str | None = None) -> dict[str, Any]:
         with self._write() as db:
-            row = self._task_row(db, number)
+            row = self._task_row(db, number, room_id)
             self._check_actor_in(db, actor, row[4])
             if row[7] is not None and row[7] != actor.id:
                 raise Refused(
@@ -1212,10 +1217,10 @@ class Store:
             return self._task_of(self._task_row(db, number))
 
     def set_task_status(
-        self, actor: Actor, number: int, status: str, note: str | None
+        self, actor: Actor, number: int, status: str, note: str | None, room_id: str | None = None
     ) -> dict[str, Any]:
         with self._write() as db:
-            row = self._task_row(db, number)
+            row = self._task_row(db, number, room_id)
             self._check_actor_in(db, actor, row[4])
             if actor.kind == "agent":
                 if row[7] is None:
@@ -1241,9 +1246,11 @@ class Store:
             self._post(db, row[6], None, text, notice_wakes=wakes)
             return self._task_of(self._task_row(db, number))
 
-    def assign_task(self, actor: Actor, number: int, assignee: str) -> dict[str, Any]:
+    def assign_task(
+        self, actor: Actor, number: int, assignee: str, room_id: str | None = None
+    ) -> dict[str, Any]:
         with self._write() as db:
-            row = self._task_row(db, number)
+            row = self._task_row(db, number, room_id)
             self._check_actor_in(db, actor, row[4])
             if actor.kind == "agent" and row[7] is not None and row[7] != actor.id:
                 raise Refused(

@@ -21,7 +21,7 @@ async def test_reply_is_held_with_unseen_messages_then_sent_on_resend(world: Wor
     held = await world.reply(token, room["id"], "Done.")
     assert held.status_code == 409
     answer = held.json()
-    assert answer["held"] is True
+    assert answer["held"] is True and answer["agent_id"] == alice["id"]
     assert [r["room"]["id"] for r in answer["rooms"]] == [room["id"]]
     assert [m["id"] for m in answer["rooms"][0]["messages"]] == [unseen["id"]]
     assert [m["body"] for m in await world.messages(room["id"])] == ["first", unseen["body"]]

@@ -207,3 +207,26 @@ async def test_tasks_of_a_room_the_agent_is_not_in_are_forbidden(world: World) -
     assert answer.status_code == 403
     missing = await world.client.post("/agent/tasks/99/claim", headers=bearer(carol_token))
     assert missing.status_code == 404
+
+
+async def test_task_calls_naming_another_room_are_not_found(world: World) -> None:
+    _, _, _, room, alice_token, _ = await setup(world)
+    task = await world.ok(
+        "POST",
+        "/agent/tasks",
+        headers=bearer(alice_token),
+        status=201,
+        json={"room_id": room["id"], "title": "Here"},
+    )
+    other = await world.group("elsewhere")
+    for room_id, status in ((room["id"], 200), (task["thread_id"], 200), (other["id"], 404)):
+        answer = await world.client.post(
+            f"/agent/tasks/{task['number']}/claim",
+            json={"room_id": room_id},
+            headers=bearer(alice_token),
+        )
+        assert answer.status_code == status, answer.text
+    moved = await world.client.post(
+        f"/api/tasks/{task['number']}/status", json={"room_id": other["id"], "status": "done"}
+    )
+    assert moved.status_code == 404 and "not in room" in moved.json()["error"]["message"]
