@@ -453,3 +453,19 @@ def _wake(chain: Chain, agent_id: str) -> None:
     with chain.computer.introspection() as local:
         response: httpx.Response = local.post(f"/agents/{agent_id}/wake")
         assert response.status_code < 300, response.text
+
+
+# ---------------------------------------------------------------- last: stopping
+
+
+def test_closing_stdin_stops_the_computer_cleanly(chain: Chain) -> None:
+    """Runs last in this module: the app closes the Computer's stdin."""
+    runtime = chain.crew_home / "runtime"
+    assert [p.name for p in runtime.iterdir()], "no run directory while running"
+
+    code = chain.computer.stop()
+
+    assert code == 0, chain.diagnostics()
+    assert list(runtime.iterdir()) == []
+    assert not chain.computer.socket.exists()
+    assert not list((chain.crew_home / "sockets").iterdir())

@@ -42,6 +42,7 @@ def test_demo_shows_the_reply_and_the_turn_record(tmp_path: Path) -> None:
     # The cost comes from the copied price table: (99×3 + 20×15 + 10×0.3) / 1e6 per step.
     assert "cost $0.001200" in out
     assert out.rstrip().endswith("Stopped.")
+    assert "crew-computer exited" not in done.stderr  # the demo reports an unclean stop
     # scripts/setup's `opencode --version` check makes OpenCode create its (empty)
     # XDG directories; the demo itself must leave no file in HOME.
     left = [p for p in tmp_path.rglob("*") if not p.is_dir()]
