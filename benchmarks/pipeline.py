@@ -360,6 +360,10 @@ class SleepyParts:
     async def stop_launcher(self) -> None:
         return None
 
+    async def launcher_exited(self) -> int:
+        await anyio.sleep_forever()
+        return 0
+
     async def models(self) -> list[str]:
         return ["local/fake"]
 

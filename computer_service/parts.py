@@ -6,23 +6,55 @@ may swap in their own. Nothing here decides *when*: only *how*.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
+from collections.abc import AsyncGenerator
+
+import anyio
 
 from computer_service.bootstrap import Bootstrap
 from computer_service.engine.base import AgentPaths, Engine
 from computer_service.engine.opencode import OpenCodeEngine
 from computer_service.home import AgentHome, AgentHomeError, RunDirectory
 from computer_service.launcher_client import (
+    Frame,
     LauncherClient,
     LauncherError,
     LauncherProcess,
+    LauncherUnavailable,
+    RunRequest,
     launcher_argv,
 )
 from computer_service.service import AgentPreparationFailed, LauncherStatus, StartupFailed
 from computer_service.upstream import AgentRecord
 
 log = logging.getLogger(__name__)
+
+
+class CurrentLauncher:
+    """The engine's view of the launcher: whichever launcher process is current.
+
+    A launcher that died is replaced by a new process with a new socket and
+    secret; the engine keeps this one object.
+    """
+
+    def __init__(self, parts: LocalParts) -> None:
+        self._parts = parts
+
+    async def run(self, request: RunRequest) -> AsyncGenerator[Frame, None]:
+        client = self._parts.client
+        if client is None:
+            raise LauncherUnavailable("the sandbox launcher is not running (it is being restarted)")
+        # aclosing: closing this stream early must close the launcher's, which stops the run.
+        async with contextlib.aclosing(client.run(request)) as frames:
+            async for frame in frames:
+                yield frame
+
+    async def stop(self, run_id: str) -> None:
+        client = self._parts.client
+        if client is not None:
+            await client.stop(run_id)
 
 
 class LocalParts:
@@ -34,26 +66,31 @@ class LocalParts:
         # Short: it is part of the launcher socket path (Unix socket paths are limited to ~104 bytes).
         self.run_id = run_id or uuid.uuid4().hex[:16]
         self.run_dir = RunDirectory(self.crew_home, self.run_id)
-        self.launcher_socket = self.crew_home / "sockets" / f"launcher-{self.run_id}.sock"
+        self._launchers = 0
         self._process: LauncherProcess | None = None
-        self._client: LauncherClient | None = None
+        self.client: LauncherClient | None = None
 
     async def start_launcher(self) -> LauncherStatus:
-        """Start the launcher and read its health; one that cannot start means no sandbox."""
+        """Start a launcher and read its health; one that cannot start means no sandbox."""
+        await self.stop_launcher()
+        self._launchers += 1
+        # A restarted launcher gets a socket of its own: the dead one's may linger.
+        suffix = "" if self._launchers == 1 else f"-{self._launchers}"
+        socket_path = self.crew_home / "sockets" / f"launcher-{self.run_id}{suffix}.sock"
         opencode = self.bootstrap.opencode_path
         argv = launcher_argv(
             self.crew_home,
             self.run_id,
-            self.launcher_socket,
+            socket_path,
             mode=self.bootstrap.sandbox_mode,
             opencode_path=str(opencode) if opencode is not None else None,
         )
-        process = LauncherProcess(argv, self.launcher_socket)
+        process = LauncherProcess(argv, socket_path)
         self._process = process
         try:
             await process.start()
-            self._client = process.client()
-            health = await self._client.health()
+            self.client = process.client()
+            health = await self.client.health()
         except LauncherError as exc:
             log.error("the sandbox launcher is not usable: %s", exc)
             return LauncherStatus(False, None, f"the sandbox launcher failed: {exc}", False, None)
@@ -67,18 +104,26 @@ class LocalParts:
         )
 
     async def stop_launcher(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        if self.client is not None:
+            await self.client.aclose()
+            self.client = None
         if self._process is not None:
             code = await self._process.stop()
             log.info("the launcher exited (%s)", code)
             self._process = None
 
+    async def launcher_exited(self) -> int:
+        """Wait until the current launcher process exits on its own; its exit status."""
+        process = self._process
+        if process is None or process.pid is None:
+            await anyio.sleep_forever()
+        assert process is not None
+        return await process.wait()
+
     async def models(self) -> list[str]:
-        if self._client is None:
+        if self.client is None:
             return []
-        return await self._client.models()
+        return await self.client.models()
 
     def prepare_run_dir(self) -> None:
         try:
@@ -90,9 +135,8 @@ class LocalParts:
         self.run_dir.remove()
 
     def engine(self) -> Engine:
-        assert self._client is not None, "engine() is only called with a usable launcher"
         return OpenCodeEngine(
-            self._client,
+            CurrentLauncher(self),
             crew_home=self.crew_home,
             run_id=self.run_id,
             server_url=self.bootstrap.server_url,

@@ -93,6 +93,10 @@ class Parts(Protocol):
 
     async def stop_launcher(self) -> None: ...
 
+    async def launcher_exited(self) -> int:
+        """Wait until the launcher dies on its own (never returns while there is none)."""
+        ...
+
     async def models(self) -> list[str]:
         """`opencode models` through the launcher: the `provider/model` lines."""
         ...
@@ -228,6 +232,7 @@ class ComputerService:
             async with anyio.create_task_group() as tasks:
                 if self.unavailable is None:
                     tasks.start_soon(self._report_models)
+                    tasks.start_soon(self._keep_launcher)
                 tasks.start_soon(self._follow_events)
                 await self.stop_requested.wait()
                 # Abort the event stream and the sync at once…
@@ -314,6 +319,20 @@ class ComputerService:
             log.exception("reading the available models failed")
         else:
             log.info("reported %d models", len(models))
+
+    async def _keep_launcher(self) -> None:
+        """A launcher that dies is replaced; its running turns fail as `process_crashed`."""
+        backoff = Backoff(initial_s=0.5, cap_s=30)
+        while True:
+            code = await self.parts.launcher_exited()
+            log.error("the sandbox launcher died (exit status %s); starting a new one", code)
+            await anyio.sleep(backoff.next_delay())
+            self.launcher = await self.parts.start_launcher()
+            reason = self.launcher.unavailable_reason()
+            if reason is not None:
+                log.error("the new launcher is not usable either: %s", reason)
+            else:
+                backoff.reset()
 
     # --- stop requests -------------------------------------------------------
 

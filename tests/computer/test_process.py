@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -259,3 +261,50 @@ def test_refused_token_or_unreachable_server_exit_1_without_the_token(crew_serve
             err = c.stderr()
             assert err.strip().splitlines()[-1].startswith("crew-computer: cannot connect")
             assert secret not in err
+
+
+def _launcher_pids(parent: int) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat_fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat_fields[1]) == parent and b"sandbox_launcher" in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
+def test_a_dead_launcher_fails_the_turn_and_is_replaced(crew_server: Any) -> None:
+    need_sandbox()
+    with machine() as m:
+        m.log_in()
+        comp = crew_server.create_computer()
+        agent = crew_server.create_agent("relaunch1", computer_id=comp["computer_id"])
+        dm = crew_server.create_room("dm", [agent["id"]])
+        crew_server.post(dm["id"], "think long:\nFAKE:HANG")
+        c = launch(m, bootstrap_for(crew_server.url, comp["token"], m))
+        try:
+            usable(c)
+            wait_for(
+                "the engine running",
+                lambda: any(r["state"] == "running" for r in c.get("/agents")),
+            )
+            [launcher] = _launcher_pids(c.proc.pid)
+            os.kill(launcher, signal.SIGKILL)
+            [crashed] = finished(crew_server, agent["id"], 1)
+            assert crashed["status"] == "failed"
+            assert crashed["failure"]["class"] == "process_crashed"
+            # A new launcher takes over; the failed turn's message comes back with the next.
+            wait_for(
+                "a new launcher", lambda: [p for p in _launcher_pids(c.proc.pid) if p != launcher]
+            )
+            crew_server.post(dm["id"], "are you back?")
+            turns = finished(crew_server, agent["id"], 2)
+            assert len(turns) >= 2
+        finally:
+            assert c.stop() == 0, c.stderr()[-3000:]
+        assert run_dir_entries(m) == []

@@ -42,6 +42,10 @@ class FakeParts:
     async def stop_launcher(self) -> None:
         self.launcher_stopped = True
 
+    async def launcher_exited(self) -> int:
+        await anyio.sleep_forever()
+        return 0
+
     async def models(self) -> list[str]:
         return ["local/fake"]
 
