@@ -161,6 +161,9 @@ def create_app(launcher: Launcher, secret: str) -> ASGIApp:
     async def list_runs(request: Request) -> Response:
         return JSONResponse(RunList(runs=[r.info() for r in launcher.runs.values()]))
 
+    async def runs(request: Request) -> Response:
+        return await (start_run if request.method == "POST" else list_runs)(request)
+
     async def models(request: Request) -> Response:
         if launcher.config.opencode is None:
             return error(503, "engine_missing", "opencode was not found when the launcher started")
@@ -172,8 +175,7 @@ def create_app(launcher: Launcher, secret: str) -> ASGIApp:
 
     routes = [
         Route("/health", health, methods=["GET"]),
-        Route("/runs", start_run, methods=["POST"]),
-        Route("/runs", list_runs, methods=["GET"]),
+        Route("/runs", runs, methods=["GET", "POST"]),
         Route("/runs/{run_id}/stop", stop_run, methods=["POST"]),
         Route("/models", models, methods=["POST"]),
     ]
@@ -186,9 +188,13 @@ async def _not_found(request: Request, exc: Exception) -> Response:
 
 
 async def _not_allowed(request: Request, exc: Exception) -> Response:
-    return error(
+    answer = error(
         405, "method_not_allowed", f"{request.method} is not allowed on {request.url.path}"
     )
+    allow = (getattr(exc, "headers", None) or {}).get("Allow")
+    if allow:  # RFC 9110: a 405 lists the methods that are allowed
+        answer.headers["Allow"] = allow
+    return answer
 
 
 def _validation_message(exc: ValidationError) -> str:
