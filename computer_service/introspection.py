@@ -312,22 +312,25 @@ def peer_uid(sock: socket.socket) -> int | None:
     return None
 
 
-class PeerCheckedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol, refusing connections from processes of another uid."""
+def peer_checked_h11(allowed_uid: int) -> type[H11Protocol]:
+    """uvicorn's h11 protocol, closing connections from any uid but `allowed_uid` unanswered."""
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        sock = transport.get_extra_info("socket")
-        uid = None
-        try:
-            uid = peer_uid(sock) if sock is not None else None
-        except OSError as exc:
-            log.warning("introspection: cannot read the peer's credentials: %s", exc)
-        if uid != os.getuid():
-            log.warning("introspection: refused a connection from uid %s", uid)
-            self.transport = transport
-            transport.close()
-            return
-        super().connection_made(transport)
+    class PeerCheckedH11Protocol(H11Protocol):
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            sock = transport.get_extra_info("socket")
+            uid = None
+            try:
+                uid = peer_uid(sock) if sock is not None else None
+            except OSError as exc:
+                log.warning("introspection: cannot read the peer's credentials: %s", exc)
+            if uid != allowed_uid:
+                log.warning("introspection: refused a connection from uid %s", uid)
+                self.transport = transport
+                transport.close()
+                return
+            super().connection_made(transport)
+
+    return PeerCheckedH11Protocol
 
 
 def bind_private_socket(path: Path) -> socket.socket:
@@ -375,9 +378,10 @@ def _answers(path: Path) -> bool:
 class IntrospectionServer:
     """uvicorn serving the introspection app on the private socket; start, then stop."""
 
-    def __init__(self, app: Starlette, path: Path) -> None:
+    def __init__(self, app: Starlette, path: Path, allowed_uid: int | None = None) -> None:
         self.path = path
         self._app = app
+        self._allowed_uid = os.getuid() if allowed_uid is None else allowed_uid
         self._sock: socket.socket | None = None
         self._server: uvicorn.Server | None = None
 
@@ -386,7 +390,7 @@ class IntrospectionServer:
         self._sock = bind_private_socket(self.path)
         config = uvicorn.Config(
             self._app,
-            http=PeerCheckedH11Protocol,
+            http=peer_checked_h11(self._allowed_uid),
             lifespan="off",
             log_level="warning",
             access_log=False,

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import stat
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -295,3 +298,47 @@ def test_openapi_documents_every_route_and_the_models() -> None:
     ):
         assert set(model.model_fields) == set(schemas[name]["properties"]), name
         assert set(schemas[name]["required"]) == set(model.model_fields), name
+
+
+RAW_GET = (
+    "import socket,sys\n"
+    "s=socket.socket(socket.AF_UNIX)\n"
+    "s.connect(sys.argv[1])\n"
+    "sys.stdout.write('connected\\n')\n"
+    "s.sendall(b'GET /health HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n')\n"
+    "sys.stdout.write(s.recv(65536).decode())\n"
+)
+
+
+async def _raw_get(path: Path, allowed_uid: int, user: int | None) -> str:
+    server = IntrospectionServer(create_app(StaticView(), EventBus()), path, allowed_uid)
+    await server.start()
+    try:
+        # Reachable by anyone on purpose: here only the peer check stands guard.
+        os.chmod(path.parent, 0o755)
+        os.chmod(path, 0o666)
+        done = await anyio.run_process(
+            ["/usr/bin/python3" if user is not None else sys.executable, "-c", RAW_GET, str(path)],
+            user=user,
+            check=False,
+        )
+        return done.stdout.decode()
+    finally:
+        await server.stop()
+
+
+@pytest.mark.anyio
+async def test_another_uid_is_cut_off_before_any_http() -> None:
+    root = Path(tempfile.mkdtemp(prefix="cc-peer-", dir="/tmp"))
+    try:
+        os.chmod(root, 0o755)
+        served = await _raw_get(root / "a" / "computer.sock", os.getuid(), None)
+        assert served.startswith("connected\nHTTP/1.1 200")
+        refused = await _raw_get(root / "b" / "computer.sock", os.getuid() + 4242, None)
+        assert refused == "connected\n"  # reached, then closed without a byte
+        if os.getuid() == 0 and os.path.exists("/usr/bin/python3"):
+            # A real other user, when we can act as one.
+            other = await _raw_get(root / "c" / "computer.sock", 0, 65534)
+            assert other == "connected\n"
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
