@@ -88,6 +88,21 @@ def test_messages_before_start_wakes_and_new_agents_then_a_clean_exit(crew_serve
             [bob_turn] = finished(crew_server, bob["id"], 1)
             assert bob_turn["status"] == "succeeded"
 
+            # GET /events streams runner states and live engine events.
+            seen: list[str] = []
+            with c.local() as local, local.stream("GET", "/events") as stream:
+                lines = stream.iter_lines()
+                assert next(lines).startswith(":")  # subscribed
+                crew_server.post(dm["id"], "watch this turn")
+                for line in lines:
+                    if line.startswith("event: "):
+                        seen.append(line.removeprefix("event: "))
+                    if "turn" in seen:
+                        break
+            assert {"state", "engine", "turn"} <= set(seen), seen
+            assert seen.index("engine") < seen.index("turn")
+            finished(crew_server, alice["id"], 3)
+
             # The socket answers curl, as the README says.
             out = subprocess.run(
                 ["curl", "-s", "--unix-socket", str(c.socket), "http://computer/health"],
@@ -101,7 +116,7 @@ def test_messages_before_start_wakes_and_new_agents_then_a_clean_exit(crew_serve
             assert rows["bob1"]["state"] in ("idle", "running")
             with c.local() as local:
                 metrics = local.get("/metrics").text
-            assert 'crew_turns_total{result="succeeded"} 3' in metrics
+            assert 'crew_turns_total{result="succeeded"} 4' in metrics
         finally:
             code = c.stop()
         assert code == 0, c.stderr()[-3000:]
