@@ -1,0 +1,192 @@
+"""Sandbox spawn cost: `true` through the launcher (both Linux modes) vs bare bwrap vs plain.
+
+Run: scripts/bench sandbox [--runs N]
+
+Every variant runs once per round, in rotation, so drift on a shared machine
+hits all of them alike. Prints the medians (ms) and what the launcher adds
+over bare `bwrap --ro-bind / / true`. Aim (quality.md / issue 4): launcher
+path ≤ 15 ms over bare bwrap.
+
+- plain:          subprocess.run(["/usr/bin/true"])
+- bare bwrap:     bwrap --ro-bind / / true
+- argv hybrid:    the launcher's full hybrid argv (Landlock helper included), run directly
+- argv tmpfs:     the launcher's full tmpfs argv, run directly
+- launcher X:     POST /runs over the launcher's Unix socket until the `exit` frame,
+                  with `/usr/bin/true` as the engine (it ignores the opencode arguments)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from sandbox_launcher.bwrap import LinuxMode, bwrap_argv, find_tools
+from sandbox_launcher.policy import SandboxPolicy
+
+TRUE = "/usr/bin/true"
+
+
+class Launcher:
+    """A real launcher process over a throwaway crew home."""
+
+    def __init__(self, home: Path, mode: str) -> None:
+        self.crew = home / ".crew"
+        self.run_id = uuid.uuid4().hex[:8]
+        self.secret = secrets.token_urlsafe(24)
+        self.socket = self.crew / "sockets" / f"launcher-{mode}.sock"
+        argv = [sys.executable, "-I", "-m", "sandbox_launcher", "serve", "--crew-home"]
+        argv += [str(self.crew), "--run-id", self.run_id, "--socket", str(self.socket)]
+        argv += ["--mode", mode, "--opencode", TRUE]
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env={**os.environ, "HOME": str(home)},
+        )
+        assert self.proc.stdin and self.proc.stdout
+        self.proc.stdin.write(f"{self.secret}\n".encode())
+        self.proc.stdin.flush()
+        if self.proc.stdout.readline() != b"ready\n":
+            raise SystemExit(f"launcher ({mode}) did not start")
+        self.client = httpx.Client(
+            transport=httpx.HTTPTransport(uds=str(self.socket)),
+            base_url="http://launcher",
+            headers={"Authorization": f"Bearer {self.secret}"},
+        )
+        health = self.client.get("/health").json()
+        if not health["sandbox"]["ok"]:
+            raise SystemExit(f"sandbox unusable: {health['sandbox']['reason']}")
+
+    def body(self, agent: str) -> dict[str, object]:
+        runtime = self.crew / "runtime" / self.run_id / "agents" / agent
+        return {
+            "run_id": uuid.uuid4().hex,
+            "agent_id": agent,
+            "agent_dir": str(self.crew / "agents" / agent),
+            "runtime_dir": str(runtime),
+            "bin_dir": str(self.crew / "runtime" / self.run_id / "bin"),
+            "model": "bench/true",
+            "env": {"PATH": "/usr/bin:/bin", "TMPDIR": str(runtime / "tmp")},
+        }
+
+    def prepare(self, agent: str) -> None:
+        for path in (
+            self.crew / "agents" / agent / "work",
+            self.crew / "runtime" / self.run_id / "agents" / agent / "tmp",
+            self.crew / "runtime" / self.run_id / "bin",
+        ):
+            path.mkdir(parents=True, exist_ok=True)
+
+    def run_true(self, agent: str) -> None:
+        with self.client.stream("POST", "/runs", json=self.body(agent)) as response:
+            frames = [orjson.loads(line) for line in response.iter_lines() if line]
+        if response.status_code != 200 or frames[-1].get("code") != 0:
+            raise SystemExit(f"launcher run failed: {response.status_code} {frames[-1:]}")
+
+    def close(self) -> None:
+        self.client.close()
+        assert self.proc.stdin
+        self.proc.stdin.close()
+        self.proc.wait(timeout=20)
+
+
+def timed(fn: Callable[[], None]) -> float:
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) * 1000
+
+
+def run_checked(argv: list[str], env: dict[str, str] | None = None) -> None:
+    subprocess.run(argv, check=True, env=env, stdin=subprocess.DEVNULL)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=50)
+    args = parser.parse_args()
+    tools = find_tools()
+    base = Path(tempfile.mkdtemp(prefix="crew-bench-", dir="/var/tmp"))
+    home = base / "home"
+    launchers: dict[str, Launcher] = {}
+    try:
+        home.mkdir()
+        for mode in ("hybrid", "tmpfs"):
+            launchers[mode] = Launcher(home, mode)
+            launchers[mode].prepare(f"bench-{mode}")
+        crew = home / ".crew"
+        agent = crew / "agents" / "direct"
+        runtime = crew / "runtime" / "direct" / "agents" / "direct"
+        for path in (agent / "work", runtime / "tmp"):
+            path.mkdir(parents=True, exist_ok=True)
+        policy = SandboxPolicy(
+            home=home,
+            crew_home=crew,
+            agent_dir=agent,
+            runtime_dir=runtime,
+            tmp_dir=runtime / "tmp",
+            work_dir=agent / "work",
+            read_files=(Path(TRUE),),
+        )
+        env = {"PATH": "/usr/bin:/bin"}
+        variants: dict[str, Callable[[], None]] = {
+            "plain true": lambda: run_checked([TRUE]),
+            "bare bwrap": lambda: run_checked([tools.bwrap, "--ro-bind", "/", "/", TRUE]),
+            "argv tmpfs": lambda: run_checked(
+                bwrap_argv(policy, LinuxMode.TMPFS, tools, [TRUE]), env
+            ),
+            "argv hybrid": lambda: run_checked(
+                bwrap_argv(policy, LinuxMode.HYBRID, tools, [TRUE]), env
+            ),
+            "launcher tmpfs": lambda: launchers["tmpfs"].run_true("bench-tmpfs"),
+            "launcher hybrid": lambda: launchers["hybrid"].run_true("bench-hybrid"),
+        }
+        for fn in variants.values():  # warm-up
+            for _ in range(3):
+                fn()
+        samples: dict[str, list[float]] = {name: [] for name in variants}
+        for _ in range(args.runs):
+            for name, fn in variants.items():
+                samples[name].append(timed(fn))
+    finally:
+        for launcher in launchers.values():
+            launcher.close()
+        shutil.rmtree(base, ignore_errors=True)
+
+    med = {name: statistics.median(values) for name, values in samples.items()}
+    bare = med["bare bwrap"]
+    print(f"sandbox spawn, median of {args.runs} runs each (ms), measured side by side")
+    print(f"{'variant':<18}{'median':>9}{'p90':>9}{'vs bare bwrap':>16}{'ratio':>8}")
+    for name, values in samples.items():
+        p90 = statistics.quantiles(values, n=10)[-1]
+        print(
+            f"{name:<18}{med[name]:>9.2f}{p90:>9.2f}{med[name] - bare:>+15.2f} {med[name] / bare:>7.2f}x"
+        )
+    print()
+    for mode in ("tmpfs", "hybrid"):
+        over = med[f"launcher {mode}"] - bare
+        http = med[f"launcher {mode}"] - med[f"argv {mode}"]
+        verdict = "meets" if over <= 15 else "MISSES"
+        print(
+            f"launcher {mode}: {over:+.2f} ms over bare bwrap ({verdict} the ≤ 15 ms aim); "
+            f"of which launcher/HTTP {http:+.2f} ms, sandbox policy {med[f'argv {mode}'] - bare:+.2f} ms"
+        )
+
+
+if __name__ == "__main__":
+    main()
