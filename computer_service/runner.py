@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
 from enum import StrEnum
@@ -38,12 +38,15 @@ from computer_service.upstream import (
     UnreadRoom,
     Upstream,
     UpstreamError,
+    UpstreamUnavailable,
 )
 
 log = logging.getLogger(__name__)
 
 # The last report of a stopped turn may still go out, but never hold up a stop for long.
-FINISH_TIMEOUT_S = 5.0
+FINISH_TIMEOUT_S = 8.0
+# A server that restarts is back within seconds: the ack and the finish wait that long for it.
+RETRY_WINDOW_S = 6.0
 RECENT_TURNS = 20
 
 Publish = Callable[[str, dict[str, Any]], None]
@@ -328,7 +331,9 @@ class Runner:
             if result.session_id:
                 self._workspace.save_session(result.session_id, self.agent.model)
                 self.session_id = result.session_id
-            await self._upstream.ack(self.agent.id, turn.turn_id, turn.fence)
+            await self._retrying(
+                "the ack", lambda: self._upstream.ack(self.agent.id, turn.turn_id, turn.fence)
+            )
         except StaleTurn:
             self._fence_out()
             return "cancelled", None, result.usage
@@ -349,8 +354,11 @@ class Runner:
         # The last report of a stopped turn must still go out: shield it, but bound it.
         with anyio.CancelScope(shield=True), anyio.move_on_after(FINISH_TIMEOUT_S):
             try:
-                await self._upstream.finish_turn(
-                    turn.turn_id, turn.fence, status, failure_body, usage.as_upstream()
+                await self._retrying(
+                    "recording the turn",
+                    lambda: self._upstream.finish_turn(
+                        turn.turn_id, turn.fence, status, failure_body, usage.as_upstream()
+                    ),
                 )
             except StaleTurn:
                 self._fence_out()
@@ -383,6 +391,21 @@ class Runner:
                 "failure": failure_body,
             },
         )
+
+    async def _retrying(self, what: str, call: Callable[[], Awaitable[None]]) -> None:
+        """Retry a call the server could not take (down, restarting) for a few seconds."""
+        deadline = time.monotonic() + RETRY_WINDOW_S
+        delay = 0.2
+        while True:
+            try:
+                await call()
+                return
+            except UpstreamUnavailable as exc:
+                if self._closing or time.monotonic() + delay > deadline:
+                    raise
+                log.info("agent %s: %s failed (%s); retrying", self.agent.handle, what, exc)
+            await anyio.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
     # State.
 

@@ -20,7 +20,7 @@ from computer_service.service import (
     LauncherStatus,
 )
 from computer_service.upstream import AgentRecord
-from tests.computer.scripted import ScriptedEngine
+from tests.computer.scripted import ScriptedEngine, blocking
 from tests.support.crew_server_proc import start_crew_server
 
 USABLE = LauncherStatus(True, "bwrap", None, True, "test")
@@ -180,3 +180,42 @@ def test_backoff_is_capped_jittered_and_honours_retry() -> None:
     first = backoff.next_delay()
     assert 1.0 <= first <= 2.0
     assert len({round(d, 6) for d in delays}) > 5  # jittered, not lockstep
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(90)
+async def test_server_restart_during_a_turn_loses_nothing_and_acks_once(tmp_path: Path) -> None:
+    (tmp_path / "srv").mkdir()
+    server = start_crew_server(tmp_path / "srv")
+    port = int(server.url.rsplit(":", 1)[1])
+    crew_home = tmp_path / "crew"
+    release = anyio.Event()
+    engine = ScriptedEngine(script=[blocking(release)])
+    try:
+        comp = server.create_computer()
+        agent = server.create_agent("rs", computer_id=comp["computer_id"])
+        room = server.create_room("dm", [agent["id"]])
+        boot = Bootstrap(server_url=server.url, token=comp["token"], crew_home=crew_home)
+        service = ComputerService(boot, FakeParts(crew_home, engine), handle_signals=False)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(service.serve)
+            server.post(room["id"], "during the restart")
+            with anyio.fail_after(20):
+                await engine.started.wait()
+            server.stop()
+            release.set()  # the engine's events go out while the server is down: dropped
+            await anyio.sleep(0.3)
+            server = start_crew_server(tmp_path / "srv", db=server.db, port=port)
+            [turn] = await finished(server, agent["id"], 1)
+            assert turn["status"] == "succeeded"  # the ack and the finish waited for the server
+            [position] = server.positions(agent["id"])
+            assert position["read_seq"] == position["delivered_seq"] == 1
+            server.post(room["id"], "after the restart")
+            turns = await finished(server, agent["id"], 2)
+            assert turns[1]["status"] == "succeeded"
+            assert "after the restart" in engine.inputs[1]
+            assert "during the restart" not in engine.inputs[1]  # handled once, acked once
+            assert service.metrics.batches_dropped >= 1
+            service.request_stop()
+    finally:
+        server.stop()
