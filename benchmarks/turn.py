@@ -6,7 +6,8 @@ that writes a file and runs `crew reply` (a real post to the real server).
 
 - managed: a user message is posted to the real `crew-server`; timed until the
   turn the real `crew-computer` ran for it is recorded as finished (the
-  server's API polled every 20 ms). Includes the wake-up (SSE), claiming the
+  Computer's `/events` stream says so right after the server accepted the
+  finish; no polling that would take CPU from the turn). Includes the wake-up (SSE), claiming the
   messages, registering the turn, the launcher, reporting every event,
   saving the session, the ack and the finish.
 - by hand: the same `opencode run` — the launcher's own `prepare()` builds
@@ -25,13 +26,19 @@ Usage: scripts/bench turn [--runs N]   (N ≥ 5, default 5)
 from __future__ import annotations
 
 import argparse
+import queue
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+import httpx
+import orjson
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -51,24 +58,50 @@ from sandbox_launcher.launcher import Launcher, LauncherConfig  # noqa: E402
 from sandbox_launcher.schema import EngineArgs, RunRequest  # noqa: E402
 
 MODEL = "local/scripted"
-POLL_S = 0.02
 
 
-def managed_turn(stack: LocalStack, agent_id: str, room_id: str, done_before: int) -> float:
-    """Post a message; seconds until the turn it causes is recorded as finished."""
+class TurnWatcher:
+    """Follows the Computer's `/events` stream: a `turn` event is sent once the finish is recorded.
+
+    Waiting on the stream instead of polling the server keeps the benchmark
+    itself from taking CPU from the turn it measures.
+    """
+
+    def __init__(self, stack: LocalStack) -> None:
+        self._socket = str(stack.computer.socket)
+        self._finished: queue.Queue[float] = queue.Queue()
+        self._thread = threading.Thread(target=self._follow, daemon=True)
+        self._thread.start()
+
+    def _follow(self) -> None:
+        transport = httpx.HTTPTransport(uds=self._socket)
+        local = httpx.Client(transport=transport, base_url="http://computer", timeout=None)
+        with local, local.stream("GET", "/events") as response:
+            kind = None
+            for line in response.iter_lines():
+                if line.startswith("event:"):
+                    kind = line.split(":", 1)[1].strip()
+                elif line.startswith("data:") and kind == "turn":
+                    self._finished.put(time.perf_counter())
+
+    def drain(self) -> None:
+        while not self._finished.empty():
+            self._finished.get_nowait()
+
+    def next_finish(self, timeout: float) -> float:
+        try:
+            return self._finished.get(timeout=timeout)
+        except queue.Empty:
+            raise SystemExit(f"a managed turn did not finish within {timeout:.0f} s") from None
+
+
+def managed_turn(stack: LocalStack, watcher: TurnWatcher, room_id: str) -> float:
+    """Post a message; seconds until the Computer says the turn it caused is recorded."""
+    watcher.drain()
+    POSTED.append(time.time())
     started = time.perf_counter()
     stack.call("POST", f"/api/rooms/{room_id}/messages", json={"body": "Please answer."})
-
-    def finished() -> bool:
-        turns = stack.call("GET", "/api/turns", params={"agent_id": agent_id})
-        return sum(t["status"] != "running" for t in turns) > done_before
-
-    deadline = time.monotonic() + 120
-    while not finished():
-        if time.monotonic() > deadline:
-            raise SystemExit("a managed turn did not finish within 120 s")
-        time.sleep(POLL_S)
-    return time.perf_counter() - started
+    return watcher.next_finish(120) - started
 
 
 def session_of(stack: LocalStack, agent_id: str) -> str:
@@ -136,12 +169,36 @@ def hand_run(
     return run.argv, run.env, run.stdin
 
 
+POSTED: list[float] = []  # wall-clock time of each managed turn's post
+
+
+def _ts(text: str) -> float:
+    return datetime.fromisoformat(text).timestamp()
+
+
+def managed_phases(turn: dict[str, Any], posted: float) -> tuple[float, float, float]:
+    """post → turn registered, registered → first engine event, last event → finished."""
+    events = turn["events"]
+    return (
+        _ts(turn["started_at"]) - posted,
+        _ts(events[0]["at"]) - _ts(turn["started_at"]),
+        _ts(turn["finished_at"]) - _ts(events[-1]["at"]),
+    )
+
+
+HAND_PHASES: list[tuple[float, float]] = []  # spawn → first event, last event → exit
+
+
 def timed_hand_run(argv: list[str], env: dict[str, str], stdin: bytes) -> float:
+    spawned = time.time()
     started = time.perf_counter()
     done = subprocess.run(
         argv, input=stdin, env=env, capture_output=True, start_new_session=True, check=False
     )
     elapsed = time.perf_counter() - started
+    stamps = [orjson.loads(line)["timestamp"] / 1000 for line in done.stdout.splitlines() if line]
+    if stamps:
+        HAND_PHASES.append((stamps[0] - spawned, spawned + elapsed - stamps[-1]))
     if done.returncode != 0 or b'"step_finish"' not in done.stdout:
         raise SystemExit(
             f"the hand-started run failed (exit {done.returncode}):\n"
@@ -167,9 +224,11 @@ def main() -> int:
         room = stack.call("POST", "/api/rooms", json={"kind": "dm", "agent_ids": [agent["id"]]})
         wait_for("the Computer to take the agent", lambda: session_ready(stack, agent["id"]), 30)
 
+        watcher = TurnWatcher(stack)
+        time.sleep(0.2)  # the stream is open
+
         # Warm-up: the first turn creates the session and OpenCode's database.
-        managed_turn(stack, agent["id"], room["id"], 0)
-        done = 1
+        managed_turn(stack, watcher, room["id"])
         last = stack.finished_turn(agent["id"], 0, 10)
         argv, env, stdin = hand_run(
             stack, agent["id"], last["input"], session_of(stack, agent["id"])
@@ -177,8 +236,7 @@ def main() -> int:
         timed_hand_run(argv, env, stdin)
 
         for i in range(runs):
-            managed.append(managed_turn(stack, agent["id"], room["id"], done))
-            done += 1
+            managed.append(managed_turn(stack, watcher, room["id"]))
             by_hand.append(timed_hand_run(argv, env, stdin))
             print(
                 f"  run {i + 1}/{runs}: managed {managed[-1]:.3f} s, by hand {by_hand[-1]:.3f} s",
@@ -189,6 +247,11 @@ def main() -> int:
         ]
         if any(s != "succeeded" for s in statuses):
             raise SystemExit(f"not every managed turn succeeded: {statuses}")
+        records = [
+            stack.call("GET", f"/api/turns/{t['id']}")
+            for t in reversed(stack.call("GET", "/api/turns", params={"agent_id": agent["id"]}))
+        ]
+        phases = [managed_phases(t, p) for t, p in zip(records[1:], POSTED[1:], strict=True)]
 
     m, h = statistics.median(managed), statistics.median(by_hand)
     backend = stack.health["sandbox"].get("backend")
@@ -205,6 +268,17 @@ def main() -> int:
         f"  ratio of minimums                        {min(managed) / min(by_hand):.3f}×  (least disturbed by other load)"
     )
     print(f"  overhead per turn (medians)              {1000 * (m - h):.0f} ms")
+    med = [statistics.median(column) for column in zip(*phases, strict=True)]
+    hand = [statistics.median(x) for x in zip(*HAND_PHASES[1:], strict=True)]
+    print("  where the time goes (medians; server and engine timestamps):")
+    print(
+        f"    managed: post → turn registered {1000 * med[0]:.0f} ms, registered → first engine event "
+        f"{1000 * med[1]:.0f} ms, last event → finished {1000 * med[2]:.0f} ms"
+    )
+    print(
+        f"    by hand: spawn → first engine event {1000 * hand[0]:.0f} ms, last event → exit "
+        f"{1000 * hand[1]:.0f} ms"
+    )
     return 0
 
 
