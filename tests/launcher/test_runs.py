@@ -282,3 +282,53 @@ def test_sandbox_command_runs_under_the_agent_policy(
         assert "home_rc=0" not in done.stdout
         assert (agent / "ok").read_text() == "hi\n"
         assert not (isolated_home / ".bashrc").exists()
+
+
+PARENT = """
+import subprocess, sys, time
+argv = sys.argv[2:]
+launcher = subprocess.Popen(argv, stdin=int(sys.argv[1]), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+print(launcher.pid, flush=True)
+print(launcher.stdout.readline().decode().strip(), flush=True)
+time.sleep(600)
+"""
+
+
+def _dead(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.timeout(60)
+def test_launcher_dies_with_its_parent(needs_bwrap: None, layout: CrewLayout) -> None:
+    # stdin stays open (we hold the pipe): only the parent-death signal can end it.
+    read_end, write_end = os.pipe()
+    sock = layout.crew_home / "sockets" / "launcher-orphan.sock"
+    argv = [sys.executable, "-I", "-m", "sandbox_launcher", "serve", "--crew-home"]
+    argv += [str(layout.crew_home), "--run-id", layout.run_id, "--socket", str(sock)]
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, str(read_end), *argv],
+        pass_fds=(read_end,),
+        stdout=subprocess.PIPE,
+    )
+    try:
+        os.write(write_end, b"a-secret-long-enough-1234\n")
+        assert parent.stdout is not None
+        launcher_pid = int(parent.stdout.readline())
+        assert parent.stdout.readline().strip() == b"ready"
+        assert not _dead(launcher_pid)
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 15
+        while not _dead(launcher_pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _dead(launcher_pid), "the launcher outlived the Computer"
+        assert not sock.exists(), "the launcher did not remove its socket"
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+        if parent.poll() is None:
+            parent.kill()

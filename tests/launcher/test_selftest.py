@@ -1,0 +1,97 @@
+"""The self-test catches broken sandboxes (negative controls) and passes the real ones."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import pytest
+
+from sandbox_launcher.backend import BwrapBackend, open_backend
+from sandbox_launcher.bwrap import LinuxMode
+from sandbox_launcher.policy import SandboxPolicy
+from sandbox_launcher.selftest import self_test
+
+
+@dataclass(frozen=True)
+class Rewired:
+    """A backend whose argv is the real one, edited: a deliberately broken sandbox."""
+
+    inner: BwrapBackend | None
+    edit: str
+    name: Literal["bwrap", "seatbelt"] = "bwrap"
+    mode: Literal["hybrid", "tmpfs"] | None = "tmpfs"
+
+    def argv(self, policy: SandboxPolicy, command: list[str]) -> list[str]:
+        if self.edit == "unsandboxed":
+            return command
+        if self.edit == "fails_to_start":
+            return [
+                "/bin/sh",
+                "-c",
+                "echo 'bwrap: setting up uid map: Permission denied' >&2; exit 1",
+            ]
+        assert self.inner is not None
+        argv = self.inner.argv(policy, command)
+        if self.edit == "home_not_hidden":
+            i = argv.index("--tmpfs")
+            j = argv.index("--remount-ro")
+            return argv[:i] + argv[i + 2 : j] + argv[j + 2 :]
+        if self.edit == "root_writable":
+            i = argv.index("--chdir")
+            return [*argv[:i], "--bind", "/var/tmp", "/var/tmp", *argv[i:]]
+        raise AssertionError(self.edit)
+
+
+@pytest.fixture
+def var_home() -> Iterator[Path]:
+    """A $HOME outside /tmp (a private /tmp would hide one below it anyway)."""
+    home = Path(tempfile.mkdtemp(prefix="crew-selftest-home-", dir="/var/tmp"))
+    try:
+        yield home
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture
+def tmpfs_backend(needs_bwrap: None) -> BwrapBackend:
+    backend, health = open_backend(LinuxMode.TMPFS)
+    assert isinstance(backend, BwrapBackend), health
+    return backend
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        ("unsandboxed", "let a denied write through"),
+        ("fails_to_start", "did not start (bwrap: setting up uid map"),
+        ("home_not_hidden", "reading a file in $HOME was NOT denied"),
+        ("root_writable", "let a denied write through"),
+    ],
+)
+def test_broken_sandboxes_fail_the_self_test(
+    edit: str, expected: str, tmpfs_backend: BwrapBackend, var_home: Path
+) -> None:
+    crew = var_home / ".crew"
+    reason = self_test(Rewired(tmpfs_backend, edit), var_home, crew)
+    assert reason is not None and expected in reason
+    # whatever it tried, nothing is left behind
+    assert [p.name for p in var_home.iterdir()] == [".crew"]
+    assert [p.name for p in crew.iterdir()] == ["sockets"]
+    assert not list(Path("/var/tmp").glob("crew-selftest-denied-*"))
+
+
+@pytest.mark.parametrize("mode", list(LinuxMode))
+@pytest.mark.parametrize("crew_outside_home", [False, True])
+def test_the_real_backends_pass(
+    mode: LinuxMode, crew_outside_home: bool, needs_bwrap: None, isolated_home: Path, tmp_path: Path
+) -> None:
+    backend, health = open_backend(mode)
+    assert backend is not None and health.ok, health
+    crew = tmp_path / "crew" if crew_outside_home else isolated_home / ".crew"
+    assert self_test(backend, isolated_home, crew) is None
+    assert [p.name for p in crew.iterdir()] == ["sockets"]
