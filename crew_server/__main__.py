@@ -9,11 +9,13 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
+import signal
 import sys
+from types import FrameType
 
 import uvicorn
 
-from crew_server.app import create_app
+from crew_server.app import EventHub, create_app
 from crew_server.clock import Clock
 from crew_server.store import Store
 
@@ -71,18 +73,39 @@ def main(argv: list[str] | None = None) -> int:
         if token is not None:
             print(f"user token (shown once, keep it): {token}", flush=True)
     app = create_app(store, clock, dev=args.dev)
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        access_log=False,
+        lifespan="on",
+        # a safety net: open streams end at once (below), anything else gets 3 s
+        timeout_graceful_shutdown=3,
+    )
+    server = StoppingServer(config, app.state.hub)
     try:
-        uvicorn.run(
-            app,
-            host=args.host,
-            port=args.port,
-            log_level=args.log_level,
-            access_log=False,
-            lifespan="on",
-        )
+        server.run()
     finally:
         store.close()
     return 0
+
+
+class StoppingServer(uvicorn.Server):
+    """uvicorn, ending the Computers' event streams when asked to stop (SIGINT/SIGTERM)."""
+
+    def __init__(self, config: uvicorn.Config, hub: EventHub) -> None:
+        super().__init__(config)
+        self.hub = hub
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.hub.close()
+        # Not recorded for re-raising (as uvicorn does): a clean stop closes the
+        # database and exits 0. A second Ctrl+C still forces the exit.
+        if self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True
+        else:
+            self.should_exit = True
 
 
 if __name__ == "__main__":

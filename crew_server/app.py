@@ -62,6 +62,17 @@ class EventHub:
     def __init__(self) -> None:
         self._waiting: dict[str, set[asyncio.Event]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.closed = False
+
+    def close(self) -> None:
+        """The server is stopping: end every stream (they would hold the shutdown forever).
+
+        Safe to call from a signal handler or another thread.
+        """
+        self.closed = True
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._set, set(self._waiting))
 
     def subscribe(self, computer_id: str) -> asyncio.Event:
         self._loop = asyncio.get_running_loop()
@@ -122,8 +133,12 @@ class ReminderScheduler:
         while True:
             self._poke.clear()
             self.run_due()
-            following = self.store.next_reminder_at()
             delay = 60.0
+            try:
+                following = self.store.next_reminder_at()
+            except Exception:
+                log.exception("reading the next reminder time failed; will retry")
+                following = None
             if following is not None:
                 delay = min(delay, max(0.0, (following - self.clock.now()).total_seconds()))
             with anyio.move_on_after(delay):
@@ -474,7 +489,7 @@ def create_app(
             retry = "retry: 2000\n"
             try:
                 yield b": connected\n\n"
-                while True:
+                while not hub.closed:
                     flag.clear()
                     rows = store.events_after(computer_id, cursor)
                     for event_id, event, data in rows:
@@ -661,4 +676,5 @@ def create_app(
     )
     app.state.store = store
     app.state.scheduler = scheduler
+    app.state.hub = hub
     return app

@@ -76,3 +76,36 @@ def test_dev_is_refused_off_loopback(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "--dev" in done.stderr and "loopback" in done.stderr
     assert not (tmp_path / "x.db").exists()
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_ends_open_event_streams_and_exits_0(tmp_path: Path) -> None:
+    import threading
+
+    from tests.support.crew_server_proc import start_crew_server
+
+    server = start_crew_server(tmp_path)
+    computer = server.create_computer()
+    ended = threading.Event()
+
+    def listen() -> None:
+        headers = {"Authorization": f"Bearer {computer['token']}"}
+        try:
+            with httpx.stream(
+                "GET", f"{server.url}/computer/events", headers=headers, timeout=30
+            ) as stream:
+                for _ in stream.iter_lines():
+                    pass
+        except httpx.HTTPError:
+            pass  # the server went away: that is what this test does
+        ended.set()
+
+    listener = threading.Thread(target=listen, daemon=True)
+    listener.start()
+    time.sleep(0.5)
+    started = time.monotonic()
+    server.process.terminate()
+    assert server.process.wait(timeout=10) == 0
+    assert time.monotonic() - started < 3
+    assert ended.wait(5)
+    server.stop()
