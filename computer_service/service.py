@@ -161,6 +161,8 @@ class ComputerService:
         self.bus = EventBus()
         self.runners: dict[str, Runner] = {}
         self.problems: dict[str, tuple[AgentRecord, str]] = {}
+        # Agents whose turn was fenced out: no runner until the next full sync.
+        self.fenced: set[str] = set()
         self.connected = False
         self.ready = False
         self.launcher = LauncherStatus(None, None, "the launcher is starting", False, None)
@@ -400,7 +402,7 @@ class ComputerService:
             runner = self.runners.get(agent_id)
             if runner is not None:
                 runner.wake()
-            elif agent_id not in self.problems:
+            elif agent_id not in self.problems and agent_id not in self.fenced:
                 # Not known yet (e.g. just assigned): a sync creates it; then wake it.
                 await self.sync_agents()
                 if (runner := self.runners.get(agent_id)) is not None:
@@ -416,6 +418,7 @@ class ComputerService:
     async def sync_agents(self) -> None:
         """Create, replace and drop runners to match the server's agent list."""
         agents = {agent.id: agent for agent in await self.upstream.agents()}
+        self.fenced.clear()
         for agent_id in [a for a in self.runners if a not in agents]:
             await self._drop_runner(agent_id)
         for agent_id in [a for a in self.problems if a not in agents]:
@@ -477,6 +480,8 @@ class ComputerService:
             if self.runners.get(runner.agent.id) is runner:
                 # Fenced out: dropped until the next agent sync says otherwise.
                 del self.runners[runner.agent.id]
+                if runner.fenced_out:
+                    self.fenced.add(runner.agent.id)
 
     async def _report_problem(self, agent: AgentRecord, reason: str) -> None:
         known = self.problems.get(agent.id)

@@ -19,7 +19,7 @@ from computer_service.service import (
     ComputerService,
     LauncherStatus,
 )
-from computer_service.upstream import AgentRecord
+from computer_service.upstream import AgentRecord, Upstream
 from tests.computer.scripted import ScriptedEngine, blocking
 from tests.support.crew_server_proc import start_crew_server
 
@@ -216,6 +216,44 @@ async def test_server_restart_during_a_turn_loses_nothing_and_acks_once(tmp_path
             assert "after the restart" in engine.inputs[1]
             assert "during the restart" not in engine.inputs[1]  # handled once, acked once
             assert service.metrics.batches_dropped >= 1
+            service.request_stop()
+    finally:
+        server.stop()
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(60)
+async def test_a_fenced_out_runner_stays_dropped_until_the_next_sync(tmp_path: Path) -> None:
+    (tmp_path / "srv").mkdir()
+    server = start_crew_server(tmp_path / "srv")
+    crew_home = tmp_path / "crew"
+    release = anyio.Event()
+    engine = ScriptedEngine(script=[blocking(release)])
+    try:
+        comp = server.create_computer()
+        agent = server.create_agent("fx", computer_id=comp["computer_id"])
+        room = server.create_room("dm", [agent["id"]])
+        boot = Bootstrap(server_url=server.url, token=comp["token"], crew_home=crew_home)
+        service = ComputerService(boot, FakeParts(crew_home, engine), handle_signals=False)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(service.serve)
+            server.post(room["id"], "fenced soon")
+            with anyio.fail_after(20):
+                await engine.started.wait()
+            # A newer connection of this credential: this turn's writes are now stale.
+            newer = Upstream(server.url, comp["token"])
+            await newer.connect("elsewhere", "linux", "0", 2)
+            await newer.aclose()
+            release.set()
+            with anyio.fail_after(20):
+                while agent["id"] in service.runners:
+                    await anyio.sleep(0.05)
+            assert agent["id"] in service.fenced
+            server.post(room["id"], "a wake-up does not bring it back")
+            await anyio.sleep(1.0)
+            assert agent["id"] not in service.runners
+            await service.sync_agents()  # what the next `agents` event or reconnect does
+            assert agent["id"] in service.runners and not service.fenced
             service.request_stop()
     finally:
         server.stop()
