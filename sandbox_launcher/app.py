@@ -137,9 +137,11 @@ def create_app(launcher: Launcher, secret: str) -> ASGIApp:
         return JSONResponse(launcher.health())
 
     async def start_run(request: Request) -> Response:
-        body = await request.body()
-        if len(body) > MAX_BODY:
-            return error(413, "too_large", f"the request body is over {MAX_BODY} bytes")
+        body = bytearray()
+        async for chunk in request.stream():  # capped as it arrives, not after
+            body += chunk
+            if len(body) > MAX_BODY:
+                return error(413, "too_large", f"the request body is over {MAX_BODY} bytes")
         try:
             run_request = RunRequest.model_validate_json(body)
         except ValidationError as exc:

@@ -145,6 +145,7 @@ class EngineRun:
             start_new_session=True,
         )
         self.pid = process.pid
+        log.info("run %s of agent %s started (pid %d)", self.run_id, self.agent_id, process.pid)
         try:
             await self._send(orjson.dumps({"t": "started", "pid": process.pid}) + b"\n")
             async with anyio.create_task_group() as tg:
@@ -163,6 +164,13 @@ class EngineRun:
                 await self._ensure_dead(process)
         code = process.returncode
         assert code is not None  # the process has been waited for
+        log.info(
+            "run %s ended: status %s, %d bytes out, reason %s",
+            self.run_id,
+            code,
+            self.bytes_out,
+            self.reason,
+        )
         return ExitFrame(
             code=code if code >= 0 else None,
             signal=-code if code < 0 else None,

@@ -208,3 +208,12 @@ def _client(launcher: Any) -> httpx.AsyncClient:
         base_url="http://launcher",
         headers={"Authorization": f"Bearer {SECRET}"},
     )
+
+
+@pytest.mark.anyio
+async def test_an_oversized_body_is_413(alice: CrewLayout, fake_opencode: Path) -> None:
+    from sandbox_launcher.app import MAX_BODY
+
+    async with _client(inprocess_launcher(alice, fake_opencode)) as client:
+        answer = await client.post("/runs", content=b"x" * (MAX_BODY + 1))
+    assert answer.status_code == 413 and answer.json()["error"]["code"] == "too_large"
