@@ -252,14 +252,8 @@ class ComputerService:
                 runner_group.cancel_scope.cancel()
 
     async def shutdown(self) -> None:
-        """Stop the launcher and the socket, remove this run's directory (each step logged)."""
-        self.bus.close()
+        """Stop the launcher, remove this run's directory, then the socket (each step logged)."""
         with anyio.CancelScope(shield=True):
-            if self._introspection is not None:
-                try:
-                    await self._introspection.stop()
-                except OSError as exc:
-                    log.warning("removing the introspection socket failed: %s", exc)
             try:
                 await self.parts.stop_launcher()
             except Exception:
@@ -268,6 +262,13 @@ class ComputerService:
                 self.parts.remove_run_dir()
             except OSError as exc:
                 log.warning("removing the run directory failed: %s", exc)
+            # Last: introspection answers until the very end (its /events streams end now).
+            self.bus.close()
+            if self._introspection is not None:
+                try:
+                    await self._introspection.stop()
+                except OSError as exc:
+                    log.warning("removing the introspection socket failed: %s", exc)
             await self.upstream.aclose()
 
     def request_stop(self) -> None:
@@ -408,21 +409,23 @@ class ComputerService:
                 if (runner := self.runners.get(agent_id)) is not None:
                     runner.wake()
         elif event.event == "agents":
-            await self.sync_agents()
-            self.wake_all()
+            # New runners may have messages waiting from before they existed.
+            for runner in await self.sync_agents():
+                runner.wake()
         elif event.event not in ("ping", "message"):
             log.info("ignored an unknown event %.50r", event.event)
 
     # --- agents and runners --------------------------------------------------
 
-    async def sync_agents(self) -> None:
-        """Create, replace and drop runners to match the server's agent list."""
+    async def sync_agents(self) -> list[Runner]:
+        """Create, replace and drop runners to match the server's agent list; the new runners."""
         agents = {agent.id: agent for agent in await self.upstream.agents()}
         self.fenced.clear()
         for agent_id in [a for a in self.runners if a not in agents]:
             await self._drop_runner(agent_id)
         for agent_id in [a for a in self.problems if a not in agents]:
             del self.problems[agent_id]
+        created: list[Runner] = []
         for agent in agents.values():
             current = self.runners.get(agent.id)
             if current is not None and current.agent.settings() == agent.settings():
@@ -430,8 +433,10 @@ class ComputerService:
             if current is not None:
                 await self._drop_runner(agent.id)
             # Agents with a problem are tried again: a later success clears it.
-            await self._add_runner(agent)
+            if (runner := await self._add_runner(agent)) is not None:
+                created.append(runner)
         self.synced.set()
+        return created
 
     async def _drop_runner(self, agent_id: str) -> None:
         runner = self.runners.pop(agent_id, None)
@@ -441,19 +446,19 @@ class ComputerService:
         with anyio.move_on_after(RUNNER_STOP_TIMEOUT_S):
             await runner.finished.wait()
 
-    async def _add_runner(self, agent: AgentRecord) -> None:
+    async def _add_runner(self, agent: AgentRecord) -> Runner | None:
         if self.unavailable is not None or self._engine is None:
             await self._report_problem(agent, self.unavailable or "engine unavailable")
-            return
+            return None
         try:
             token = await self.upstream.issue_token(agent.id)
             workspace = self.parts.prepare_agent(agent, token)
         except UpstreamError as exc:
             log.warning("agent %s: issuing its token failed: %s", agent.handle, exc)
-            return
+            return None
         except AgentPreparationFailed as exc:
             await self._report_problem(agent, str(exc))
-            return
+            return None
         runner = Runner(
             agent,
             upstream=self.upstream,
@@ -472,6 +477,7 @@ class ComputerService:
         except UpstreamError as exc:
             log.warning("agent %s: clearing its problem failed: %s", agent.handle, exc)
         self.problems.pop(agent.id, None)
+        return runner
 
     async def _run_runner(self, runner: Runner) -> None:
         try:
