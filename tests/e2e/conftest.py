@@ -72,7 +72,8 @@ class Chain:
         """Replace the model's script (request numbers start again at 1)."""
         self.model.set_script(Script.parse({"rules": rules}))
 
-    def _ok(self, response: httpx.Response) -> Any:
+    def expect_ok(self, response: httpx.Response) -> Any:
+        """The JSON of a user-API answer that must be a success."""
         assert response.status_code < 300, (
             f"{response.request.url}: {response.status_code} {response.text}"
         )
@@ -88,18 +89,18 @@ class Chain:
             "model": MODEL,
             "computer_id": self.computer_id,
         }
-        agent: dict[str, Any] = self._ok(self.http.post("/api/agents", json=body))
+        agent: dict[str, Any] = self.expect_ok(self.http.post("/api/agents", json=body))
         self.handles[agent["id"]] = handle
         return agent
 
     def dm(self, agent_id: str) -> dict[str, Any]:
-        room: dict[str, Any] = self._ok(
+        room: dict[str, Any] = self.expect_ok(
             self.http.post("/api/rooms", json={"kind": "dm", "agent_ids": [agent_id]})
         )
         return room
 
     def group(self, title: str, agent_ids: list[str]) -> dict[str, Any]:
-        room: dict[str, Any] = self._ok(
+        room: dict[str, Any] = self.expect_ok(
             self.http.post(
                 "/api/rooms", json={"kind": "group", "title": title, "agent_ids": agent_ids}
             )
@@ -110,24 +111,24 @@ class Chain:
         payload: dict[str, Any] = {"body": body}
         if thread_of:
             payload["thread_of"] = thread_of
-        message: dict[str, Any] = self._ok(
+        message: dict[str, Any] = self.expect_ok(
             self.http.post(f"/api/rooms/{room_id}/messages", json=payload)
         )
         return message
 
     def messages(self, room_id: str) -> list[dict[str, Any]]:
-        rows: list[dict[str, Any]] = self._ok(self.http.get(f"/api/rooms/{room_id}/messages"))
+        rows: list[dict[str, Any]] = self.expect_ok(self.http.get(f"/api/rooms/{room_id}/messages"))
         return rows
 
     def turns(self, agent_id: str) -> list[dict[str, Any]]:
         """The agent's turns, oldest first."""
-        rows: list[dict[str, Any]] = self._ok(
+        rows: list[dict[str, Any]] = self.expect_ok(
             self.http.get("/api/turns", params={"agent_id": agent_id})
         )
         return list(reversed(rows))
 
     def turn(self, turn_id: str) -> dict[str, Any]:
-        row: dict[str, Any] = self._ok(self.http.get(f"/api/turns/{turn_id}"))
+        row: dict[str, Any] = self.expect_ok(self.http.get(f"/api/turns/{turn_id}"))
         return row
 
     def finished_turns(
@@ -161,7 +162,7 @@ class Chain:
         return [m for m in self.messages(room_id) if m["author"]["id"] == agent_id]
 
     def dev_clock(self, seconds: float) -> None:
-        self._ok(self.http.post("/api/dev/clock", json={"advance_seconds": seconds}))
+        self.expect_ok(self.http.post("/api/dev/clock", json={"advance_seconds": seconds}))
 
     def diagnostics(self) -> str:
         return f"computer stderr:\n{self.computer.stderr()[-4000:]}"

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from crew_server.scripted_model import ROOM_ID
+from crew_server.scripted_model import ROOM_ID, message_text
 from tests.e2e.conftest import Chain, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
@@ -43,13 +43,11 @@ def sessions_of(chain: Chain, marker: str) -> set[str | None]:
     return {
         r.session
         for r in chain.model.requests()
-        if r.body["messages"] and marker in _first_user_text(r.body["messages"])
+        if r.body["messages"] and marker in _last_user_text(r.body["messages"])
     }
 
 
-def _first_user_text(messages: list[dict[str, Any]]) -> str:
-    from crew_server.scripted_model import message_text
-
+def _last_user_text(messages: list[dict[str, Any]]) -> str:
     users = [message_text(m) for m in messages if m.get("role") == "user"]
     return users[-1] if users else ""
 
@@ -218,7 +216,7 @@ def test_task_is_claimed_worked_on_and_sent_to_review_with_a_note(chain: Chain) 
     group = chain.group("tasks", [erin["id"]])
     message = chain.post(group["id"], "TASK-4 write the summary")
     chain.finished_turns(erin["id"], 1)
-    task = chain._ok(
+    task = chain.expect_ok(
         chain.http.post(
             "/api/tasks/convert", json={"message_id": message["id"], "assignee": "erin"}
         )
@@ -273,7 +271,7 @@ def test_session_continues_then_restarts_and_memory_is_read(chain: Chain) -> Non
     assert "new session" not in second["input"]
 
     # A changed persona changes AGENTS.md: the session is dropped.
-    chain._ok(chain.http.patch(f"/api/agents/{fay['id']}", json={"persona": "Terse."}))
+    chain.expect_ok(chain.http.patch(f"/api/agents/{fay['id']}", json={"persona": "Terse."}))
     time.sleep(1)  # the Computer replaces the runner on the `agents` event
     chain.post(room["id"], "MEM-3 what do I like?")
     third = chain.finished_turns(fay["id"], 3)[-1]
