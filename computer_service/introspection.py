@@ -271,11 +271,13 @@ _CODES = {404: "not_found", 405: "method_not_allowed", 409: "conflict", 400: "ba
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     code = _CODES.get(exc.status_code, "error")
-    message = (
-        exc.detail
-        if exc.status_code != 404 or "agent" in exc.detail
-        else (f"no route {request.method} {request.url.path[:200]} (see openapi/computer.yaml)")
-    )
+    message = exc.detail
+    where = f"{request.method} {request.url.path[:200]}"
+    # Starlette's own routing answers carry only the bare status phrase.
+    if exc.detail == "Not Found":
+        message = f"no route {where} (see openapi/computer.yaml)"
+    elif exc.detail == "Method Not Allowed":
+        message = f"{where} is not allowed (see openapi/computer.yaml)"
     body = {"error": {"code": code, "message": message}}
     return Response(
         orjson.dumps(body),
