@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from crew_server.demo import write_scripted_login
+from crew_server.scripted_model import ScriptedModel, scenario
 from tests.e2e.opencode_by_hand import OPENCODE, ROOT
 from tests.support.ci import required_in_ci
 
@@ -47,3 +49,35 @@ def test_demo_shows_the_reply_and_the_turn_record(tmp_path: Path) -> None:
     # XDG directories; the demo itself must leave no file in HOME.
     left = [p for p in tmp_path.rglob("*") if not p.is_dir()]
     assert left == [], "the demo left files in HOME"
+
+
+def test_demo_with_model_uses_the_users_own_opencode_login(tmp_path: Path) -> None:
+    """`--model` reads the user's auth.json and provider config (here: the scripted model)."""
+    if not OPENCODE.exists():
+        required_in_ci("OpenCode (scripts/setup installs it into tools/opencode)")
+    if shutil.which("bwrap") is None:
+        required_in_ci("bubblewrap (apt-get install bubblewrap)")
+    with ScriptedModel(scenario("crew")) as model:
+        write_scripted_login(tmp_path, model.base_url, price_in_config=True)
+        auth = tmp_path / ".local" / "share" / "opencode" / "auth.json"
+        config = tmp_path / ".config" / "opencode" / "opencode.json"
+        before = (auth.read_bytes(), config.read_bytes())
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "CREW_HOME"))}
+        env["HOME"] = str(tmp_path)
+
+        done = subprocess.run(
+            [str(ROOT / "scripts" / "demo"), "--model", "local/scripted"],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=220,
+            check=False,
+        )
+        requests = model.requests()
+
+    assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr[-4000:]}"
+    assert "your OpenCode login" in done.stdout
+    assert "Ada (@ada): Hello! I wrote hello.txt in my work directory." in done.stdout
+    assert requests and all(r.authorization == "Bearer scripted-key" for r in requests)
+    assert (auth.read_bytes(), config.read_bytes()) == before  # read, never written
