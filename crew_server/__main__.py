@@ -21,7 +21,11 @@ from crew_server.store import Store
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="crew-server", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="crew-server",
+        description="The reference crew server: rooms, messages, turns, tasks, reminders "
+        "and mutes on one SQLite file. The user token is printed once, at first start.",
+    )
     parser.add_argument(
         "--db", required=True, help="SQLite file (created when missing), or :memory:"
     )
