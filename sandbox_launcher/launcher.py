@@ -17,7 +17,7 @@ from pathlib import Path
 from sandbox_launcher.backend import Backend
 from sandbox_launcher.engine_run import EngineRun
 from sandbox_launcher.paths import PathRefused, dir_below, is_inside
-from sandbox_launcher.policy import SandboxPolicy, check_read_dir, engine_read_paths
+from sandbox_launcher.policy import SandboxPolicy, check_read_dir
 from sandbox_launcher.schema import EngineHealth, Health, RunRequest, SandboxHealth
 
 log = logging.getLogger(__name__)
@@ -56,6 +56,56 @@ def find_opencode(explicit: str | None) -> Path | None:
         if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return Path(os.path.abspath(candidate))
     return None
+
+
+def engine_read_paths(
+    engine: Path, home: Path, crew_home: Path
+) -> tuple[tuple[Path, ...], tuple[Path, ...]]:
+    """What must stay readable for the engine executable: (dirs, files).
+
+    An npm install (`…/node_modules/.bin/opencode` → a package inside
+    `node_modules`) needs its whole `node_modules` tree; a single binary
+    (`~/.opencode/bin/opencode`) needs only itself — Bun reads its own file to
+    load the embedded program. A script also needs its interpreter
+    (`#!/usr/bin/env node` with node from nvm in `$HOME`): its install prefix
+    when that is a safe read root, else the interpreter file alone.
+    """
+    real = Path(os.path.realpath(engine))
+    parts = real.parts
+    if "node_modules" in parts:
+        dirs: list[Path] = [Path(*parts[: parts.index("node_modules") + 1])]
+        files: list[Path] = []
+    else:
+        dirs, files = [], [real]
+    interpreter = _script_interpreter(real)
+    if interpreter is not None:
+        try:
+            dirs.append(check_read_dir(str(interpreter.parent.parent), home, crew_home))
+        except PathRefused:
+            files.append(interpreter)
+    return tuple(dirs), tuple(files)
+
+
+def _script_interpreter(path: Path) -> Path | None:
+    """The resolved interpreter of a `#!` script (through `/usr/bin/env NAME`), or None."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256)
+    except OSError:
+        return None
+    if not head.startswith(b"#!"):
+        return None
+    words = head[2:].split(b"\n", 1)[0].decode("utf-8", "replace").split()
+    if not words:
+        return None
+    program = words[0]
+    if os.path.basename(program) == "env":
+        names = [w for w in words[1:] if not w.startswith("-") and "=" not in w]
+        found = shutil.which(names[0]) if names else None
+        if found is None:
+            return None
+        program = found
+    return Path(os.path.realpath(program))
 
 
 def engine_version(opencode: Path) -> str | None:
@@ -152,7 +202,7 @@ class Launcher:
         read_dirs = [checked["bin_dir"]]
         read_dirs += [check_read_dir(d, self.config.home, crew) for d in request.interpreter_dirs]
         assert self.config.opencode is not None
-        engine_dirs, engine_files = engine_read_paths(self.config.opencode)
+        engine_dirs, engine_files = engine_read_paths(self.config.opencode, self.config.home, crew)
         return SandboxPolicy(
             home=self.config.home,
             crew_home=crew,

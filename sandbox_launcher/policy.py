@@ -9,7 +9,6 @@ sockets out of reach. Everything here is pure; paths arrive already checked
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,19 +98,3 @@ def check_read_dir(text: str, home: Path, crew_home: Path) -> Path:
         if is_inside(secret, path) or is_inside(path, secret):
             raise PathRefused(f"{what} {path} overlaps the credential store {secret}")
     return path
-
-
-def engine_read_paths(engine: Path) -> tuple[tuple[Path, ...], tuple[Path, ...]]:
-    """What must stay readable for the engine executable: (dirs, files).
-
-    An npm install (`…/node_modules/.bin/opencode` → a JS launcher that runs a
-    platform package) needs its whole `node_modules` tree; a single binary
-    (`~/.opencode/bin/opencode`) needs only itself — Bun reads its own file
-    to load the embedded program.
-    """
-    real = Path(os.path.realpath(engine))
-    parts = real.parts
-    if "node_modules" in parts:
-        top = parts.index("node_modules")
-        return (Path(*parts[: top + 1]),), ()
-    return (), (real,)

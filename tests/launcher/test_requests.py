@@ -217,3 +217,45 @@ async def test_an_oversized_body_is_413(alice: CrewLayout, fake_opencode: Path) 
     async with _client(inprocess_launcher(alice, fake_opencode)) as client:
         answer = await client.post("/runs", content=b"x" * (MAX_BODY + 1))
     assert answer.status_code == 413 and answer.json()["error"]["code"] == "too_large"
+
+
+def test_engine_read_paths_cover_installs_in_home(
+    isolated_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sandbox_launcher.launcher import engine_read_paths
+
+    crew = isolated_home / ".crew"
+    # a single binary (the official installer's layout)
+    binary = isolated_home / ".opencode" / "bin" / "opencode"
+    binary.parent.mkdir(parents=True)
+    binary.write_bytes(b"\x7fELF fake")
+    assert engine_read_paths(binary, isolated_home, crew) == ((), (binary,))
+    # an npm install: the whole node_modules tree, via the .bin symlink
+    package = isolated_home / "tools" / "node_modules" / "opencode-ai" / "bin"
+    package.mkdir(parents=True)
+    (package / "opencode").write_bytes(b"\x7fELF fake")
+    dot_bin = isolated_home / "tools" / "node_modules" / ".bin"
+    dot_bin.mkdir()
+    (dot_bin / "opencode").symlink_to(package / "opencode")
+    assert engine_read_paths(dot_bin / "opencode", isolated_home, crew) == (
+        (isolated_home / "tools" / "node_modules",),
+        (),
+    )
+    # a script whose interpreter lives in $HOME (node from nvm): its prefix too
+    node = isolated_home / ".nvm" / "versions" / "node" / "v20" / "bin" / "node"
+    node.parent.mkdir(parents=True)
+    node.write_text("#!/bin/sh\n")
+    node.chmod(0o755)
+    script = isolated_home / "bin" / "opencode"
+    script.parent.mkdir()
+    script.write_text(f"#!/usr/bin/env -S {node.name} --flag\n")
+    monkeypatch.setenv("PATH", f"{node.parent}:{os.environ['PATH']}")
+    dirs, files = engine_read_paths(script, isolated_home, crew)
+    assert dirs == (node.parent.parent,) and files == (script,)
+    # an interpreter straight in $HOME/bin: its prefix would be $HOME, so only the file
+    script.write_text(f"#!{isolated_home}/bin/mynode\n")
+    (isolated_home / "bin" / "mynode").write_text("")
+    assert engine_read_paths(script, isolated_home, crew) == (
+        (),
+        (script, isolated_home / "bin" / "mynode"),
+    )
