@@ -282,7 +282,13 @@ class Runner:
             agent_id=agent.id,
             model=agent.model,
             plan=plan,
-            render_input=lambda new_session: self._workspace.render_input(rooms, new_session),
+            render_input=lambda new_session: (
+                # The engine gets exactly the input recorded with the turn, unless it
+                # has to restart a vanished session (then a new-session input).
+                turn_input
+                if new_session == plan.is_new
+                else self._workspace.render_input(rooms, new_session)
+            ),
             wall_clock_limit_s=self._wall_clock_limit_s,
         )
         status, failure, usage = await self._run_engine(turn, request, stop)

@@ -30,6 +30,7 @@ async def test_success_reports_events_in_order_then_acks(crew_server: Any, crew_
         assert [e["type"] for e in turn["events"]] == ["step_start", "text", "step_finish"]
         assert [e["index"] for e in turn["events"]] == [0, 1, 2]
         assert "please write the release note" in turn["input"]
+        assert engine.inputs[0] == turn["input"]  # the engine got exactly what was recorded
         assert turn["rooms"][0]["room_id"] == r.room["id"]
         assert turn["usage"]["input_tokens"] == 10
         assert r.runner.last_result == "succeeded"
