@@ -14,9 +14,10 @@ that writes a file and runs `crew reply` (a real post to the real server).
   the bwrap argv and environment from the same typed run request the Computer
   sends (the policy `crew-launcher sandbox` uses), with the same agent
   directories, the same session and the last turn's input — started with
-  `subprocess` and timed from spawn to exit with stdout read to the end. No
-  self-test per run (`crew-launcher sandbox` would add one), so the ratio is
-  the strict one.
+  `subprocess` and timed from spawn to exit with stdout read to the end.
+  Not through the `crew-launcher sandbox` command itself: it runs its
+  self-test on every call (flattering the ratio) and, by design, never makes
+  the run's `bin/` readable, so `crew reply` could not run in it.
 
 The two alternate, after one warm-up of each, so drift hits both alike.
 
