@@ -323,3 +323,43 @@ def test_a_dead_launcher_fails_the_turn_and_is_replaced(crew_server: Any) -> Non
         finally:
             assert c.stop() == 0, c.stderr()[-3000:]
         assert run_dir_entries(m) == []
+
+
+def test_kill_9_mid_turn_then_restart_handles_the_messages_again(crew_server: Any) -> None:
+    need_sandbox()
+    with machine() as m:
+        m.log_in()
+        comp = crew_server.create_computer()
+        agent = crew_server.create_agent("killed1", computer_id=comp["computer_id"])
+        dm = crew_server.create_room("dm", [agent["id"]])
+        crew_server.post(dm["id"], "take your time:\nFAKE:SLOW 3")
+        first = launch(m, bootstrap_for(crew_server.url, comp["token"], m))
+        try:
+            usable(first)
+            wait_for(
+                "the engine running",
+                lambda: any(r["state"] == "running" for r in first.get("/agents")),
+            )
+            launchers = _launcher_pids(first.proc.pid)
+            first.proc.kill()
+            first.proc.wait(timeout=10)
+            # The launcher dies with it (parent-death signal / stdin closed).
+            wait_for(
+                "the launcher gone",
+                lambda: not any(os.path.exists(f"/proc/{p}") for p in launchers),
+                15,
+            )
+        finally:
+            first.stop()
+        # Left behind: a stale socket and a run directory; the next Computer copes.
+        second = launch(m, bootstrap_for(crew_server.url, comp["token"], m))
+        try:
+            usable(second)
+            turns = finished(crew_server, agent["id"], 2)
+            statuses = [t["status"] for t in reversed(turns)]
+            assert statuses[0] == "interrupted", statuses
+            assert statuses[-1] == "succeeded", statuses
+            assert len(run_dir_entries(m)) == 1  # the dead run's directory was cleaned
+        finally:
+            assert second.stop() == 0, second.stderr()[-3000:]
+        assert run_dir_entries(m) == []

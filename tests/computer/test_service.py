@@ -18,6 +18,7 @@ from computer_service.service import (
     Backoff,
     ComputerService,
     LauncherStatus,
+    _agent_id_of,
 )
 from computer_service.upstream import AgentRecord, Upstream
 from tests.computer.scripted import ScriptedEngine, blocking
@@ -257,3 +258,18 @@ async def test_a_fenced_out_runner_stays_dropped_until_the_next_sync(tmp_path: P
             service.request_stop()
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ('{"agent_id": "a1"}', "a1"),
+        ("not json", None),
+        ("[1, 2]", None),
+        ('{"agent_id": 5}', None),
+        ('{"other": "x"}', None),
+        ("\udcff", None),
+    ],
+)
+def test_malformed_wake_events_are_recognised(data: str, expected: str | None) -> None:
+    assert _agent_id_of(data) == expected
