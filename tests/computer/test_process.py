@@ -363,3 +363,22 @@ def test_kill_9_mid_turn_then_restart_handles_the_messages_again(crew_server: An
         finally:
             assert second.stop() == 0, second.stderr()[-3000:]
         assert run_dir_entries(m) == []
+
+
+def test_engine_not_found_no_runner_and_every_agent_told(crew_server: Any) -> None:
+    need_sandbox()
+    with machine() as m:
+        m.log_in()
+        comp = crew_server.create_computer()
+        agent = crew_server.create_agent("noengine1", computer_id=comp["computer_id"])
+        boot = bootstrap_for(crew_server.url, comp["token"], m)
+        boot["opencode_path"] = str(m.root / "no-such-opencode")
+        c = launch(m, boot)
+        try:
+            health = wait_for("the launcher's health", c.health_known, 60)
+            assert health["engine"]["found"] is False
+            reason = wait_for("the problem", lambda: problem_of(crew_server, agent["id"]))
+            assert reason.startswith("engine unavailable"), reason
+            assert [r["state"] for r in c.get("/agents")] == ["problem"]
+        finally:
+            assert c.stop() == 0, c.stderr()[-3000:]
