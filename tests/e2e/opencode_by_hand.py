@@ -84,10 +84,14 @@ def scripted_config(provider: dict[str, Any], model: str = "local/scripted") -> 
     }
 
 
-def opencode_argv(model: str = "local/scripted", session: str | None = None) -> list[str]:
-    """The argv the Computer uses (computer.md §3), with a fixed title."""
+def opencode_argv(
+    model: str = "local/scripted", session: str | None = None, title: str | None = "crew turn"
+) -> list[str]:
+    """The argv the Computer uses (computer.md §3), with a fixed title unless None."""
     argv = [str(OPENCODE), "run", "--pure", "--format", "json", "--print-logs", "--auto"]
-    argv += ["--model", model, "--title", "crew turn"]
+    argv += ["--model", model]
+    if title is not None:
+        argv += ["--title", title]
     if session:
         argv += ["--session", session]
     return argv
@@ -106,11 +110,12 @@ def run_opencode(
     prompt: str,
     *,
     session: str | None = None,
+    title: str | None = "crew turn",
     timeout: float = 90,
 ) -> RunOutput:
     """Run one turn by hand and parse its stdout lines."""
     proc = subprocess.run(
-        [*opencode_argv(config["model"], session), "--dir", str(home.work)],
+        [*opencode_argv(config["model"], session, title), "--dir", str(home.work)],
         input=prompt.encode(),
         capture_output=True,
         cwd=home.work,

@@ -385,3 +385,22 @@ def test_command_line_serves_a_script_file_and_refuses_a_bad_one(tmp_path: Path)
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(120)
+def test_without_a_title_opencode_sends_a_hidden_title_request_the_script_never_sees(
+    tmp_path: Path,
+) -> None:
+    _need_opencode()
+    script = Script.parse({"rules": [{"request": 1, "reply": {"text": "first answer"}}]})
+    home = OpenCodeHome(tmp_path).prepare()
+    with ScriptedModel(script) as model:
+        config = scripted_config(opencode_provider(model.base_url))
+        out = run_opencode(home, config, "hello", title=None)
+        titles, chats = model.requests("title"), model.requests("chat")
+
+    assert out.code == 0, out.stderr[-2000:]
+    assert [e["part"]["text"] for e in out.events if e["type"] == "text"] == ["first answer"]
+    assert len(titles) == 1 and titles[0].answer == "text"
+    assert [r.number for r in chats] == [1]
