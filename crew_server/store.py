@@ -172,12 +172,19 @@ class Store:
     def _emit(
         self, db: sqlite3.Connection, computer_id: str, event: str, data: dict[str, Any]
     ) -> None:
-        db.execute(
+        self._emit_many(db, [(computer_id, event, data)])
+
+    def _emit_many(
+        self, db: sqlite3.Connection, events: Sequence[tuple[str, str, dict[str, Any]]]
+    ) -> None:
+        """Append SSE events (computer id, event, data) to the log, in order."""
+        now = self._now()
+        db.executemany(
             "INSERT INTO computer_events (computer_id, event, data, created_at) VALUES (?, ?, ?, ?)",
-            (computer_id, event, orjson.dumps(data).decode(), self._now()),
+            [(c, e, orjson.dumps(d).decode(), now) for c, e, d in events],
         )
-        self._touched.add(computer_id)
-        self._events_since_prune += 1
+        self._touched.update(c for c, _, _ in events)
+        self._events_since_prune += len(events)
         if self._events_since_prune >= _PRUNE_EVERY:
             self._events_since_prune = 0
             db.execute(
@@ -186,6 +193,7 @@ class Store:
             )
 
     def _wake(self, db: sqlite3.Connection, agent_ids: Iterable[str]) -> None:
+        """A `wake` to the Computer of each agent (agents on no Computer wait unread)."""
         ids = list(agent_ids)
         if not ids:
             return
@@ -194,8 +202,7 @@ class Store:
             f"SELECT id, computer_id FROM agents WHERE id IN ({marks}) AND computer_id IS NOT NULL",
             ids,
         ).fetchall()
-        for agent_id, computer_id in sorted(rows):
-            self._emit(db, computer_id, "wake", {"agent_id": agent_id})
+        self._emit_many(db, [(c, "wake", {"agent_id": a}) for a, c in sorted(rows)])
 
     # ------------------------------------------------------------------ identities
 
