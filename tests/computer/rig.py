@@ -121,11 +121,12 @@ async def rig(
     *,
     agents: int = 1,
     capacity: int = 2,
+    upstream_class: type[Upstream] = Upstream,
 ) -> AsyncIterator[Rig]:
     """Create a Computer with `agents` agents (one DM each), run their runners, stop at exit."""
     user = UserApi(server_url)
     computer_id, token = await user.computer()
-    upstream = Upstream(server_url, token)
+    upstream = upstream_class(server_url, token)
     await upstream.connect("test", "linux", "0", capacity)
     gate = TurnGate(capacity)
     metrics = Metrics()

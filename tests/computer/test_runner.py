@@ -8,7 +8,7 @@ from typing import Any
 import anyio
 import pytest
 
-from computer_service.upstream import Upstream
+from computer_service.upstream import UnreadRoom, Upstream
 from tests.computer.rig import rig, wait_until
 from tests.computer.scripted import ScriptedEngine, blocking, fail, sleeping, wait_for_stop
 
@@ -170,3 +170,39 @@ async def test_a_hundred_agents_never_exceed_the_cap(crew_server: Any, crew_home
         assert engine.peak <= 3
         assert r.gate.peak <= 3
         assert sorted(engine.agents) == sorted(x.agent.id for x in r.runners)
+
+
+class SlowClaim(Upstream):
+    """The real upstream, with a claim that waits until released (to stop in between)."""
+
+    claiming: anyio.Event
+    release: anyio.Event
+
+    async def claim_unread(self, agent_id: str) -> list[UnreadRoom]:
+        self.claiming.set()
+        await self.release.wait()
+        return await super().claim_unread(agent_id)
+
+
+async def test_stopped_while_claiming_the_turn_is_not_started(
+    crew_server: Any, crew_home: Path
+) -> None:
+    engine = ScriptedEngine()
+    async with rig(crew_server.url, crew_home, engine, upstream_class=SlowClaim) as r:
+        upstream = r.upstream
+        assert isinstance(upstream, SlowClaim)
+        upstream.claiming, upstream.release = anyio.Event(), anyio.Event()
+        await r.user.post(r.room["id"], "stop me early")
+        r.runner.wake()
+        await upstream.claiming.wait()
+        assert r.runner.stop_turn()
+        upstream.release.set()
+        await wait_until("idle", lambda: r.runner.state == "idle")
+        assert engine.inputs == []
+        assert await r.user.turns(r.runner.agent.id) == []
+        # Nothing was acked: the next wake-up handles the message.
+        upstream.claiming, upstream.release = anyio.Event(), anyio.Event()
+        upstream.release.set()
+        r.runner.wake()
+        [turn] = await r.user.finished(r.runner.agent.id, 1)
+        assert turn["status"] == "succeeded" and "stop me early" in engine.inputs[0]
