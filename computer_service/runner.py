@@ -309,7 +309,8 @@ class Runner:
             self._fence_out()
             stop.set()
 
-        result: TurnResult
+        result: TurnResult | None = None
+        broken: Exception | None = None
         try:
             async with RunReporter(send, self._metrics, on_stale) as reporter:
 
@@ -320,11 +321,16 @@ class Runner:
                     )
                     await reporter.report(event)
 
-                result = await self._engine.run_turn(request, on_event, stop)
+                try:
+                    result = await self._engine.run_turn(request, on_event, stop)
+                except Exception as exc:
+                    # run_turn must never raise; one that does broke its contract.
+                    broken = exc
         except Exception as exc:
-            # run_turn must never raise; one that does broke its contract.
-            log.exception("agent %s: the engine broke its contract", self.agent.handle)
-            return "failed", _processing_failed(exc), Usage()
+            broken = broken or exc
+        if broken is not None or result is None:
+            log.error("agent %s: the turn broke down", self.agent.handle, exc_info=broken)
+            return "failed", _processing_failed(broken), Usage()
         if self.fenced_out:
             return "cancelled", None, result.usage
         if stop.is_set() or result.status == "cancelled":
@@ -453,6 +459,9 @@ class Runner:
         return [asdict(record) for record in self.recent]
 
 
-def _processing_failed(exc: BaseException) -> Failure:
-    detail = str(exc) or type(exc).__name__
+def _processing_failed(exc: BaseException | None) -> Failure:
+    # A task group wraps one error in a group: name the error, not the group.
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    detail = (str(exc) or type(exc).__name__) if exc is not None else "no result"
     return Failure(FailureClass.ENGINE_ERROR, f"processing failed: {detail}"[:500])

@@ -33,6 +33,9 @@ async def test_success_reports_events_in_order_then_acks(crew_server: Any, crew_
         assert engine.inputs[0] == turn["input"]  # the engine got exactly what was recorded
         assert turn["rooms"][0]["room_id"] == r.room["id"]
         assert turn["usage"]["input_tokens"] == 10
+        # The session was saved for the next turn.
+        session = crew_home / "agents" / r.runner.agent.id / "engines" / "opencode" / "session.json"
+        assert f"ses-{r.runner.agent.id[:8]}" in session.read_text()
         assert r.runner.last_result == "succeeded"
         assert r.metrics.turns["succeeded"] == 1
         # Acked: a new wake-up finds nothing unread and starts no turn.
@@ -206,3 +209,22 @@ async def test_stopped_while_claiming_the_turn_is_not_started(
         r.runner.wake()
         [turn] = await r.user.finished(r.runner.agent.id, 1)
         assert turn["status"] == "succeeded" and "stop me early" in engine.inputs[0]
+
+
+async def test_an_engine_breaking_its_contract_fails_the_turn_as_processing_failed(
+    crew_server: Any, crew_home: Path
+) -> None:
+    async def explode(engine: ScriptedEngine, request: Any, on_event: Any, stop: Any) -> Any:
+        raise RuntimeError("the engine raised")
+
+    engine = ScriptedEngine(script=[explode])
+    async with rig(crew_server.url, crew_home, engine) as r:
+        await r.user.post(r.room["id"], "contract")
+        r.runner.wake()
+        [turn] = await r.user.finished(r.runner.agent.id, 1)
+        assert turn["status"] == "failed"
+        assert turn["failure"]["reason"] == "processing failed: the engine raised"
+        # Not acked: handled again next time, and the runner lives on.
+        r.runner.wake()
+        turns = await r.user.finished(r.runner.agent.id, 2)
+        assert turns[1]["status"] == "succeeded" and "contract" in engine.inputs[1]
