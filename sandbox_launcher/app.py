@@ -25,7 +25,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from sandbox_launcher.engine_run import EngineRun
+from sandbox_launcher.engine_run import EngineRun, reap_group
 from sandbox_launcher.launcher import Launcher, RequestRefused
 from sandbox_launcher.schema import ModelList, RunList, RunRequest, StopResult
 
@@ -243,6 +243,7 @@ async def list_models(opencode: str) -> list[str]:
         with anyio.CancelScope(shield=True):
             _kill_group(process.pid)
             await process.wait()
+            reap_group(process.pid)  # only after the leader was waited for
             await process.aclose()
     if scope.cancelled_caught:
         raise ModelsFailed(504, "models_timeout", "opencode models took over 30 s and was stopped")

@@ -11,10 +11,12 @@ open (we read on for a short grace, then let go).
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
@@ -26,6 +28,7 @@ from sandbox_launcher.schema import ExitFrame, RunInfo
 
 log = logging.getLogger(__name__)
 
+_PR_SET_CHILD_SUBREAPER = 36
 STOP_GRACE_S = 2.0
 CLEANUP_GRACE_S = 2.0
 DRAIN_GRACE_S = 1.0
@@ -48,14 +51,40 @@ def _signal_group(pgid: int, sig: int) -> bool:
     return True
 
 
+def become_subreaper() -> None:
+    """Linux: adopt our runs' orphans (bwrap's helper outlives its leader a moment).
+
+    We reap them per group (`reap_group`); otherwise they would wait as zombies
+    for an init that, in some containers, never reaps.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        log.warning("prctl(PR_SET_CHILD_SUBREAPER) failed: errno %s", ctypes.get_errno())
+
+
+def reap_group(pgid: int) -> None:
+    """Reap our exited children in group `pgid` (only ever after its leader was waited for)."""
+    while True:
+        try:
+            if os.waitid(os.P_PGID, pgid, os.WEXITED | os.WNOHANG) is None:
+                return
+        except ChildProcessError:
+            return  # no children of ours left in that group
+
+
 def group_alive(pgid: int) -> bool:
     """Does the group still have a live (non-zombie) member?
 
-    `killpg(pgid, 0)` also succeeds for zombies, and orphans reparented to an
-    init that never reaps (some containers) would keep us waiting for nothing.
+    `killpg(pgid, 0)` also succeeds for zombies: reap ours first, and when a
+    member remains, look closer in /proc (a zombie of someone else's counts as gone).
     """
+    reap_group(pgid)
+    if not _signal_group(pgid, 0):
+        return False
     if not os.path.isdir("/proc/self"):
-        return _signal_group(pgid, 0)
+        return True
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -252,9 +281,11 @@ class EngineRun:
         """After the leader exited: SIGTERM what is left of the group, SIGKILL after 2 s."""
         if not _signal_group(pgid, signal.SIGTERM):
             return
+        pause = 0.001  # bwrap's own helper usually lingers a moment: look again soon
         with anyio.move_on_after(CLEANUP_GRACE_S):
             while group_alive(pgid):
-                await anyio.sleep(GROUP_POLL_S)
+                await anyio.sleep(pause)
+                pause = min(pause * 2, GROUP_POLL_S)
             return
         _signal_group(pgid, signal.SIGKILL)
 

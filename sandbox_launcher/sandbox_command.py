@@ -17,7 +17,7 @@ from types import FrameType
 
 from sandbox_launcher.backend import open_backend
 from sandbox_launcher.bwrap import LinuxMode
-from sandbox_launcher.engine_run import group_alive
+from sandbox_launcher.engine_run import become_subreaper, group_alive
 from sandbox_launcher.paths import PathRefused, resolved_dir
 from sandbox_launcher.policy import SandboxPolicy, check_read_dir
 from sandbox_launcher.selftest import self_test
@@ -99,6 +99,7 @@ def run_sandboxed(
     if backend is None or reason is not None:
         sys.stderr.write(f"crew-launcher sandbox: sandbox unavailable: {reason}\n")
         return 125
+    become_subreaper()
     process = subprocess.Popen(
         backend.argv(policy, command), env=agent_env(policy), start_new_session=True
     )

@@ -15,10 +15,12 @@ import logging
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
 from sandbox_launcher.backend import Backend
+from sandbox_launcher.engine_run import reap_group
 from sandbox_launcher.paths import is_inside
 from sandbox_launcher.policy import SandboxPolicy
 
@@ -98,29 +100,37 @@ def _judge(
 ) -> str | None:
     env = {"PATH": "/usr/bin:/bin", "HOME": str(policy.agent_dir), "TMPDIR": str(policy.tmp_dir)}
     try:
-        done = subprocess.run(
+        process = subprocess.Popen(
             backend.argv(policy, command),
             env=env,
             stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=SELFTEST_TIMEOUT_S,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             start_new_session=True,
-            check=False,
         )
+    except OSError as exc:
+        return f"the sandbox could not be started: {exc}"
+    try:
+        out, err = process.communicate(timeout=SELFTEST_TIMEOUT_S)
     except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
         return f"the sandbox self-test did not finish in {SELFTEST_TIMEOUT_S:.0f} s"
-    stdout = done.stdout.decode("utf-8", "replace")
-    stderr = done.stderr.decode("utf-8", "replace").strip()
+    finally:
+        reap_group(process.pid)
+    returncode = process.returncode
+    stdout = out.decode("utf-8", "replace")
+    stderr = err.decode("utf-8", "replace").strip()
     escaped = [str(p) for p in denied if p is not None and os.path.lexists(p)]
     if escaped:
         return f"the sandbox let a denied write through: {', '.join(escaped)} exists on the host"
     if stdout.splitlines()[:1] != [nonce]:
-        detail = stderr.splitlines()[0] if stderr else f"exit status {done.returncode}"
+        detail = stderr.splitlines()[0] if stderr else f"exit status {returncode}"
         return f"the sandbox did not start ({detail})"
-    if done.returncode in _FAILURES:
-        return f"sandbox self-test failed: {_FAILURES[done.returncode]}"
-    if done.returncode != 0:
-        return f"sandbox self-test failed with exit status {done.returncode}: {stderr[:300]}"
+    if returncode in _FAILURES:
+        return f"sandbox self-test failed: {_FAILURES[returncode]}"
+    if returncode != 0:
+        return f"sandbox self-test failed with exit status {returncode}: {stderr[:300]}"
     try:
         wrote = ok_file.read_text()
     except OSError as exc:

@@ -28,6 +28,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from sandbox_launcher.app import create_app
 from sandbox_launcher.backend import open_backend
 from sandbox_launcher.bwrap import LinuxMode
+from sandbox_launcher.engine_run import become_subreaper
 from sandbox_launcher.launcher import (
     Launcher,
     LauncherConfig,
@@ -227,6 +228,7 @@ def serve(
     """`crew-launcher serve`: run until stdin closes; 0 on an orderly stop."""
     secret = read_secret()
     set_parent_death_signal()
+    become_subreaper()
     launcher = build_launcher(crew_home, run_id, opencode, mode)
     sock = listen(socket_path)
     try:
