@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,14 @@ import pytest
 
 from computer_service.upstream import UnreadRoom, Upstream
 from tests.computer.rig import rig, wait_until
-from tests.computer.scripted import ScriptedEngine, blocking, fail, sleeping, wait_for_stop
+from tests.computer.scripted import (
+    ScriptedEngine,
+    blocking,
+    fail,
+    sleeping,
+    succeed,
+    wait_for_stop,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -118,8 +126,6 @@ async def test_stop_and_completion_at_once_counts_as_stopped(
         engine.started.set()
         await stop.wait()
         # The engine completed anyway: still stopped, no ack.
-        from tests.computer.scripted import succeed
-
         return await succeed(engine, request, on_event, stop)
 
     engine = ScriptedEngine(script=[finish_after_stop])
@@ -228,3 +234,33 @@ async def test_an_engine_breaking_its_contract_fails_the_turn_as_processing_fail
         r.runner.wake()
         turns = await r.user.finished(r.runner.agent.id, 2)
         assert turns[1]["status"] == "succeeded" and "contract" in engine.inputs[1]
+
+
+async def test_a_session_that_cannot_be_saved_fails_the_turn_without_ack(
+    crew_server: Any, crew_home: Path, tmp_path: Path
+) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+
+    async def plant_then_succeed(
+        engine: ScriptedEngine, request: Any, on_event: Any, stop: Any
+    ) -> Any:
+        # What a hostile agent could do from inside its sandbox during the turn.
+        engine_dir = crew_home / "agents" / request.agent_id / "engines" / "opencode"
+        shutil.rmtree(engine_dir)
+        engine_dir.symlink_to(elsewhere)
+        return await succeed(engine, request, on_event, stop)
+
+    engine = ScriptedEngine(script=[plant_then_succeed])
+    async with rig(crew_server.url, crew_home, engine) as r:
+        await r.user.post(r.room["id"], "save me")
+        r.runner.wake()
+        [turn] = await r.user.finished(r.runner.agent.id, 1)
+        assert turn["status"] == "failed"
+        assert turn["failure"]["reason"].startswith("processing failed: cannot save the session")
+        assert str(crew_home) not in turn["failure"]["reason"]
+        assert list(elsewhere.iterdir()) == []  # nothing written through the link
+        r.runner.wake()
+        turns = await r.user.finished(r.runner.agent.id, 2)
+        assert "save me" in engine.inputs[1]  # not acked: handled again
+        assert turns[1]["status"] == "failed"  # the link is still there: still refused
