@@ -298,8 +298,12 @@ class ComputerService:
 
     def _say_ready(self) -> None:
         if self._stdout is not None:
-            self._stdout.write(b"ready\n")
-            self._stdout.flush()
+            try:
+                self._stdout.write(b"ready\n")
+                self._stdout.flush()
+            except OSError as exc:
+                # Nobody reads stdout any more; stdin closing will say when to stop.
+                log.warning("could not write ready to stdout: %s", exc)
         self.ready = True
 
     async def _open_introspection(self) -> None:
