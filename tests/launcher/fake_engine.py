@@ -90,6 +90,7 @@ def hostile(cfg: dict[str, Any]) -> None:
     attempt("write_slash_tmp", lambda: write("/tmp/probe-slash-tmp.txt"))
     attempt("read_bin_crew", lambda: read(cfg["bin_crew"]))
     attempt("zsh_heredoc", zsh_heredoc)
+    attempt("inherited_fds", lambda: sorted(int(fd) for fd in os.listdir("/proc/self/fd")))
     attempt("rename_agent_dir", lambda: rename_across(cfg["agent_dir"]))
     attempt("rename_tmpdir", lambda: rename_across(os.environ["TMPDIR"]))
     # Leave processes behind: one in our group, one in its own session.

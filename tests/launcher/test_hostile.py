@@ -128,6 +128,8 @@ def test_hostile_engine_is_contained(
             worked(name)
         assert "crew-wrapper" in worked("read_bin_crew")["result"]
         assert "heredoc-ok" in worked("zsh_heredoc")["result"]
+        # stdin, stdout, stderr and listdir's own: no launcher socket leaks in
+        assert worked("inherited_fds")["result"] == repr([0, 1, 2, 3])
         assert "moved" in worked("rename_agent_dir")["result"]
         assert "moved" in worked("rename_tmpdir")["result"]
 
