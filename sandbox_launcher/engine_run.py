@@ -19,6 +19,7 @@ import subprocess
 import sys
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from typing import Literal
 
 import anyio
 import orjson
@@ -37,6 +38,7 @@ STDERR_TAIL = 64 * 1024
 READ_CHUNK = 64 * 1024
 
 Emit = Callable[[bytes], Awaitable[None]]
+StopReason = Literal["stopped", "output_too_large"]
 
 
 def _signal_group(pgid: int, sig: int) -> bool:
@@ -134,7 +136,7 @@ class EngineRun:
         self.started_at = datetime.now(UTC).isoformat(timespec="milliseconds")
         self.pid: int | None = None
         self.bytes_out = 0
-        self.reason: str | None = None
+        self.reason: StopReason | None = None
         self.client_gone = False
         self._stop = anyio.Event()
         self._leader_done = anyio.Event()
@@ -152,7 +154,7 @@ class EngineRun:
             bytes_out=self.bytes_out,
         )
 
-    def request_stop(self, reason: str = "stopped") -> None:
+    def request_stop(self, reason: StopReason = "stopped") -> None:
         """Ask for a graceful stop (SIGINT, SIGKILL after 2 s). Idempotent."""
         if self.reason is None:
             self.reason = reason
@@ -204,7 +206,7 @@ class EngineRun:
             code=code if code >= 0 else None,
             signal=-code if code < 0 else None,
             stderr_tail=_tail_text(bytes(self._stderr)),
-            reason=self.reason,  # type: ignore[arg-type]  # only the two literals are ever set
+            reason=self.reason,
         )
 
     async def _send(self, data: bytes) -> None:
@@ -251,6 +253,8 @@ class EngineRun:
                     chunk = chunk[:room]
                     self._over_limit(process.pid)
                 pending += chunk
+                if b"\n" not in chunk:
+                    continue  # a long line still arriving: do not rescan what we have
                 *lines, rest = pending.split(b"\n")
                 pending = bytearray(rest)
                 if lines:
