@@ -21,6 +21,7 @@ from crew_server.store import Store
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line."""
     parser = argparse.ArgumentParser(
         prog="crew-server",
         description="The reference crew server: rooms, messages, turns, tasks, reminders "
@@ -46,6 +47,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def is_loopback(host: str) -> bool:
+    """Whether `host` only listens on this machine."""
     if host == "localhost":
         return True
     try:
@@ -55,6 +57,7 @@ def is_loopback(host: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the server until stopped; the exit code."""
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     if args.dev and not is_loopback(args.host):

@@ -47,12 +47,14 @@ Handler = Callable[[Request], Awaitable[Response]]
 
 
 def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    """An orjson-encoded JSON answer."""
     return Response(
         orjson.dumps(data), status_code=status, media_type="application/json", headers=headers
     )
 
 
 def no_content() -> Response:
+    """204."""
     return Response(status_code=204)
 
 
@@ -75,12 +77,14 @@ class EventHub:
             loop.call_soon_threadsafe(self._set, set(self._waiting))
 
     def subscribe(self, computer_id: str) -> asyncio.Event:
+        """A flag set whenever this Computer gets new events."""
         self._loop = asyncio.get_running_loop()
         flag = asyncio.Event()
         self._waiting.setdefault(computer_id, set()).add(flag)
         return flag
 
     def unsubscribe(self, computer_id: str, flag: asyncio.Event) -> None:
+        """Forget a stream's flag (the stream ended)."""
         flags = self._waiting.get(computer_id)
         if flags is not None:
             flags.discard(flag)
@@ -129,6 +133,7 @@ class ReminderScheduler:
             return 0
 
     async def run(self) -> None:
+        """Fire due reminders until cancelled (the app's lifespan owns this task)."""
         self._poke = asyncio.Event()
         while True:
             self._poke.clear()
@@ -173,6 +178,7 @@ async def read_body(request: Request, model: type[M]) -> M:
 
 
 def bearer(request: Request) -> str:
+    """The bearer token of the request; Unauthorized when there is none."""
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
@@ -181,6 +187,7 @@ def bearer(request: Request) -> str:
 
 
 def int_param(request: Request, name: str, default: int, low: int, high: int) -> int:
+    """An integer query parameter within [low, high]; 422 otherwise."""
     raw = request.query_params.get(name)
     if raw is None:
         return default

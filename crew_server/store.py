@@ -71,6 +71,7 @@ def new_token(prefix: str) -> str:
 
 
 def new_id() -> str:
+    """A fresh UUID (text), the form of every id."""
     return str(uuid.uuid4())
 
 
@@ -115,6 +116,7 @@ class Store:
         self._migrate()
 
     def close(self) -> None:
+        """Close the database connection."""
         with self._lock:
             self._db.close()
 
@@ -227,6 +229,7 @@ class Store:
         return token
 
     def check_user_token(self, token: str) -> bool:
+        """Whether `token` is the user token."""
         with self._read() as db:
             row = db.execute("SELECT value FROM settings WHERE key = 'user_token_hash'").fetchone()
         return row is not None and secrets.compare_digest(row[0], hash_token(token))
@@ -271,6 +274,7 @@ class Store:
         return computer_id, token
 
     def list_computers(self) -> list[dict[str, Any]]:
+        """Every Computer with what it last reported (connect, models)."""
         with self._read() as db:
             rows = db.execute(
                 "SELECT id, name, epoch, hostname, platform, version, capacity, models, connected_at "
@@ -320,6 +324,7 @@ class Store:
         return {"computer_id": computer_id, "epoch": epoch, "server_time": now}
 
     def set_models(self, computer_id: str, models: list[str]) -> None:
+        """Record the models a Computer can run."""
         with self._write() as db:
             db.execute(
                 "UPDATE computers SET models = ? WHERE id = ?",
@@ -353,6 +358,7 @@ class Store:
     def create_agent(
         self, handle: str, name: str, persona: str, model: str, engine: str, computer_id: str | None
     ) -> dict[str, Any]:
+        """A new agent; its Computer (if any) hears `agents`. Handles are unique."""
         agent_id = new_id()
         with self._write() as db:
             self._check_computer(db, computer_id)
@@ -368,6 +374,7 @@ class Store:
         return self.get_agent(agent_id)
 
     def get_agent(self, agent_id: str) -> dict[str, Any]:
+        """One agent (without status)."""
         with self._read() as db:
             row = db.execute(
                 f"SELECT {self._AGENT_COLS} FROM agents WHERE id = ?", (agent_id,)
@@ -409,6 +416,7 @@ class Store:
         ]
 
     def computer_agents(self, computer_id: str) -> list[dict[str, Any]]:
+        """The agents assigned to a Computer, by handle."""
         with self._read() as db:
             rows = db.execute(
                 f"SELECT {self._AGENT_COLS} FROM agents WHERE computer_id = ? ORDER BY handle",
@@ -423,11 +431,13 @@ class Store:
             raise NotFound(f"no agent {agent_id} on this computer")
 
     def set_problem(self, computer_id: str, agent_id: str, reason: str | None) -> None:
+        """Set (or with None clear) why an agent of this Computer cannot run."""
         with self._write() as db:
             self._own_agent(db, computer_id, agent_id)
             db.execute("UPDATE agents SET problem = ? WHERE id = ?", (reason, agent_id))
 
     def issue_agent_token(self, computer_id: str, agent_id: str) -> str:
+        """A new token for an agent of this Computer, valid until the Computer reconnects."""
         token = new_token("cra")
         with self._write() as db:
             self._own_agent(db, computer_id, agent_id)
@@ -518,10 +528,12 @@ class Store:
             return self._room_view(db, room_id, None), True
 
     def get_room(self, room_id: str) -> dict[str, Any]:
+        """One room as the user sees it."""
         with self._read() as db:
             return self._room_view(db, room_id, None)
 
     def list_rooms(self) -> list[dict[str, Any]]:
+        """Every dm and group, oldest first."""
         with self._read() as db:
             ids = [
                 r[0]
@@ -604,6 +616,7 @@ class Store:
         return [self._message_of(r) for r in db.execute(_MESSAGE_SELECT + where, params)]
 
     def list_messages(self, room_id: str, after_seq: int, limit: int) -> list[dict[str, Any]]:
+        """A room's messages after `after_seq`, by seq, at most `limit`."""
         with self._read() as db:
             self._room_row(db, room_id)
             return self._messages(
@@ -613,6 +626,7 @@ class Store:
             )
 
     def get_message(self, message_id: str) -> dict[str, Any]:
+        """One message."""
         with self._read() as db:
             found = self._messages(db, "WHERE m.id = ?", (message_id,))
         if not found:
@@ -846,6 +860,7 @@ class Store:
             return answer
 
     def positions(self, agent_id: str) -> list[dict[str, Any]]:
+        """An agent's delivered and read positions per room."""
         with self._read() as db:
             if db.execute("SELECT 1 FROM agents WHERE id = ?", (agent_id,)).fetchone() is None:
                 raise NotFound(f"no agent {agent_id}")
@@ -868,6 +883,7 @@ class Store:
         model: str,
         session_id: str | None,
     ) -> dict[str, Any]:
+        """Record a running turn of an agent of this Computer → `{turn_id, fence}`."""
         turn_id = new_id()
         with self._write() as db:
             self._own_agent(db, computer_id, agent_id)
@@ -958,6 +974,7 @@ class Store:
         failure: dict[str, Any] | None,
         usage: dict[str, Any] | None,
     ) -> None:
+        """Record a turn's result; usage summed from `step_finish` events when absent."""
         with self._write() as db:
             self._fenced_turn(db, computer_id, turn_id, fence)
             if usage is None:
@@ -1019,6 +1036,7 @@ class Store:
         }
 
     def list_turns(self, agent_id: str | None, limit: int) -> list[dict[str, Any]]:
+        """Turns without events, newest first (of one agent when given)."""
         with self._read() as db:
             if agent_id is None:
                 rows = db.execute(
@@ -1034,6 +1052,7 @@ class Store:
         return [self._turn_of(r) for r in rows]
 
     def get_turn(self, turn_id: str) -> dict[str, Any]:
+        """A turn with its events in index order."""
         with self._read() as db:
             row = db.execute(
                 f"SELECT {self._TURN_COLS} FROM turns WHERE id = ?", (turn_id,)
@@ -1063,6 +1082,7 @@ class Store:
             ).fetchall()
 
     def last_event_id(self) -> int:
+        """The newest SSE event id of all Computers (0 when none)."""
         with self._read() as db:
             row = db.execute("SELECT MAX(id) FROM computer_events").fetchone()
         return int(row[0] or 0)
@@ -1118,6 +1138,7 @@ class Store:
         return row[3] if row[1] == "thread" and row[3] else row[0]
 
     def list_tasks(self, actor: Actor, room_id: str | None) -> list[dict[str, Any]]:
+        """Tasks of a room (a thread stands for its group), or all the actor can see."""
         with self._read() as db:
             if room_id is None:
                 if actor.kind == "agent":
@@ -1202,6 +1223,7 @@ class Store:
             return self._new_task(db, actor, room_id, message_id, title, assignee)
 
     def claim_task(self, actor: Actor, number: int, room_id: str | None = None) -> dict[str, Any]:
+        """The actor takes the task (refused when someone else holds it)."""
         with self._write() as db:
             row = self._task_row(db, number, room_id)
             self._check_actor_in(db, actor, row[4])
@@ -1226,6 +1248,7 @@ class Store:
     def set_task_status(
         self, actor: Actor, number: int, status: str, note: str | None, room_id: str | None = None
     ) -> dict[str, Any]:
+        """Move a task (agents: only their own) and post the notice in its thread."""
         with self._write() as db:
             row = self._task_row(db, number, room_id)
             self._check_actor_in(db, actor, row[4])
@@ -1256,6 +1279,7 @@ class Store:
     def assign_task(
         self, actor: Actor, number: int, assignee: str, room_id: str | None = None
     ) -> dict[str, Any]:
+        """Hand a task to a member (agents: when unassigned or their own)."""
         with self._write() as db:
             row = self._task_row(db, number, room_id)
             self._check_actor_in(db, actor, row[4])
@@ -1301,6 +1325,7 @@ class Store:
     def create_reminder(
         self, agent: AgentIdentity, room_id: str, title: str, schedule: rules.Schedule
     ) -> dict[str, Any]:
+        """A reminder of an agent in a room it belongs to."""
         reminder_id = new_id()
         with self._write() as db:
             self._require_member(db, room_id, agent.agent_id)
@@ -1328,6 +1353,7 @@ class Store:
         return self._reminder_of(row)
 
     def list_reminders(self, agent_id: str) -> list[dict[str, Any]]:
+        """An agent's reminders, soonest first."""
         with self._read() as db:
             rows = db.execute(
                 f"SELECT {self._REMINDER_COLS} FROM reminders WHERE agent_id = ? ORDER BY next_at, id",
@@ -1336,6 +1362,7 @@ class Store:
         return [self._reminder_of(r) for r in rows]
 
     def delete_reminder(self, agent_id: str, reminder_id: str) -> None:
+        """Cancel one of the agent's reminders."""
         with self._write() as db:
             gone = db.execute(
                 "DELETE FROM reminders WHERE id = ? AND agent_id = ?", (reminder_id, agent_id)
@@ -1344,6 +1371,7 @@ class Store:
             raise NotFound(f"no reminder {reminder_id} of yours; list them with crew remind list")
 
     def next_reminder_at(self) -> datetime | None:
+        """When the next reminder is due, or None."""
         with self._read() as db:
             row = db.execute("SELECT MIN(next_at) FROM reminders").fetchone()
         return parse_iso(row[0]) if row and row[0] else None
@@ -1389,6 +1417,7 @@ class Store:
     # ------------------------------------------------------------------ mutes
 
     def mute(self, agent: AgentIdentity, room_id: str, until: datetime | None) -> dict[str, Any]:
+        """Mute a group for an agent until `until` (15 minutes – 7 days ahead) or until unmuted."""
         with self._write() as db:
             self._require_member(db, room_id, agent.agent_id)
             kind = self._room_row(db, room_id)[1]
