@@ -54,11 +54,15 @@ class SandboxHealth(BaseModel):
 
 
 class EngineHealth(BaseModel):
+    """Whether the launcher found `opencode`, and its version."""
+
     found: bool
     version: str | None
 
 
 class Health(BaseModel):
+    """`GET /health`."""
+
     ready: bool
     connected: bool
     sandbox: SandboxHealth
@@ -69,6 +73,8 @@ class Health(BaseModel):
 
 
 class AgentRow(BaseModel):
+    """One row of `GET /agents`: a runner, or an agent that cannot run (`problem`)."""
+
     id: str
     handle: str
     state: Literal["idle", "queued", "running", "stopping", "problem"]
@@ -82,6 +88,8 @@ class AgentRow(BaseModel):
 
 
 class TurnSummary(BaseModel):
+    """One recent turn of an agent."""
+
     id: str
     status: str
     duration_ms: int
@@ -93,6 +101,8 @@ class TurnSummary(BaseModel):
 
 
 class AgentDetail(AgentRow):
+    """`GET /agents/{id}`: the row plus its recent turns."""
+
     recent_turns: list[TurnSummary]
 
 
@@ -136,6 +146,7 @@ class EventBus:
 
     @property
     def has_subscribers(self) -> bool:
+        """True while some `/events` reader listens."""
         return bool(self._subscribers)
 
     def publish(self, kind: str, data: dict[str, Any]) -> None:
@@ -172,6 +183,7 @@ class EventBus:
 
     @property
     def closed(self) -> bool:
+        """True once the bus was closed (the service is stopping)."""
         return self._closed.is_set()
 
 

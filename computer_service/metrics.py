@@ -23,6 +23,7 @@ class Histogram:
         self.counts = [0] * len(self.buckets)
 
     def observe(self, value: float) -> None:
+        """Count one value into its buckets."""
         self.count += 1
         self.total += value
         for i, bound in enumerate(self.buckets):
@@ -44,6 +45,7 @@ class Metrics:
         self.running_turns: Callable[[], int] = lambda: 0
 
     def turn_finished(self, status: str, duration_s: float) -> None:
+        """Count one finished turn and its duration."""
         self.turns[status] = self.turns.get(status, 0) + 1
         self.turn_duration.observe(duration_s)
 

@@ -43,6 +43,7 @@ class CurrentLauncher:
         self._parts = parts
 
     async def run(self, request: RunRequest) -> AsyncGenerator[Frame, None]:
+        """`POST /runs` on the current launcher; its frames, the last one `exit`."""
         client = self._parts.client
         if client is None:
             raise LauncherUnavailable("the sandbox launcher is not running (it is being restarted)")
@@ -52,6 +53,7 @@ class CurrentLauncher:
                 yield frame
 
     async def stop(self, run_id: str) -> None:
+        """Stop a run on the current launcher (none: nothing to stop)."""
         client = self._parts.client
         if client is not None:
             await client.stop(run_id)
@@ -104,6 +106,7 @@ class LocalParts:
         )
 
     async def stop_launcher(self) -> None:
+        """Close the client, then stop the launcher process (stdin, SIGTERM, SIGKILL)."""
         if self.client is not None:
             await self.client.aclose()
             self.client = None
@@ -121,20 +124,24 @@ class LocalParts:
         return await process.wait()
 
     async def models(self) -> list[str]:
+        """`opencode models` through the launcher (none without a launcher)."""
         if self.client is None:
             return []
         return await self.client.models()
 
     def prepare_run_dir(self) -> None:
+        """Clean `runtime/*`, create this run's dir and `bin/crew`; `StartupFailed` if not."""
         try:
             self.run_dir.prepare()
         except AgentHomeError as exc:
             raise StartupFailed(str(exc)) from exc
 
     def remove_run_dir(self) -> None:
+        """Delete this run's directory (logs, never raises)."""
         self.run_dir.remove()
 
     def engine(self) -> Engine:
+        """The OpenCode engine, following whichever launcher is current."""
         return OpenCodeEngine(
             CurrentLauncher(self),
             crew_home=self.crew_home,
@@ -145,6 +152,7 @@ class LocalParts:
         )
 
     def prepare_agent(self, agent: AgentRecord, token: str) -> AgentHome:
+        """Prepare the agent's home; `AgentPreparationFailed` with the reason if not."""
         home = AgentHome(AgentPaths(self.crew_home, self.run_id, agent.id), agent)
         try:
             home.prepare(token)

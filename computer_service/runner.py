@@ -53,6 +53,8 @@ Publish = Callable[[str, dict[str, Any]], None]
 
 
 class RunnerState(StrEnum):
+    """What a runner is doing, as introspection shows it."""
+
     IDLE = "idle"
     QUEUED = "queued"
     RUNNING = "running"
@@ -90,6 +92,7 @@ class TurnGate:
 
     @property
     def queued(self) -> int:
+        """How many turns wait for a slot."""
         return len(self._waiters)
 
     @asynccontextmanager
@@ -456,6 +459,7 @@ class Runner:
         }
 
     def recent_turns(self) -> list[dict[str, Any]]:
+        """The last turns, newest first."""
         return [asdict(record) for record in self.recent]
 
 

@@ -125,12 +125,15 @@ class Backoff:
         self.attempt = 0
 
     def reset(self) -> None:
+        """After a successful connect: start again from the base delay."""
         self.attempt = 0
 
     def server_retry(self, retry_ms: int) -> None:
+        """Take the server's `retry:` (milliseconds) as the base delay."""
         self.base_s = min(max(retry_ms / 1000, 0.05), self.cap_s)
 
     def next_delay(self) -> float:
+        """The next delay in seconds, doubled each time up to the cap, jittered."""
         delay = min(self.cap_s, self.base_s * 2**self.attempt)
         self.attempt = min(self.attempt + 1, 30)
         # Full jitter on the upper half: many Computers do not reconnect in lockstep.
@@ -272,6 +275,7 @@ class ComputerService:
             await self.upstream.aclose()
 
     def request_stop(self) -> None:
+        """Ask for an orderly stop (what stdin closing and the signals do)."""
         self.stop_requested.set()
 
     # --- startup steps -------------------------------------------------------
@@ -505,12 +509,14 @@ class ComputerService:
             log.warning("agent %s: reporting its problem failed: %s", agent.handle, exc)
 
     def wake_all(self) -> None:
+        """Wake every runner (after a (re)connect: messages may have arrived meanwhile)."""
         for runner in self.runners.values():
             runner.wake()
 
     # --- the introspection view (ComputerView) -------------------------------
 
     def health(self) -> Health:
+        """`GET /health`."""
         return Health(
             ready=self.ready,
             connected=self.connected,
@@ -528,11 +534,13 @@ class ComputerService:
         )
 
     def agent_rows(self) -> list[AgentRow]:
+        """`GET /agents`: runners and agents with a problem, by handle."""
         rows = [AgentRow.model_validate(runner.row()) for runner in self.runners.values()]
         rows += [_problem_row(agent, reason) for agent, reason in self.problems.values()]
         return sorted(rows, key=lambda row: row.handle)
 
     def agent_detail(self, agent_id: str) -> AgentDetail | None:
+        """`GET /agents/{id}`; None for an unknown agent."""
         if (runner := self.runners.get(agent_id)) is not None:
             turns = [TurnSummary.model_validate(t) for t in runner.recent_turns()]
             return AgentDetail.model_validate({**runner.row(), "recent_turns": turns})
@@ -542,12 +550,14 @@ class ComputerService:
         return None
 
     def wake_agent(self, agent_id: str) -> bool | None:
+        """`POST /agents/{id}/wake`: None unknown, False cannot run, True woken."""
         if (runner := self.runners.get(agent_id)) is not None:
             runner.wake()
             return True
         return False if agent_id in self.problems else None
 
     def stop_agent(self, agent_id: str) -> bool | None:
+        """`POST /agents/{id}/stop`: None unknown, False nothing running, True stopping."""
         if (runner := self.runners.get(agent_id)) is not None:
             return runner.stop_turn()
         return False if agent_id in self.problems else None

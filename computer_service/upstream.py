@@ -62,6 +62,8 @@ class _Answer(BaseModel):
 
 
 class ConnectAnswer(_Answer):
+    """`POST /computer/connect`: who we are and this connection's epoch."""
+
     computer_id: str
     epoch: int
     server_time: str
@@ -83,6 +85,8 @@ class AgentRecord(_Answer):
 
 
 class TokenAnswer(_Answer):
+    """A new agent token."""
+
     token: str = Field(min_length=1)
 
 
@@ -95,31 +99,42 @@ class RoomRef(BaseModel):
 
 
 class MessageRef(BaseModel):
+    """A message as the server sends it; the fields we rely on, everything else kept."""
+
     model_config = ConfigDict(extra="allow")
     id: str
     seq: int
 
 
 class UnreadRoom(BaseModel):
+    """One room of the unread answer with its messages (by `seq`)."""
+
     model_config = ConfigDict(extra="allow")
     room: RoomRef
     messages: list[MessageRef]
 
     def seq_range(self) -> tuple[int, int]:
+        """The first and last sequence number of the unread messages."""
         seqs = [m.seq for m in self.messages]
         return min(seqs), max(seqs)
 
 
 class UnreadAnswer(_Answer):
+    """`POST …/unread`."""
+
     rooms: list[UnreadRoom]
 
 
 class RegisteredTurn(_Answer):
+    """A registered turn: its id and the fence every later write carries."""
+
     turn_id: str
     fence: int
 
 
 class TurnRoom(BaseModel):
+    """Which messages of one room a turn handles."""
+
     room_id: str
     from_seq: int
     to_seq: int
@@ -157,6 +172,7 @@ class Upstream:
         )
 
     async def aclose(self) -> None:
+        """Close the connection pool."""
         await self._client.aclose()
 
     # Connection and agents.
@@ -181,6 +197,7 @@ class Upstream:
         return [_validate(AgentRecord, item, "GET /computer/agents") for item in data]
 
     async def put_models(self, models: list[str]) -> None:
+        """`PUT /computer/models`: the models this Computer can run."""
         await self._call_raw("PUT", "/computer/models", {"models": models})
 
     async def set_problem(self, agent_id: str, reason: str) -> None:
@@ -188,9 +205,11 @@ class Upstream:
         await self._call_raw("PUT", f"/computer/agents/{agent_id}/problem", {"reason": reason})
 
     async def clear_problem(self, agent_id: str) -> None:
+        """`DELETE …/problem`: the agent can run again."""
         await self._call_raw("DELETE", f"/computer/agents/{agent_id}/problem", None)
 
     async def issue_token(self, agent_id: str) -> str:
+        """`POST …/token`: a new token for the agent's `crew` command."""
         answer = await self._call("POST", f"/computer/agents/{agent_id}/token", None, TokenAnswer)
         return answer.token
 
@@ -210,6 +229,7 @@ class Upstream:
         model: str,
         session_id: str | None,
     ) -> RegisteredTurn:
+        """`POST …/turns`: record a turn (rooms, whole input); its id and fence."""
         body = {
             "rooms": [r.model_dump() for r in rooms],
             "input": turn_input,
@@ -222,6 +242,7 @@ class Upstream:
     async def report_events(
         self, turn_id: str, fence: int, first_index: int, events: list[dict[str, Any]]
     ) -> None:
+        """`POST /computer/turns/{id}/events`: one batch, numbered from `first_index`."""
         body = {"fence": fence, "first_index": first_index, "events": events}
         await self._call_raw("POST", f"/computer/turns/{turn_id}/events", body)
 
@@ -233,6 +254,7 @@ class Upstream:
         failure: dict[str, str] | None,
         usage: dict[str, Any],
     ) -> None:
+        """`POST /computer/turns/{id}/finish`: the turn's result."""
         body = {"fence": fence, "status": status, "failure": failure, "usage": usage}
         await self._call_raw("POST", f"/computer/turns/{turn_id}/finish", body)
 
