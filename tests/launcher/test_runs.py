@@ -144,7 +144,7 @@ def test_stop_kills_an_engine_that_ignores_sigint(
         client.post(f"/runs/{reader._body['run_id']}/stop")
     reader.join(10)
     took = reader.ended_at - asked
-    assert 1.9 < took < 3.0, took
+    assert 1.9 < took < 3.5, took  # the 2 s grace, then SIGKILL
     exit_frame = reader.frames[-1]
     assert exit_frame["reason"] == "stopped" and exit_frame["signal"] == 9
 
