@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,17 @@ def test_messages_before_start_wakes_and_new_agents_then_a_clean_exit(crew_serve
             crew_server.post(dm["id"], "a second message")
             turns = finished(crew_server, alice["id"], 2)
             assert all(t["status"] == "succeeded" for t in turns)
+
+            # The models `opencode models` listed were reported (read from the server's db).
+            def reported_models() -> list[str] | None:
+                with sqlite3.connect(crew_server.db) as db:
+                    row = db.execute(
+                        "SELECT models FROM computers WHERE id = ?", (comp["computer_id"],)
+                    ).fetchone()
+                return orjson.loads(row[0]) if row and row[0] else None
+
+            models = wait_for("the models", reported_models)
+            assert models and all("/" in name for name in models)
 
             # A new agent appears while running.
             bob = crew_server.create_agent("bob1", computer_id=comp["computer_id"])
