@@ -416,9 +416,7 @@ def main() -> None:
 
 
 def pipeline(args: argparse.Namespace) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--turns", type=int, default=15)
-    args = parser.parse_args()
+    """Post → engine started, and crew reply → turn succeeded, next to the sandbox alone."""
     got = measure(args.turns)
     spawn, winddown, post_start, reply_done = (
         got.spawn,
