@@ -104,11 +104,6 @@ def test_thread_refusals(world: World) -> None:
     assert world.messages(group) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="crew-server opens threads in a dm and nests them in threads; "
-    "upstream.md: a thread hangs off a group message (reported)",
-)
 @pytest.mark.parametrize("where", ["dm", "thread"])
 def test_thread_outside_a_group_is_refused(world: World, where: str) -> None:
     room = world.dm["id"]
