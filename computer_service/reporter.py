@@ -14,6 +14,7 @@ from types import TracebackType
 from typing import Any
 
 import anyio
+import orjson
 from anyio.abc import TaskGroup
 
 from computer_service.engine.base import EngineEvent
@@ -24,8 +25,10 @@ log = logging.getLogger(__name__)
 
 BatchSender = Callable[[int, list[dict[str, Any]]], Awaitable[None]]
 
-# One request carries at most this many events; a flood is split, still in order.
+# One request carries at most this many events and bytes (the server refuses
+# bodies over 1 MiB); a flood is split, still in order.
 MAX_BATCH_EVENTS = 2000
+MAX_BATCH_BYTES = 512 * 1024
 
 
 class RunReporter:
@@ -41,6 +44,7 @@ class RunReporter:
         self._metrics = metrics
         self._on_stale = on_stale
         self._pending: list[dict[str, Any]] = []
+        self._sizes: list[int] = []  # encoded size of each pending event
         self._ready = anyio.Event()
         self._closed = False
         self._stale = False
@@ -69,7 +73,9 @@ class RunReporter:
 
     async def report(self, event: EngineEvent) -> None:
         """Queue one event; it goes out with the next batch (an `EventSink`)."""
-        self._pending.append(event.as_upstream())
+        body = event.as_upstream()
+        self._pending.append(body)
+        self._sizes.append(len(orjson.dumps(body)))
         self._metrics.events_reported += 1
         if not self._ready.is_set():
             self._ready.set()
@@ -87,8 +93,10 @@ class RunReporter:
                 await self._ready.wait()
                 self._ready = anyio.Event()
                 continue
-            batch = self._pending[:MAX_BATCH_EVENTS]
-            del self._pending[:MAX_BATCH_EVENTS]
+            count = _batch_length(self._sizes)
+            batch = self._pending[:count]
+            del self._pending[:count]
+            del self._sizes[:count]
             first_index = self._next_index
             self._next_index += len(batch)
             await self._send_batch(first_index, batch)
@@ -119,3 +127,13 @@ class RunReporter:
     def _dropped(self) -> None:
         self.batches_dropped += 1
         self._metrics.batches_dropped += 1
+
+
+def _batch_length(sizes: list[int]) -> int:
+    """How many of the pending events fit one request (always at least one)."""
+    total = 0
+    for count, size in enumerate(sizes[:MAX_BATCH_EVENTS]):
+        total += size
+        if total > MAX_BATCH_BYTES and count > 0:
+            return count
+    return min(len(sizes), MAX_BATCH_EVENTS)

@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import anyio
+import orjson
 import pytest
 
 from computer_service.engine.base import EngineEvent
 from computer_service.metrics import Metrics
-from computer_service.reporter import MAX_BATCH_EVENTS, RunReporter
+from computer_service.reporter import MAX_BATCH_BYTES, MAX_BATCH_EVENTS, RunReporter
 from computer_service.upstream import StaleTurn, UpstreamUnavailable
 
 pytestmark = pytest.mark.anyio
@@ -91,6 +92,24 @@ async def test_close_flushes_everything_and_a_flood_is_split_in_order() -> None:
     assert indexes == [sum(sizes[:i]) for i in range(len(sizes))]
     assert max(sizes) <= MAX_BATCH_EVENTS
     assert sender.max_in_flight == 1
+
+
+async def test_batches_of_large_events_stay_under_the_byte_cap() -> None:
+    """4,096-character tool texts of 4-byte characters: 2,000 of them would be ~32 MiB."""
+    bodies: list[int] = []
+
+    async def send(first_index: int, events: list[dict[str, Any]]) -> None:
+        bodies.append(len(orjson.dumps({"fence": 1, "first_index": first_index, "events": events})))
+
+    big = "😀" * 4096
+    async with RunReporter(send, Metrics()) as reporter:
+        for _ in range(300):
+            await reporter.report(
+                EngineEvent(type="text", at="2026-01-01T00:00:00+00:00", data={"text": big})
+            )
+    assert len(bodies) > 1
+    assert max(bodies) <= MAX_BATCH_BYTES + 1024 < 1024 * 1024
+    assert sum(bodies) > 300 * 4096 * 4
 
 
 async def test_stale_turn_calls_back_once_and_sends_nothing_more() -> None:
