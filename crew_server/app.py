@@ -478,15 +478,12 @@ def create_app(
 
     async def get_events(request: Request) -> Response:
         computer_id = computer(request)
-        newest = store.last_event_id()
-        raw = request.headers.get("last-event-id")
-        if raw is None or not raw.strip():
-            cursor = newest
-        elif raw.strip().isdigit():
-            # An id from before a database reset would hide every new event: start afresh.
-            cursor = min(int(raw), newest)
-        else:
+        raw = (request.headers.get("last-event-id") or "").strip()
+        if raw and not (raw.isdigit() and len(raw) <= 18):
             raise Invalid("Last-Event-ID must be an id this server sent (an integer)")
+        # An id from before a database reset would hide every new event: start afresh.
+        # One older than the replay log: wake every agent of this Computer first.
+        cursor, lost = store.replay_start(computer_id, int(raw) if raw else None)
         flag = hub.subscribe(computer_id)
 
         async def stream() -> AsyncIterator[bytes]:
@@ -496,6 +493,13 @@ def create_app(
             retry = "retry: 2000\n"
             try:
                 yield b": connected\n\n"
+                if lost:
+                    # The agent list may have changed too: `agents` (agent_id null) first.
+                    resync = [("agents", None), *(("wake", a) for a in lost)]
+                    for event, agent_id in resync:
+                        data = orjson.dumps({"agent_id": agent_id}).decode()
+                        yield f"{retry}id: {cursor}\nevent: {event}\ndata: {data}\n\n".encode()
+                        retry = ""
                 while not hub.closed:
                     flag.clear()
                     rows = store.events_after(computer_id, cursor)

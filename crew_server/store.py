@@ -99,8 +99,17 @@ class AgentIdentity:
 class Store:
     """The server's durable state and the operations on it (see module docstring)."""
 
-    def __init__(self, path: str, clock: Clock) -> None:
+    def __init__(
+        self,
+        path: str,
+        clock: Clock,
+        *,
+        event_log_keep: int = EVENT_LOG_KEEP,
+        prune_every: int = _PRUNE_EVERY,
+    ) -> None:
         self.clock = clock
+        self._event_log_keep = event_log_keep
+        self._prune_every = prune_every
         self._lock = threading.RLock()
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA foreign_keys = ON")
@@ -187,12 +196,18 @@ class Store:
         )
         self._touched.update(c for c, _, _ in events)
         self._events_since_prune += len(events)
-        if self._events_since_prune >= _PRUNE_EVERY:
+        if self._events_since_prune >= self._prune_every:
             self._events_since_prune = 0
-            db.execute(
-                "DELETE FROM computer_events WHERE id <= (SELECT MAX(id) FROM computer_events) - ?",
-                (EVENT_LOG_KEEP,),
-            )
+            through = db.execute("SELECT MAX(id) FROM computer_events").fetchone()[0]
+            through -= self._event_log_keep
+            if through > 0:
+                db.execute("DELETE FROM computer_events WHERE id <= ?", (through,))
+                # Remembered so a stream resuming from before it knows it missed events.
+                db.execute(
+                    "INSERT INTO settings VALUES ('events_pruned_through', ?) ON CONFLICT (key) "
+                    "DO UPDATE SET value = MAX(CAST(value AS INTEGER), excluded.value)",
+                    (through,),
+                )
 
     def _wake(self, db: sqlite3.Connection, agent_ids: Iterable[str]) -> None:
         """A `wake` to the Computer of each agent (agents on no Computer wait unread)."""
@@ -1080,6 +1095,31 @@ class Store:
                 "ORDER BY id LIMIT ?",
                 (computer_id, after_id, limit),
             ).fetchall()
+
+    def replay_start(self, computer_id: str, last_id: int | None) -> tuple[int, list[str]]:
+        """Where a stream resuming after `last_id` starts, and whom it must wake first.
+
+        Without `last_id` (or with one newer than any event: a reset database) the stream
+        starts at now. When the log was pruned past `last_id`, events of this Computer may
+        be gone: the answer then lists every agent of this Computer, so the stream wakes
+        them all (a spare wake costs one empty claim; a lost one leaves messages unread).
+        """
+        with self._read() as db:
+            newest = int(db.execute("SELECT MAX(id) FROM computer_events").fetchone()[0] or 0)
+            if last_id is None or last_id > newest:
+                return newest, []
+            row = db.execute(
+                "SELECT value FROM settings WHERE key = 'events_pruned_through'"
+            ).fetchone()
+            if row is None or last_id >= int(row[0]):
+                return last_id, []
+            agents = [
+                r[0]
+                for r in db.execute(
+                    "SELECT id FROM agents WHERE computer_id = ? ORDER BY handle", (computer_id,)
+                )
+            ]
+            return int(row[0]), agents
 
     def last_event_id(self) -> int:
         """The newest SSE event id of all Computers (0 when none)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -127,12 +128,10 @@ def test_new_agent_on_a_computer_sends_agents_and_bad_token_is_401(tmp_path: Pat
         assert got[0].event == "agents"
 
 
-@pytest.fixture
-def threaded_server() -> Iterator[tuple[str, Store]]:
-    """uvicorn in a thread serving an app whose pings come every 0.2 s."""
-    clock = Clock()
-    store = Store(":memory:", clock)
-    app = create_app(store, clock, dev=True, ping_seconds=0.2)
+@contextmanager
+def serve_in_thread(store: Store, ping_seconds: float = 15.0) -> Iterator[str]:
+    """uvicorn in a thread serving a dev app on `store`; yields its URL."""
+    app = create_app(store, store.clock, dev=True, ping_seconds=ping_seconds)
     port = free_port()
     config = uvicorn.Config(
         app,
@@ -150,10 +149,21 @@ def threaded_server() -> Iterator[tuple[str, Store]]:
         time.sleep(0.02)
     assert server.started, "uvicorn did not start"
     try:
-        yield f"http://127.0.0.1:{port}", store
+        yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
+        app.state.hub.close()
         thread.join(timeout=10)
+
+
+@pytest.fixture
+def threaded_server() -> Iterator[tuple[str, Store]]:
+    """uvicorn in a thread serving an app whose pings come every 0.2 s."""
+    store = Store(":memory:", Clock())
+    try:
+        with serve_in_thread(store, ping_seconds=0.2) as url:
+            yield url, store
+    finally:
         store.close()
 
 
@@ -176,3 +186,51 @@ def test_pings_carry_the_stream_position(threaded_server: tuple[str, Store]) -> 
                     break
         assert seen == [("ping", position, {}), ("ping", position, {})]
         assert alice["handle"] == "alice"
+
+
+def _pruned_world(store: Store) -> tuple[str, str, list[dict[str, Any]]]:
+    """A Computer with two agents (and one elsewhere) and enough wakes to prune the log."""
+    computer_id, token = store.create_computer("box")
+    other_id, _ = store.create_computer("other")
+    agents = [
+        store.create_agent(h, h.title(), "", "m/x", "opencode", computer_id) for h in ("bob", "al")
+    ]
+    store.create_agent("stranger", "S", "", "m/x", "opencode", other_id)
+    room, _ = store.create_room("dm", None, [agents[0]["id"]])
+    for i in range(12):
+        store.user_post(room["id"], f"message {i}", None)
+    return computer_id, token, agents
+
+
+def test_a_cursor_older_than_the_log_asks_to_wake_every_agent_of_that_computer() -> None:
+    store = Store(":memory:", Clock(), event_log_keep=4, prune_every=1)
+    computer_id, _, agents = _pruned_world(store)
+    newest = store.last_event_id()
+    assert len(store.events_after(computer_id, 0)) == 4  # the rest was pruned
+    pruned = newest - 4
+    cursor, lost = store.replay_start(computer_id, 1)
+    assert cursor == pruned and lost == [agents[1]["id"], agents[0]["id"]]  # by handle
+    assert store.replay_start(computer_id, pruned) == (pruned, [])  # nothing lost after it
+    assert store.replay_start(computer_id, newest - 1) == (newest - 1, [])
+    assert store.replay_start(computer_id, None) == (newest, [])
+    assert store.replay_start(computer_id, newest + 100) == (newest, [])  # a reset database
+
+
+@pytest.mark.timeout(30)
+def test_a_stream_resuming_before_the_log_wakes_every_agent_then_replays_the_rest() -> None:
+    store = Store(":memory:", Clock(), event_log_keep=4, prune_every=1)
+    try:
+        computer_id, token, agents = _pruned_world(store)
+        kept = [str(i) for i, _, _ in store.events_after(computer_id, 0)]
+        pruned = str(int(kept[0]) - 1)
+        with serve_in_thread(store) as url, httpx.Client(base_url=url) as client:
+            got = read_events(client, "/computer/events", token, 3 + len(kept), last_id="2")
+        assert [(e.event, e.id, e.json()) for e in got[:3]] == [
+            ("agents", pruned, {"agent_id": None}),
+            ("wake", pruned, {"agent_id": agents[1]["id"]}),
+            ("wake", pruned, {"agent_id": agents[0]["id"]}),
+        ]
+        assert got[0].retry == 2000
+        assert [(e.event, e.id) for e in got[3:]] == [("wake", i) for i in kept]
+    finally:
+        store.close()
