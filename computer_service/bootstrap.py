@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator
 
 MAX_BOOTSTRAP_BYTES = 64 * 1024
 
@@ -24,7 +24,8 @@ class Bootstrap(BaseModel):
     server_url: str = Field(min_length=1, max_length=2048)
     token: str = Field(min_length=1, max_length=4096, repr=False)
     crew_home: Path | None = None
-    max_concurrent_turns: int | None = Field(default=None, ge=1, le=1024)
+    # Strict: `"4"` or `true` here is a bug in the app that wrote the line, not a count.
+    max_concurrent_turns: Annotated[int, Strict()] | None = Field(default=None, ge=1, le=1024)
     opencode_path: Path | None = None
     sandbox_mode: Literal["hybrid", "tmpfs"] | None = None
 

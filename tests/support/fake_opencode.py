@@ -34,6 +34,10 @@ Behaviour is chosen by markers in the turn input (any line), else by
 - `FAKE:STEPS <n>`     n tool-call steps, then a text step
 - `FAKE:BG [s]`        leave a background child (own session) holding stdout open that
                        touches `bg-survived` in the work dir after s seconds (default 2); exit 0
+- `FAKE:HUGELINE`      step_start, then one text event line of 9 MiB (over the 8 MiB output cap)
+- `FAKE:ONCE <marker>` the first run in this work dir behaves as `FAKE:<marker>`, later ones as OK
+- `FAKE:HOSTILE <json>` a hostile agent (tests/faults): tries what the sandbox must deny and
+                       writes what happened to `$HOME/hostile-<phase>.json` (see `hostile`)
 """
 
 from __future__ import annotations
@@ -169,7 +173,110 @@ def main() -> int:
     return run_mode(out, *marker(stdin))
 
 
+def attempt(results: dict[str, dict[str, object]], name: str, action: object) -> None:
+    """Run one hostile probe; record whether it worked, and its result or errno."""
+    try:
+        result = action()  # type: ignore[operator]
+    except OSError as exc:
+        results[name] = {"worked": False, "errno": exc.errno, "error": str(exc)}
+        return
+    results[name] = {"worked": True, "result": repr(result)[:200]}
+
+
+def hostile(cfg: dict[str, object]) -> dict[str, dict[str, object]]:
+    """What an agent turned hostile tries from inside its sandbox (`cfg["phase"]`).
+
+    `probe`: read the user's ssh key and the other agent's token and files, write
+    `~/.bashrc` and into the other agent's work dir, connect to the crew sockets,
+    signal the Computer, leave `setsid sleep <marker>` behind, make its
+    `session.json` a FIFO. `links`: replace its own `work/` and `engines/opencode`
+    with symlinks to the other agent's.
+    """
+    import socket as socket_mod
+
+    def read(path: object) -> str:
+        with open(str(path), encoding="utf-8", errors="replace") as f:
+            return f.read()
+
+    def write(path: object, mode: str = "w") -> int:
+        with open(str(path), mode, encoding="utf-8") as f:
+            return f.write("pwned\n")
+
+    def connect(path: object) -> str:
+        s = socket_mod.socket(socket_mod.AF_UNIX, socket_mod.SOCK_STREAM)
+        try:
+            s.connect(str(path))
+        finally:
+            s.close()
+        return "connected"
+
+    def shell(command: str) -> str:
+        done = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise OSError(0, f"exit {done.returncode}: {done.stderr.strip()[:150]}")
+        return done.stdout
+
+    results: dict[str, dict[str, object]] = {}
+    own = os.environ["HOME"]
+    other = str(cfg["other_agent_dir"])
+    if cfg["phase"] == "probe":
+        home, pid = cfg["user_home"], int(str(cfg["computer_pid"]))
+        attempt(results, "read_ssh_key", lambda: read(f"{home}/.ssh/id_rsa"))
+        attempt(results, "write_bashrc", lambda: write(f"{home}/.bashrc", "a"))
+        attempt(results, "read_own_token", lambda: read(os.environ["CREW_TOKEN_FILE"]))
+        attempt(results, "read_other_token", lambda: read(cfg["other_token"]))
+        attempt(results, "read_other_memory", lambda: read(f"{other}/work/MEMORY.md"))
+        attempt(results, "write_other_work", lambda: write(f"{other}/work/pwned.txt"))
+        attempt(results, "connect_computer_socket", lambda: connect(cfg["computer_sock"]))
+        attempt(results, "connect_launcher_socket", lambda: connect(cfg["launcher_sock"]))
+        attempt(results, "kill_0_computer", lambda: os.kill(pid, 0))
+        attempt(results, "kill_term_computer", lambda: os.kill(pid, signal.SIGTERM))
+        attempt(results, "shell_kill_computer", lambda: shell(f"kill -TERM {pid}"))
+        subprocess.Popen(["setsid", "sleep", str(cfg["marker"])], stdout=subprocess.DEVNULL)
+        subprocess.Popen(["sleep", str(cfg["marker"])], stdout=subprocess.DEVNULL)
+        session = os.path.join(own, "engines", "opencode", "session.json")
+
+        def make_fifo() -> str:
+            if os.path.lexists(session):
+                os.remove(session)
+            os.mkfifo(session)
+            return "fifo"
+
+        attempt(results, "session_fifo", make_fifo)
+    else:
+
+        def swap(name: str) -> str:
+            mine = os.path.join(own, name)
+            os.rename(mine, mine + ".old")
+            os.symlink(os.path.join(other, name), mine)
+            return "linked"
+
+        attempt(results, "link_work", lambda: swap("work"))
+        attempt(results, "link_engine_dir", lambda: swap(os.path.join("engines", "opencode")))
+    with open(os.path.join(own, f"hostile-{cfg['phase']}.json"), "w") as f:
+        json.dump(results, f)
+    return results
+
+
 def run_mode(out: Out, name: str, arg: str) -> int:
+    if name == "ONCE":
+        flag = os.path.join(os.environ.get("PWD") or os.getcwd(), ".fake-opencode", "once-done")
+        if os.path.exists(flag):
+            name, arg = "OK", ""
+        else:
+            open(flag, "w").close()
+            name, _, arg = arg.partition(" ")
+    if name == "HUGELINE":
+        out.step_start()
+        out.text("z" * (9 * 1024 * 1024))
+        out.step_finish()
+        return 0
+    if name == "HOSTILE":
+        out.step_start()
+        start = now_ms()
+        results = hostile(json.loads(arg))
+        out.tool("hostile probes", json.dumps(results)[:4000], 0, start)
+        out.step_finish(reason="tool-calls")
     if name == "HANG":
         out.step_start()
         while True:

@@ -1,0 +1,37 @@
+"""Helpers shared by the fault tests: the Computer as a real process, waiting on the server."""
+
+from __future__ import annotations
+
+import shutil
+from typing import Any
+
+from tests.computer.computer_proc import ComputerProc, wait_for
+from tests.support.ci import required_in_ci
+
+
+def need_sandbox() -> None:
+    """bwrap is required in CI; locally its absence skips."""
+    if shutil.which("bwrap") is None:
+        required_in_ci("bubblewrap (apt-get install bubblewrap)")
+
+
+def finished(server: Any, agent_id: str, count: int, timeout: float = 30) -> list[dict[str, Any]]:
+    """The agent's finished turns, oldest first, once there are at least `count`."""
+
+    def probe() -> list[dict[str, Any]] | None:
+        done = [t for t in reversed(server.turns(agent_id)) if t["status"] != "running"]
+        return done if len(done) >= count else None
+
+    return wait_for(f"{count} finished turns", probe, timeout)
+
+
+def usable(c: ComputerProc) -> dict[str, Any]:
+    """`/health` once the launcher answered; the sandbox must be usable."""
+    health = wait_for("the launcher's health", c.health_known, 60)
+    assert health["sandbox"]["ok"], f"sandbox not usable: {health}\n{c.stderr()[-2000:]}"
+    return health
+
+
+def read_positions(server: Any, agent_id: str) -> dict[str, tuple[int, int]]:
+    """`{room_id: (delivered_seq, read_seq)}` of an agent."""
+    return {p["room_id"]: (p["delivered_seq"], p["read_seq"]) for p in server.positions(agent_id)}

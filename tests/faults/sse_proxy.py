@@ -1,0 +1,108 @@
+"""A tiny upstream in front of the real crew server whose event stream the test writes.
+
+Every request but `GET /computer/events` is passed on to the real server. The
+event stream is the test's own: it opens with `: connected`, then carries
+exactly the bytes the test injects (garbage included) until the test closes it.
+Runs uvicorn in a thread; `inject()` and `close_stream()` are thread-safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from tests.support.crew_server_proc import free_port
+
+_CLOSE = b""
+
+
+class SSEProxy:
+    """`url` for the Computer's bootstrap; `streams` holds each stream's request headers."""
+
+    def __init__(self, upstream_url: str) -> None:
+        self.upstream_url = upstream_url
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.streams: list[dict[str, str]] = []
+        self._queues: list[asyncio.Queue[bytes]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        app = Starlette(
+            routes=[
+                Route("/computer/events", self._events, methods=["GET"]),
+                Route("/{path:path}", self._forward, methods=["GET", "POST", "PUT", "DELETE"]),
+            ]
+        )
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off"
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, daemon=True)
+
+    def start(self) -> SSEProxy:
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("the SSE proxy did not start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._server.force_exit = True
+        for queue in self._queues:
+            self._put(queue, _CLOSE)
+        self._thread.join(timeout=10)
+
+    def inject(self, raw: bytes) -> None:
+        """Write `raw` as it is into the newest event stream."""
+        assert raw, "nothing to inject"
+        self._put(self._queues[-1], raw)
+
+    def close_stream(self) -> None:
+        """End the newest event stream (the Computer should reconnect)."""
+        self._put(self._queues[-1], _CLOSE)
+
+    def _put(self, queue: asyncio.Queue[bytes], raw: bytes) -> None:
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(queue.put_nowait, raw)
+
+    async def _events(self, request: Request) -> Response:
+        self._loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[bytes] = asyncio.Queue()
+        self._queues.append(queue)
+        self.streams.append(dict(request.headers))
+
+        async def body() -> AsyncIterator[bytes]:
+            yield b": connected\n\n"
+            while (raw := await queue.get()) != _CLOSE:
+                yield raw
+
+        return StreamingResponse(body(), media_type="text/event-stream")
+
+    async def _forward(self, request: Request) -> Response:
+        headers: dict[str, Any] = {
+            k: v
+            for k, v in request.headers.items()
+            if k.lower() in ("authorization", "content-type")
+        }
+        async with httpx.AsyncClient(base_url=self.upstream_url, timeout=30) as client:
+            answer = await client.request(
+                request.method,
+                request.url.path,
+                params=request.query_params,
+                content=await request.body(),
+                headers=headers,
+            )
+        kept = {k: v for k, v in answer.headers.items() if k.lower() == "content-type"}
+        return Response(answer.content, status_code=answer.status_code, headers=kept)

@@ -1,0 +1,272 @@
+"""Bad input through the whole chain: bootstrap garbage, a garbled event stream,
+broken engine output and refused `crew` bodies. Clear errors, nothing crashes,
+nothing lost.
+
+Also tested elsewhere: the bootstrap parser's table (tests/computer/test_bootstrap.py),
+malformed wake payloads (tests/computer/test_service.py), engine line parsing
+(tests/computer_unit/test_events.py), `crew`'s local refusals against the server
+(tests/shim/test_reply.py), and the schemathesis fuzz of the three OpenAPI
+surfaces (tests/server/test_openapi.py, tests/launcher/test_openapi.py,
+tests/computer/test_introspection_schema.py).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+import orjson
+import pytest
+
+from tests.computer.computer_proc import bootstrap_for, launch, machine, wait_for
+from tests.faults.chain import finished, need_sandbox, read_positions, usable
+from tests.faults.sse_proxy import SSEProxy
+
+pytestmark = pytest.mark.timeout(120)
+
+SECRET = "computer-token-that-must-not-leak-4711"
+
+
+def _bootstrap_exit(line: bytes) -> tuple[int, bytes, str]:
+    """Run `python -m computer_service` with `line` on stdin (then EOF): status, stdout, stderr."""
+    with machine() as m:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "computer_service"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=m.env(),
+            cwd=m.root,
+        )
+        # A huge line is refused before it is all read: communicate() copes with the closed pipe.
+        out, err = proc.communicate(line, timeout=30)
+        return proc.returncode, out, err.decode("utf-8", "replace")
+
+
+GOOD = f'"server_url": "http://127.0.0.1:9", "token": "{SECRET}"'
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        pytest.param(b"\x00\x01\x02garbage\n", "not valid JSON", id="binary"),
+        pytest.param(
+            b'{"server_url": "http://x", "tok' + SECRET.encode(), "not valid JSON", id="cut"
+        ),
+        pytest.param(f"[{GOOD}]\n".encode(), "not valid JSON", id="array-of-pairs"),
+        pytest.param(f'["{SECRET}"]\n'.encode(), "must be a JSON object", id="array"),
+        pytest.param(f'"{SECRET}"\n'.encode(), "must be a JSON object", id="string"),
+        pytest.param(b"null\n", "must be a JSON object", id="null"),
+        pytest.param(f'{{"token": "{SECRET}"}}\n'.encode(), "server_url", id="no-server-url"),
+        pytest.param(b'{"server_url": "http://127.0.0.1:9"}\n', "token", id="no-token"),
+        pytest.param(
+            f'{{"server_url": 8765, "token": "{SECRET}"}}\n'.encode(), "server_url", id="url-int"
+        ),
+        pytest.param(b'{"server_url": "http://x", "token": 4711}\n', "token", id="token-int"),
+        pytest.param(
+            f'{{"server_url": "http://x", "token": ["{SECRET}"]}}\n'.encode(),
+            "token",
+            id="token-list",
+        ),
+        pytest.param(
+            f'{{{GOOD}, "max_concurrent_turns": "4"}}\n'.encode(),
+            "max_concurrent_turns",
+            id="count-string",
+        ),
+        pytest.param(
+            f'{{{GOOD}, "max_concurrent_turns": true}}\n'.encode(),
+            "max_concurrent_turns",
+            id="count-bool",
+        ),
+        pytest.param(
+            f'{{{GOOD}, "crew_home": {{"path": "/tmp"}}}}\n'.encode(), "crew_home", id="home-obj"
+        ),
+        pytest.param(
+            f'{{{GOOD}, "sandbox_mode": "off"}}\n'.encode(), "sandbox_mode", id="mode-unknown"
+        ),
+        pytest.param(
+            f'{{"server_url": "http://x", "token": "{SECRET}\xff"}}\n'.encode("latin-1"),
+            "not valid JSON",
+            id="invalid-utf8",
+        ),
+        pytest.param(
+            f'{{"server_url": "http://x", "token": "{SECRET}", "pad": "{"p" * 200_000}"}}\n'.encode(),
+            "over",
+            id="huge-line",
+        ),
+        pytest.param(b"x" * 300_000, "over", id="huge-no-newline"),
+        pytest.param(b"\n", "no bootstrap received", id="empty-line"),
+        pytest.param(b"   \t  \n", "no bootstrap received", id="blank-line"),
+    ],
+)
+def test_bootstrap_garbage_exits_1_with_one_line_and_no_token(line: bytes, expected: str) -> None:
+    code, out, err = _bootstrap_exit(line)
+    assert code == 1, err
+    assert out == b""  # no `ready`
+    assert err.count("\n") == 1 and err.endswith("\n"), err  # one line: no traceback
+    assert err.startswith("crew-computer: ") and expected in err, err
+    assert SECRET not in err and "4711" not in err
+
+
+def _wake(agent_id: str) -> bytes:
+    return b"event: wake\ndata: " + orjson.dumps({"agent_id": agent_id}) + b"\n\n"
+
+
+def test_a_garbled_event_stream_is_logged_and_the_next_good_wake_handled(
+    crew_server: Any,
+) -> None:
+    need_sandbox()
+    comp = crew_server.create_computer()
+    agent = crew_server.create_agent("sse1", computer_id=comp["computer_id"])
+    dm = crew_server.create_room("dm", [agent["id"]])
+    proxy = SSEProxy(crew_server.url).start()
+    with machine() as m:
+        m.log_in()
+        c = launch(m, bootstrap_for(proxy.url, comp["token"], m))
+        try:
+            usable(c)
+            wait_for("the event stream", lambda: proxy.streams)
+            garbage = [
+                b"this line has no colon at all\n\n",
+                b"event: wake\ndata: not json\n\n",
+                b"event: wake\ndata: [1, 2]\n\n",
+                b'event: wake\ndata: {"agent_id": 5}\n\n',
+                b"event: wake\ndata: {\xff\xfe broken utf-8\n\n",
+                b"event: wake\ndata: " + b"{" * 100_000 + b"\n\n",
+                b'event: wake\ndata: {"agent_id": "00000000-0000-0000-0000-000000000000"}\n\n',
+                b"event: frobnicate\ndata: {}\n\n",
+                b"retry: soon\ndata: {}\n\n",
+                b"event: agents\ndata: whatever\n\n",
+                b"\xff\xfe\xfd\n\n",
+            ]
+            for raw in garbage:
+                proxy.inject(raw)
+            wait_for(
+                "the garbage to be logged",
+                lambda: (
+                    c.stderr().count("ignored a malformed wake event") >= 5
+                    and "ignored an unknown event 'frobnicate'" in c.stderr()
+                ),
+            )
+            crew_server.post(dm["id"], "after the garbage")
+            proxy.inject(_wake(agent["id"]))
+            [turn] = finished(crew_server, agent["id"], 1)
+            assert turn["status"] == "succeeded", turn
+            assert len(proxy.streams) == 1  # nothing in there needed a reconnect
+            assert c.proc.poll() is None and c.get("/health")["connected"] is True
+
+            # An event id that cannot be sent back as Last-Event-ID, then the stream ends:
+            # the Computer reconnects (without it), syncs, and handles what is waiting.
+            proxy.inject(b"id: 41\nevent: ping\ndata: {}\n\n")
+            proxy.inject("id: caf\u00e9 \u2603\nevent: ping\ndata: {}\n\n".encode())
+            crew_server.post(dm["id"], "while the stream was down")
+            proxy.close_stream()
+            turns = finished(crew_server, agent["id"], 2)
+            assert turns[1]["status"] == "succeeded", turns
+            assert "while the stream was down" in crew_server.turn(turns[1]["id"])["input"]
+            assert len(proxy.streams) == 2
+            assert proxy.streams[1].get("last-event-id") in (None, "41"), proxy.streams[1]
+
+            # A good id is sent back on the next reconnect; wakes keep working.
+            proxy.inject(b"id: 77\nevent: ping\ndata: {}\n\n")
+            proxy.close_stream()
+            wait_for("a third stream", lambda: len(proxy.streams) == 3)
+            assert proxy.streams[2].get("last-event-id") == "77"
+            crew_server.post(dm["id"], "the last one")
+            proxy.inject(_wake(agent["id"]))
+            turns = finished(crew_server, agent["id"], 3)
+            assert [t["status"] for t in turns] == ["succeeded"] * 3
+            assert c.proc.poll() is None
+        finally:
+            code = c.stop()
+            proxy.stop()
+        assert code == 0, c.stderr()[-3000:]
+        assert "Traceback" not in c.stderr(), c.stderr()[-3000:]
+
+
+def test_broken_engine_output_is_recorded_and_a_line_over_the_cap_loses_nothing(
+    crew_server: Any,
+) -> None:
+    need_sandbox()
+    comp = crew_server.create_computer()
+    agent = crew_server.create_agent("lines1", computer_id=comp["computer_id"])
+    dm = crew_server.create_room("dm", [agent["id"]])
+    with machine() as m:
+        m.log_in()
+        c = launch(m, bootstrap_for(crew_server.url, comp["token"], m))
+        try:
+            usable(c)
+            crew_server.post(dm["id"], "FAKE:BADLINES")
+            [bad] = finished(crew_server, agent["id"], 1)
+            assert bad["status"] == "succeeded", bad
+            events = crew_server.turn(bad["id"])["events"]
+            others = [e["data"] for e in events if e["type"] == "other"]
+            assert {o.get("problem") for o in others} >= {"not JSON", "not UTF-8"}, others
+            assert {"type": "patch"} in others, others
+            assert "this is not json" in str(others)
+            # The text and the finish after the broken lines are there, in order.
+            kinds = [e["type"] for e in events]
+            assert kinds.index("other") < kinds.index("text") < kinds.index("step_finish")
+            assert [e["index"] for e in events] == list(range(len(events)))
+
+            # One line of 9 MiB: over the 8 MiB cap. The turn fails, nothing is acked.
+            huge = crew_server.post(dm["id"], "FAKE:ONCE HUGELINE")
+            _, capped = finished(crew_server, agent["id"], 2)
+            assert capped["status"] == "failed", capped
+            assert capped["failure"]["class"] == "output_too_large", capped
+            delivered, read = read_positions(crew_server, agent["id"])[dm["id"]]
+            assert (delivered, read) == (huge["seq"], huge["seq"] - 1)
+            assert c.proc.poll() is None
+
+            # The next wake-up handles that message again, with the new one.
+            crew_server.post(dm["id"], "are you still there?")
+            _, _, again = finished(crew_server, agent["id"], 3)
+            assert again["status"] == "succeeded", again
+            text = crew_server.turn(again["id"])["input"]
+            assert "FAKE:ONCE HUGELINE" in text and "are you still there?" in text
+            delivered, read = read_positions(crew_server, agent["id"])[dm["id"]]
+            assert read == delivered == huge["seq"] + 1
+        finally:
+            code = c.stop()
+        assert code == 0, c.stderr()[-3000:]
+        assert "Traceback" not in c.stderr(), c.stderr()[-3000:]
+
+
+def test_oversize_and_empty_crew_bodies_from_the_sandbox_post_nothing(crew_server: Any) -> None:
+    need_sandbox()
+    comp = crew_server.create_computer()
+    agent = crew_server.create_agent("bodies1", computer_id=comp["computer_id"])
+    dm = crew_server.create_room("dm", [agent["id"]])
+    room = dm["id"]
+    script = "; ".join(
+        [
+            f"head -c 20001 /dev/zero | tr '\\0' x | crew reply {room}",
+            "echo rc-oversize=$?",
+            f"printf '' | crew reply {room}",
+            "echo rc-empty=$?",
+            f"printf ' \\n\\t\\n' | crew reply {room}",
+            "echo rc-blank=$?",
+        ]
+    )
+    with machine() as m:
+        m.log_in()
+        crew_server.post(room, f"FAKE:RUN {script}")
+        c = launch(m, bootstrap_for(crew_server.url, comp["token"], m))
+        try:
+            usable(c)
+            [turn] = finished(crew_server, agent["id"], 1)
+            assert turn["status"] == "succeeded", turn
+            [tool] = [
+                e["data"] for e in crew_server.turn(turn["id"])["events"] if e["type"] == "tool_use"
+            ]
+            output = tool["output"]
+            for case in ("oversize", "empty", "blank"):
+                assert f"rc-{case}=1" in output, output
+            errors = [line for line in output.splitlines() if line.startswith("error: ")]
+            assert len(errors) == 3, output
+            assert "20,000" in errors[0] or "20000" in errors[0], errors
+            assert all(x["author"]["kind"] == "user" for x in crew_server.messages(room))
+        finally:
+            code = c.stop()
+        assert code == 0, c.stderr()[-3000:]
