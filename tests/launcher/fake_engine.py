@@ -1,6 +1,6 @@
 """A fake `opencode` for launcher tests: what it does is read as JSON from stdin.
 
-Run by a generated wrapper as `python -I -S fake_engine.py ARGS…` inside the
+Copied into an executable `opencode` (shebang: this interpreter, `-IS`) and run inside the
 real sandbox. Prints JSON lines; the tests read them from the launcher's
 `line` frames. Standard library only.
 """

@@ -84,10 +84,14 @@ def make_layout(home: Path) -> CrewLayout:
 
 
 def write_fake_opencode(directory: Path) -> Path:
-    """An executable `opencode` that runs `fake_engine.py` with this interpreter."""
+    """An executable `opencode`: `fake_engine.py` itself, run by this interpreter.
+
+    The script is copied rather than referred to: a checkout under `/tmp` is
+    hidden inside the sandbox (each agent gets a private `/tmp`).
+    """
     directory.mkdir(parents=True, exist_ok=True)
     script = directory / "opencode"
-    script.write_text(f'#!/bin/sh\nexec "{PYTHON}" -I -S "{FAKE_ENGINE}" "$@"\n')
+    script.write_text(f"#!{PYTHON} -IS\n" + FAKE_ENGINE.read_text())
     script.chmod(0o755)
     return script
 
