@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from sandbox_launcher import landlock_exec
+from sandbox_launcher import landlock
 from sandbox_launcher.bwrap import (
     BwrapTools,
     LinuxMode,
@@ -95,7 +95,7 @@ def open_backend(requested: LinuxMode | None) -> tuple[Backend | None, SandboxHe
         reason = preflight(tools)
         if reason is not None:
             raise SandboxUnavailable(reason)
-        mode = choose_mode(requested, landlock_exec.abi())
+        mode = choose_mode(requested, landlock.abi())
     except SandboxUnavailable as exc:
         return None, SandboxHealth(ok=False, backend="bwrap", reason=str(exc))
     backend = BwrapBackend(tools, mode)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_launcher import landlock_exec
-from sandbox_launcher.landlock_exec import LandlockError, minimal_roots, parse_args, sibling_grants
+from sandbox_launcher import landlock, landlock_exec
+from sandbox_launcher.landlock import LandlockError, minimal_roots, parse_args, sibling_grants
 from tests.launcher.helpers import PYTHON
 from tests.support.ci import required_in_ci
 
@@ -53,7 +53,7 @@ def test_sibling_grants_cover_everything_but_the_way_to_the_deny_root(tmp_path: 
 
 
 def test_the_helper_denies_contents_but_not_stat_and_keeps_renames(tmp_path: Path) -> None:
-    if landlock_exec.abi() < 2:
+    if landlock.abi() < 2:
         required_in_ci("Landlock ABI 2+ (Linux 5.19+)")
     home = tmp_path / "home"
     (home / "ok").mkdir(parents=True)
@@ -80,6 +80,35 @@ def test_the_helper_refuses_to_run_the_command_when_it_cannot_apply(tmp_path: Pa
     argv = [PYTHON, "-I", "-S", landlock_exec.__file__, "--deny", str(tmp_path)]
     argv += ["--ro", str(tmp_path / "missing"), "--", "/bin/echo", "RAN"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False)
-    assert done.returncode == landlock_exec.EXIT_SETUP_FAILED
+    assert done.returncode == landlock.EXIT_SETUP_FAILED
     assert "RAN" not in done.stdout and "not started" in done.stderr
     assert os.path.exists(tmp_path)
+
+
+def test_the_helper_finds_a_bare_command_on_path_and_says_when_it_cannot(tmp_path: Path) -> None:
+    if landlock.abi() < 2:
+        required_in_ci("Landlock ABI 2+ (Linux 5.19+)")
+    base = [PYTHON, "-I", "-S", landlock_exec.__file__, "--deny", str(tmp_path), "--"]
+    env = {"PATH": f"{tmp_path / 'nowhere'}:/usr/bin:/bin"}
+    done = subprocess.run(
+        [*base, "sh", "-c", "echo found"], env=env, capture_output=True, text=True, timeout=20
+    )
+    assert (done.returncode, done.stdout) == (0, "found\n"), done.stderr
+    missing = subprocess.run(
+        [*base, "no-such-command-here"], env=env, capture_output=True, text=True, timeout=20
+    )
+    assert missing.returncode == 127
+    assert "cannot run 'no-such-command-here'" in missing.stderr
+
+
+def test_the_helper_starts_without_the_slow_imports() -> None:
+    # It runs before every sandboxed engine: `os`, `stat` and `ctypes` cost
+    # milliseconds under -S, so the helper uses `posix` and `_ctypes` only.
+    root = str(Path(landlock_exec.__file__).resolve().parents[1])
+    code = (
+        f"import sys; sys.path.append({root!r}); import sandbox_launcher.landlock; "
+        "print(sorted({'os', 'stat', 'ctypes', 'pathlib'} & set(sys.modules)))"
+    )
+    done = subprocess.run([PYTHON, "-I", "-S", "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "[]\n"

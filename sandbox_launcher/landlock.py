@@ -1,0 +1,267 @@
+"""Apply a Landlock read policy to this process, then exec a command.
+
+Run inside bwrap through the tiny entry script ``landlock_exec.py``
+(``python -I -S landlock_exec.py --deny D… --ro P… --rw P… -- CMD…``,
+sandbox.md §2.2). Landlock must be applied *inside* bwrap: it forbids
+mounts, so bwrap fails if the launcher applies it first.
+
+Only ``READ_FILE`` and ``REFER`` are handled: bwrap already makes everything
+but the writable binds read-only, and Landlock adds "file contents below the
+deny roots are unreadable, except the allowlist" while ``stat`` keeps working.
+``REFER`` must be handled and granted or every cross-directory rename fails
+with EXDEV (any ABI ≥ 2 domain denies it otherwise).
+
+Landlock is allow-list only, so "everything except the deny roots" is built by
+granting every sibling along the way from ``/`` down to each deny root.
+Symlinks are skipped (their targets are covered by their own sibling, and a
+link into a deny root must not open it); entries created later next to an
+ancestor of a deny root stay unreadable, which fails closed.
+
+This runs before every sandboxed engine, so its start-up is on every turn's
+path: it imports only built-in modules (``posix``, ``_ctypes``; no ``os``,
+``stat`` or ``ctypes``, which cost milliseconds to import under ``-S``), reads
+each directory once with ``scandir`` (no ``lstat`` per entry), and is loaded
+from its cached bytecode (a script run as ``__main__`` would be compiled on
+every start). The launcher also imports it for `abi()`.
+"""
+
+import _ctypes
+import posix
+import sys
+
+_SYS_CREATE_RULESET = 444  # the same number on every architecture
+_SYS_ADD_RULE = 445
+_SYS_RESTRICT_SELF = 446
+_CREATE_RULESET_VERSION = 1
+_RULE_PATH_BENEATH = 1
+_PR_SET_NO_NEW_PRIVS = 38
+
+READ_FILE = 1 << 2
+REFER = 1 << 13
+HANDLED = READ_FILE | REFER
+
+EXIT_SETUP_FAILED = 126  # what `env` uses for "found but could not run"
+DEFAULT_PATH = "/bin:/usr/bin"  # os.defpath, for a command given without a slash
+
+
+class LandlockError(Exception):
+    """Landlock could not be applied; the command must not run."""
+
+
+# ---- libc through `_ctypes` (what `ctypes` itself is built on) ----
+
+
+class _Long(_ctypes._SimpleCData):  # ctypes.c_long
+    _type_ = "l"
+
+
+class _LibcFunction(_ctypes.CFuncPtr):  # a CDLL function returning long, errno kept
+    _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
+    _restype_ = _Long
+
+
+_libc: dict[str, _LibcFunction] = {}
+
+
+def _call(name: str, *args: int | bytes | None) -> int:
+    """`name(args…)` from libc. Integers go as C longs (syscall() and prctl() read
+    longs), bytes as a pointer to their buffer, None as NULL."""
+    function = _libc.get(name)
+    if function is None:
+        # dlopen(NULL): this process's own symbols, libc included (typeshed wants a name).
+        libc = _ctypes.dlopen(None, 0)  # type: ignore[arg-type]
+        function = _LibcFunction(_ctypes.dlsym(libc, name))
+        _libc[name] = function
+    return int(function(*(_Long(a) if isinstance(a, int) else a for a in args)))
+
+
+def _errno_text() -> str:
+    err = _ctypes.get_errno()
+    return f"{posix.strerror(err)} (errno {err})"
+
+
+def _u64(value: int) -> bytes:
+    return value.to_bytes(8, sys.byteorder)
+
+
+def abi() -> int:
+    """The kernel's Landlock ABI version, or 0 when Landlock is unavailable."""
+    if not sys.platform.startswith("linux"):
+        return 0
+    return max(_call("syscall", _SYS_CREATE_RULESET, None, 0, _CREATE_RULESET_VERSION), 0)
+
+
+# ---- the policy ----
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def minimal_roots(roots: list[str]) -> list[str]:
+    """Drop roots that lie inside another root (their parent already covers them)."""
+    unique = sorted(set(roots), key=len)
+    kept: list[str] = []
+    for root in unique:
+        if not any(_inside(root, other) for other in kept):
+            kept.append(root)
+    return kept
+
+
+def _ancestors(path: str) -> list[str]:
+    """`/a/b/c` → [`/`, `/a`, `/a/b`] (strict ancestors, top-down)."""
+    parts = [p for p in path.split("/") if p]
+    return ["/" + "/".join(parts[:i]) for i in range(len(parts))]
+
+
+def _sibling_entries(deny_roots: list[str]) -> list[tuple[str, bool]]:
+    """(path, is a directory) of every entry next to the way down to a deny root.
+
+    Reads the directories as they are now (inside the sandbox). Entries on the
+    way to a deny root, the deny roots themselves and symlinks are left out.
+    The entry types come from the directory listing itself (`lstat` only
+    where the file system does not say).
+    """
+    roots = minimal_roots(deny_roots)
+    ancestors = {a for r in roots for a in _ancestors(r)}
+    on_way = ancestors | set(roots)
+    found: list[tuple[str, bool]] = []
+    for ancestor in sorted(ancestors):
+        prefix = ancestor.rstrip("/") + "/"
+        try:
+            with posix.scandir(ancestor) as listing:
+                entries = sorted(listing, key=lambda e: e.name)
+        except OSError:
+            continue  # unreadable ancestor: nothing below it is granted (fails closed)
+        for entry in entries:
+            path = prefix + entry.name
+            if path in on_way:
+                continue
+            try:
+                if entry.is_symlink():
+                    continue
+                found.append((path, entry.is_dir(follow_symlinks=False)))
+            except OSError:
+                continue
+    return found
+
+
+def sibling_grants(deny_roots: list[str]) -> list[str]:
+    """Every entry next to the way down to a deny root: what stays readable."""
+    return [path for path, _ in _sibling_entries(deny_roots)]
+
+
+_S_IFMT = 0o170000
+_S_IFDIR = 0o040000
+
+
+class _Ruleset:
+    def __init__(self) -> None:
+        fd = _call("syscall", _SYS_CREATE_RULESET, _u64(HANDLED), 8, 0)
+        if fd < 0:
+            raise LandlockError(f"landlock_create_ruleset failed: {_errno_text()}")
+        self.fd = fd
+
+    def allow(self, path: str, *, required: bool, is_dir: bool | None = None) -> None:
+        """Grant reads below `path`; `is_dir` when the caller already knows (else fstat)."""
+        try:
+            fd = posix.open(path, posix.O_PATH | posix.O_CLOEXEC)
+        except OSError as exc:
+            if required:
+                raise LandlockError(f"cannot open allowed path {path!r}: {exc.strerror}") from exc
+            return
+        try:
+            if is_dir is None:
+                is_dir = posix.fstat(fd).st_mode & _S_IFMT == _S_IFDIR
+            # REFER only exists on directories; files get READ_FILE alone. Writes
+            # stay bwrap's business, so REFER on read-only dirs grants nothing.
+            access = (READ_FILE | REFER) if is_dir else READ_FILE
+            # struct landlock_path_beneath_attr is packed: u64 access, s32 fd (12 bytes).
+            rule = _u64(access) + fd.to_bytes(4, sys.byteorder, signed=True)
+            rc = _call("syscall", _SYS_ADD_RULE, self.fd, _RULE_PATH_BENEATH, rule, 0)
+            if rc < 0 and required:
+                raise LandlockError(f"landlock_add_rule({path!r}) failed: {_errno_text()}")
+        finally:
+            posix.close(fd)
+
+    def restrict_self(self) -> None:
+        if _call("prctl", _PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise LandlockError(f"prctl(PR_SET_NO_NEW_PRIVS) failed: {_errno_text()}")
+        if _call("syscall", _SYS_RESTRICT_SELF, self.fd, 0) < 0:
+            raise LandlockError(f"landlock_restrict_self failed: {_errno_text()}")
+        posix.close(self.fd)
+
+
+def apply(deny: list[str], ro: list[str], rw: list[str]) -> None:
+    """Make file contents below `deny` unreadable except `ro` and `rw` paths."""
+    version = abi()
+    if version < 2:
+        raise LandlockError(
+            f"Landlock ABI {version} is too old (need 2 or newer for REFER); "
+            "use the launcher's tmpfs mode on this kernel"
+        )
+    ruleset = _Ruleset()
+    for path, is_dir in _sibling_entries(deny):
+        ruleset.allow(path, required=False, is_dir=is_dir)
+    for path in [*ro, *rw]:
+        ruleset.allow(path, required=True)
+    ruleset.restrict_self()
+
+
+def parse_args(argv: list[str]) -> tuple[list[str], list[str], list[str], list[str]]:
+    """`--deny P --ro P --rw P … -- CMD…` → (deny, ro, rw, command)."""
+    lists: dict[str, list[str]] = {"--deny": [], "--ro": [], "--rw": []}
+    i = 0
+    while i < len(argv):
+        flag = argv[i]
+        if flag == "--":
+            command = argv[i + 1 :]
+            if not command:
+                raise LandlockError("no command given after --")
+            if not lists["--deny"]:
+                raise LandlockError("no --deny root given")
+            return lists["--deny"], lists["--ro"], lists["--rw"], command
+        if flag not in lists or i + 1 >= len(argv):
+            raise LandlockError(f"unexpected argument {flag!r}")
+        value = argv[i + 1]
+        if not value.startswith("/"):
+            raise LandlockError(f"{flag} needs an absolute path, got {value!r}")
+        lists[flag].append(value)
+        i += 2
+    raise LandlockError("missing -- before the command")
+
+
+def _exec(command: list[str]) -> None:
+    """`os.execvp` without `os`: a name with a slash as is, else looked up on `$PATH`."""
+    name = command[0]
+    if "/" in name:
+        posix.execv(name, command)
+    path = posix.environ.get(b"PATH")
+    dirs = path.decode("utf-8", "surrogateescape") if path is not None else DEFAULT_PATH
+    first_error: OSError | None = None  # as os.execvp: the first error other than "not there"
+    last_error: OSError = FileNotFoundError(2, posix.strerror(2))
+    for directory in dirs.split(":"):
+        try:
+            posix.execv(f"{directory or '.'}/{name}", command)
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            last_error = exc
+        except OSError as exc:
+            last_error = exc
+            first_error = first_error or exc
+    raise first_error or last_error
+
+
+def main(argv: list[str]) -> int:
+    """Apply the policy and exec the command; returns only on failure."""
+    try:
+        deny, ro, rw, command = parse_args(argv)
+        apply(deny, ro, rw)
+    except LandlockError as exc:
+        sys.stderr.write(f"crew-landlock: {exc}; the command was not started\n")
+        return EXIT_SETUP_FAILED
+    try:
+        _exec(command)
+    except OSError as exc:
+        sys.stderr.write(f"crew-landlock: cannot run {command[0]!r}: {exc.strerror}\n")
+        return 127 if isinstance(exc, FileNotFoundError) else EXIT_SETUP_FAILED
+    return EXIT_SETUP_FAILED  # not reached: exec does not return
