@@ -23,6 +23,8 @@ T = TypeVar("T", bound=BaseModel)
 
 # The server pings every 15 s; three missed pings mean the stream is dead.
 SSE_READ_TIMEOUT_S = 45.0
+# Event ids are integers on the reference server; a longer one is garbage, not an id.
+MAX_EVENT_ID_CHARS = 256
 
 
 class UpstreamError(Exception):
@@ -269,7 +271,16 @@ class Upstream:
     @asynccontextmanager
     async def events(self, last_event_id: str | None) -> AsyncIterator[EventSource]:
         """Open `GET /computer/events` (SSE); raise an `UpstreamError` unless it is a 200 stream."""
-        headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
+        headers = {}
+        if last_event_id and _sendable_event_id(last_event_id):
+            headers["Last-Event-ID"] = last_event_id
+        elif last_event_id:
+            # Without it the stream starts at now; the sync after every connect catches up.
+            log.warning(
+                "the server's last event id %.60r cannot be sent back as a header; "
+                "resuming without it",
+                last_event_id,
+            )
         timeout = httpx.Timeout(10.0, read=SSE_READ_TIMEOUT_S)
         try:
             async with aconnect_sse(
@@ -308,6 +319,11 @@ class Upstream:
             return orjson.loads(response.content)
         except orjson.JSONDecodeError:
             raise BadAnswer(f"{what}: the server answered non-JSON") from None
+
+
+def _sendable_event_id(event_id: str) -> bool:
+    """Printable ASCII of a sane length: anything else cannot go back as `Last-Event-ID`."""
+    return len(event_id) <= MAX_EVENT_ID_CHARS and all(" " <= ch <= "~" for ch in event_id)
 
 
 def _validate(model: type[T], data: Any, what: str) -> T:
