@@ -425,8 +425,8 @@ def create_app(
         return json_response({"token": token})
 
     async def post_unread(request: Request) -> Response:
-        rooms = store.claim_unread(computer(request), request.path_params["agent_id"])
-        return json_response({"rooms": rooms})
+        rooms, more = store.claim_unread(computer(request), request.path_params["agent_id"])
+        return json_response({"rooms": rooms, "more": more})
 
     async def post_turn(request: Request) -> Response:
         computer_id = computer(request)

@@ -345,6 +345,10 @@ class UnreadRoom(BaseModel):
 
 class UnreadAnswer(BaseModel):
     rooms: list[UnreadRoom]
+    more: bool = Field(
+        description="the claim was cut at its bound (200 messages, 256 Ki characters); "
+        "the rest comes with the next turn (the ack wakes the agent)"
+    )
 
 
 class HeldAnswer(BaseModel):

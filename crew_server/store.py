@@ -48,6 +48,11 @@ SYSTEM_AUTHOR: dict[str, Any] = {"kind": "system", "id": "system", "name": "Crew
 # How many SSE events are kept for replay after Last-Event-ID (all Computers together).
 EVENT_LOG_KEEP = 50_000
 _PRUNE_EVERY = 1_000
+# The bound of one unread claim (and of one HELD answer): at most this many messages, and
+# no more message text (bodies, and the root message of a thread) than this, except that
+# a claim always holds at least one message. The rest comes with the next turn.
+CLAIM_MAX_MESSAGES = 200
+CLAIM_MAX_CHARS = 256 * 1024
 
 _MESSAGE_SELECT = """
 SELECT m.id, m.room_id, m.seq, m.author_kind, m.author_id, a.name, a.handle, m.body, m.kind,
@@ -96,6 +101,32 @@ class AgentIdentity:
     computer_id: str
 
 
+class _ClaimBudget:
+    """What is left of one claim's bound while rooms are filled in (at least one message)."""
+
+    def __init__(self, messages: int, chars: int) -> None:
+        self.messages = messages
+        self.chars = chars
+        self.taken = 0
+
+    def left(self) -> bool:
+        return self.messages > 0 and (self.taken == 0 or self.chars > 0)
+
+    def take(self, messages: list[dict[str, Any]], extra_chars: int) -> list[dict[str, Any]]:
+        """The leading messages that fit (`extra_chars`: the room's root message)."""
+        self.chars -= extra_chars
+        kept: list[dict[str, Any]] = []
+        for message in messages:
+            size = len(message["body"])
+            if self.messages <= 0 or (self.taken > 0 and size > self.chars):
+                break
+            kept.append(message)
+            self.taken += 1
+            self.messages -= 1
+            self.chars -= size
+        return kept
+
+
 class Store:
     """The server's durable state and the operations on it (see module docstring)."""
 
@@ -106,8 +137,12 @@ class Store:
         *,
         event_log_keep: int = EVENT_LOG_KEEP,
         prune_every: int = _PRUNE_EVERY,
+        claim_max_messages: int = CLAIM_MAX_MESSAGES,
+        claim_max_chars: int = CLAIM_MAX_CHARS,
     ) -> None:
         self.clock = clock
+        self._claim_max_messages = claim_max_messages
+        self._claim_max_chars = claim_max_chars
         self._event_log_keep = event_log_keep
         self._prune_every = prune_every
         self._lock = threading.RLock()
@@ -824,15 +859,23 @@ class Store:
                 (target, delivered, agent.agent_id),
             ).fetchone()
             if unseen is not None:
-                messages = self._messages(
-                    db, "WHERE m.room_id = ? AND m.seq > ? ORDER BY m.seq", (target, delivered)
+                budget = _ClaimBudget(self._claim_max_messages, self._claim_max_chars)
+                view = self._room_view(db, target, agent.agent_id)
+                root = view["root_message"]
+                messages = budget.take(
+                    self._messages(
+                        db,
+                        "WHERE m.room_id = ? AND m.seq > ? ORDER BY m.seq LIMIT ?",
+                        (target, delivered, budget.messages),
+                    ),
+                    len(root["body"]) if root else 0,
                 )
                 db.execute(
                     "INSERT INTO positions (agent_id, room_id, delivered_seq) VALUES (?, ?, ?) "
                     "ON CONFLICT (agent_id, room_id) DO UPDATE SET delivered_seq = excluded.delivered_seq",
                     (agent.agent_id, target, messages[-1]["seq"]),
                 )
-                held = [{"room": self._room_view(db, target, agent.agent_id), "messages": messages}]
+                held = [{"room": view, "messages": messages}]
             else:
                 actor = Actor("agent", agent.agent_id, agent.handle)
                 message = self._post(db, target, actor, body)
@@ -845,34 +888,52 @@ class Store:
 
     # ------------------------------------------------------------------ positions
 
-    def claim_unread(self, computer_id: str, agent_id: str) -> list[dict[str, Any]]:
-        """Messages after the read position in every room the agent follows; marks them delivered.
+    def claim_unread(self, computer_id: str, agent_id: str) -> tuple[list[dict[str, Any]], bool]:
+        """Unread messages (after the read position) of every room the agent follows → (rooms, more).
 
-        Rooms come in the order of their oldest unread message, messages by seq.
+        Rooms come in the order of their oldest unread message, messages by seq, within the
+        claim bound (`CLAIM_MAX_MESSAGES`, `CLAIM_MAX_CHARS`). `delivered_seq` becomes what
+        this claim returned: the last message given in a room, the read position in a room
+        left out. `more` says the claim was cut; the ack of the turn then wakes the agent.
         """
         with self._write() as db:
             self._own_agent(db, computer_id, agent_id)
             rooms = db.execute(
                 "SELECT p.room_id, p.read_seq, r.last_seq FROM positions p "
-                "JOIN rooms r ON r.id = p.room_id WHERE p.agent_id = ? AND r.last_seq > p.read_seq",
+                "JOIN rooms r ON r.id = p.room_id "
+                "JOIN messages m ON m.room_id = p.room_id AND m.seq = p.read_seq + 1 "
+                "WHERE p.agent_id = ? AND r.last_seq > p.read_seq "
+                "ORDER BY m.created_at, p.room_id",
                 (agent_id,),
             ).fetchall()
+            budget = _ClaimBudget(self._claim_max_messages, self._claim_max_chars)
             answer: list[dict[str, Any]] = []
+            given: list[tuple[int, str, str]] = []
+            more = False
             for room_id, read_seq, last_seq in rooms:
-                messages = self._messages(
-                    db, "WHERE m.room_id = ? AND m.seq > ? ORDER BY m.seq", (room_id, read_seq)
-                )
-                if not messages:
-                    continue
-                answer.append(
-                    {"room": self._room_view(db, room_id, agent_id), "messages": messages}
-                )
-                db.execute(
-                    "UPDATE positions SET delivered_seq = ? WHERE agent_id = ? AND room_id = ?",
-                    (last_seq, agent_id, room_id),
-                )
-            answer.sort(key=lambda r: (r["messages"][0]["created_at"], r["room"]["id"]))
-            return answer
+                messages: list[dict[str, Any]] = []
+                view: dict[str, Any] | None = None
+                if budget.left():
+                    view = self._room_view(db, room_id, agent_id)
+                    root = view["root_message"]
+                    messages = budget.take(
+                        self._messages(
+                            db,
+                            "WHERE m.room_id = ? AND m.seq > ? ORDER BY m.seq LIMIT ?",
+                            (room_id, read_seq, budget.messages),
+                        ),
+                        len(root["body"]) if root else 0,
+                    )
+                upto = messages[-1]["seq"] if messages else read_seq
+                more = more or upto < last_seq
+                given.append((upto, agent_id, room_id))
+                if messages and view is not None:
+                    answer.append({"room": view, "messages": messages})
+            db.executemany(
+                "UPDATE positions SET delivered_seq = ? WHERE agent_id = ? AND room_id = ?", given
+            )
+            db.execute("UPDATE agents SET claim_more = ? WHERE id = ?", (int(more), agent_id))
+            return answer, more
 
     def positions(self, agent_id: str) -> list[dict[str, Any]]:
         """An agent's delivered and read positions per room."""
@@ -1024,6 +1085,11 @@ class Store:
                 "WHERE agent_id = ? AND read_seq != delivered_seq",
                 (agent_id,),
             )
+            # The turn's claim was cut at its bound: wake the agent for the rest.
+            if db.execute(
+                "UPDATE agents SET claim_more = 0 WHERE id = ? AND claim_more = 1", (agent_id,)
+            ).rowcount:
+                self._wake(db, [agent_id])
 
     _TURN_COLS = (
         "id, agent_id, computer_id, fence, status, failure, rooms, input, engine, model, "

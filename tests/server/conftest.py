@@ -30,3 +30,14 @@ async def world() -> AsyncIterator[World]:
     async with LifespanManager(app) as manager, World.open(manager.app, store, clock) as w:
         yield w
     store.close()
+
+
+@pytest.fixture
+async def small_claims_world() -> AsyncIterator[World]:
+    """As `world`, with unread claims (and HELD answers) bound to 3 messages and 100 characters."""
+    clock = Clock(START)
+    store = Store(":memory:", clock, claim_max_messages=3, claim_max_chars=100)
+    app = create_app(store, clock, dev=True)
+    async with LifespanManager(app) as manager, World.open(manager.app, store, clock) as w:
+        yield w
+    store.close()

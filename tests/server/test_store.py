@@ -8,6 +8,11 @@ from pathlib import Path
 from crew_server.clock import Clock
 from crew_server.store import Store, hash_token
 
+MIGRATIONS = sorted(
+    int(f.name.split("_", 1)[0])
+    for f in (Path(__file__).resolve().parents[2] / "crew_server" / "migrations").glob("*.sql")
+)
+
 
 def test_a_file_database_keeps_everything_across_restarts(tmp_path: Path) -> None:
     db = tmp_path / "crew.db"
@@ -24,7 +29,9 @@ def test_a_file_database_keeps_everything_across_restarts(tmp_path: Path) -> Non
     assert again.user_post(room["id"], "again", None)["seq"] == 2
     again.close()
     with sqlite3.connect(db) as raw:
-        assert raw.execute("SELECT version FROM schema_migrations").fetchall() == [(1,)]
+        assert raw.execute("SELECT version FROM schema_migrations").fetchall() == [
+            (v,) for v in MIGRATIONS
+        ]
         assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
@@ -41,3 +48,26 @@ def test_tokens_are_stored_hashed(tmp_path: Path) -> None:
     for token in (user_token, computer_token, agent_token):
         assert token.encode() not in raw
         assert hash_token(token).encode() in raw
+
+
+def test_a_database_of_an_older_schema_is_migrated_at_open_and_keeps_its_data(
+    tmp_path: Path,
+) -> None:
+    assert MIGRATIONS[:2] == [1, 2]
+    db = tmp_path / "crew.db"
+    store = Store(str(db), Clock())
+    computer_id, token = store.create_computer("box")
+    store.create_agent("alice", "Alice", "", "m/x", "opencode", computer_id)
+    store.close()
+    with sqlite3.connect(db) as raw:  # back to schema 1, as an older server left it
+        raw.execute("ALTER TABLE agents DROP COLUMN claim_more")
+        raw.execute("DELETE FROM schema_migrations WHERE version >= 2")
+    again = Store(str(db), Clock())
+    assert again.computer_by_token(token) == computer_id
+    [agent] = again.computer_agents(computer_id)
+    again.connect(computer_id, "h", "linux", "1", 1)
+    assert again.claim_unread(computer_id, agent["id"]) == ([], False)  # uses claim_more
+    again.close()
+    with sqlite3.connect(db) as raw:
+        versions = [r[0] for r in raw.execute("SELECT version FROM schema_migrations")]
+    assert versions == MIGRATIONS
