@@ -707,12 +707,20 @@ class Store:
             (thread_id, room_id, message_id, self._now()),
         )
         db.execute("UPDATE messages SET thread_id = ? WHERE id = ?", (thread_id, message_id))
-        if author_kind == "agent":
-            # The root's author follows the thread from the start.
-            db.execute(
-                "INSERT OR IGNORE INTO positions (agent_id, room_id) VALUES (?, ?)",
-                (author_id, thread_id),
+        # The root's author follows the thread from the start; in a dm (a task's thread),
+        # so does its agent: everything in a dm is for it.
+        followers = {author_id} if author_kind == "agent" else set()
+        if room_kind == "dm":
+            followers.update(
+                r[0]
+                for r in db.execute(
+                    "SELECT agent_id FROM room_members WHERE room_id = ?", (room_id,)
+                )
             )
+        db.executemany(
+            "INSERT OR IGNORE INTO positions (agent_id, room_id) VALUES (?, ?)",
+            [(a, thread_id) for a in sorted(followers)],
+        )
         return thread_id, True
 
     def _post(

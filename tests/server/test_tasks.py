@@ -230,3 +230,44 @@ async def test_task_calls_naming_another_room_are_not_found(world: World) -> Non
         f"/api/tasks/{task['number']}/status", json={"room_id": other["id"], "status": "done"}
     )
     assert moved.status_code == 404 and "not in room" in moved.json()["error"]["message"]
+
+
+async def test_a_task_in_a_dm_has_a_thread_its_agent_follows(world: World) -> None:
+    box = await world.computer()
+    alice = await world.agent("alice", box)
+    dm = await world.dm(alice)
+    token = await world.token(box, alice)
+    before = world.cursor()
+    task = await world.ok(
+        "POST", "/api/tasks", json={"room_id": dm["id"], "title": "Book"}, status=201
+    )
+    assert task["room_id"] == dm["id"] and world.wakes(box, before) == [alice["id"]]
+    rooms = {r["room"]["kind"]: r for r in await world.unread(box, alice)}  # same time: any order
+    assert {k: [m["body"] for m in r["messages"]] for k, r in rooms.items()} == {
+        "dm": ["Book"],
+        "thread": ["User created task #1."],
+    }
+    assert rooms["thread"]["room"]["parent_room_id"] == dm["id"]
+    assert rooms["thread"]["room"]["root_message"]["id"] == task["host_message_id"]
+    # the user writes in the task's thread: the dm's agent is woken and gets it
+    before = world.cursor()
+    await world.post(task["thread_id"], "any news?")
+    assert world.wakes(box, before) == [alice["id"]]
+    rooms = {r["room"]["kind"]: r for r in await world.unread(box, alice)}  # not acked: again
+    assert [m["body"] for m in rooms["thread"]["messages"]] == [
+        "User created task #1.",
+        "any news?",
+    ]
+    sent = await world.reply(token, task["thread_id"], "booked")
+    assert sent.status_code == 201, sent.text
+    done = await world.ok(
+        "POST",
+        f"/agent/tasks/{task['number']}/claim",
+        json={"room_id": task["thread_id"]},
+        headers=bearer(token),
+    )
+    assert done["assignee"] == "alice"
+    bodies = [m["body"] for m in await world.messages(task["thread_id"])]
+    assert bodies == ["User created task #1.", "any news?", "booked", "@alice claimed task #1."]
+    host = (await world.messages(dm["id"]))[0]
+    assert host["thread"]["replies"] == 4 and host["task"]["status"] == "in_progress"
