@@ -197,22 +197,34 @@ def test_broken_engine_output_is_recorded_and_a_line_over_the_cap_loses_nothing(
         c = launch(m, bootstrap_for(crew_server.url, comp["token"], m))
         try:
             usable(c)
-            crew_server.post(dm["id"], "FAKE:BADLINES")
+            crew_server.post(dm["id"], "broken lines:\nFAKE:BADLINES")
             [bad] = finished(crew_server, agent["id"], 1)
             assert bad["status"] == "succeeded", bad
             events = crew_server.turn(bad["id"])["events"]
             others = [e["data"] for e in events if e["type"] == "other"]
-            assert {o.get("problem") for o in others} >= {"not JSON", "not UTF-8"}, others
-            assert {"type": "patch"} in others, others
-            assert "this is not json" in str(others)
+            # The launcher's frames carry text: invalid UTF-8 arrives repaired (U+FFFD).
+            assert others == [
+                {"type": "unparsed", "problem": "not JSON", "text": "this is not json"},
+                {"type": "unparsed", "problem": "not JSON", "text": "\ufffd\ufffd broken utf-8"},
+                {"type": "patch"},
+            ], others
             # The text and the finish after the broken lines are there, in order.
             kinds = [e["type"] for e in events]
             assert kinds.index("other") < kinds.index("text") < kinds.index("step_finish")
             assert [e["index"] for e in events] == list(range(len(events)))
 
+            # Invalid UTF-8 inside an event's JSON string: the event is kept, repaired.
+            crew_server.post(dm["id"], "broken text:\nFAKE:BADTEXT")
+            _, badtext = finished(crew_server, agent["id"], 2)
+            assert badtext["status"] == "succeeded", badtext
+            texts = [
+                e["data"] for e in crew_server.turn(badtext["id"])["events"] if e["type"] == "text"
+            ]
+            assert texts == [{"text": "caf\ufffd\ufffd ok"}], texts
+
             # One line of 9 MiB: over the 8 MiB cap. The turn fails, nothing is acked.
-            huge = crew_server.post(dm["id"], "FAKE:ONCE HUGELINE")
-            _, capped = finished(crew_server, agent["id"], 2)
+            huge = crew_server.post(dm["id"], "one huge line:\nFAKE:ONCE HUGELINE")
+            *_, capped = finished(crew_server, agent["id"], 3)
             assert capped["status"] == "failed", capped
             assert capped["failure"]["class"] == "output_too_large", capped
             delivered, read = read_positions(crew_server, agent["id"])[dm["id"]]
@@ -221,7 +233,7 @@ def test_broken_engine_output_is_recorded_and_a_line_over_the_cap_loses_nothing(
 
             # The next wake-up handles that message again, with the new one.
             crew_server.post(dm["id"], "are you still there?")
-            _, _, again = finished(crew_server, agent["id"], 3)
+            *_, again = finished(crew_server, agent["id"], 4)
             assert again["status"] == "succeeded", again
             text = crew_server.turn(again["id"])["input"]
             assert "FAKE:ONCE HUGELINE" in text and "are you still there?" in text
@@ -251,7 +263,7 @@ def test_oversize_and_empty_crew_bodies_from_the_sandbox_post_nothing(crew_serve
     )
     with machine() as m:
         m.log_in()
-        crew_server.post(room, f"FAKE:RUN {script}")
+        crew_server.post(room, f"bodies:\nFAKE:RUN {script}")
         c = launch(m, bootstrap_for(crew_server.url, comp["token"], m))
         try:
             usable(c)

@@ -35,6 +35,7 @@ Behaviour is chosen by markers in the turn input (any line), else by
 - `FAKE:BG [s]`        leave a background child (own session) holding stdout open that
                        touches `bg-survived` in the work dir after s seconds (default 2); exit 0
 - `FAKE:HUGELINE`      step_start, then one text event line of 9 MiB (over the 8 MiB output cap)
+- `FAKE:BADTEXT`       a text event whose JSON string holds invalid UTF-8 bytes, then finish
 - `FAKE:ONCE <marker>` the first run in this work dir behaves as `FAKE:<marker>`, later ones as OK
 - `FAKE:HOSTILE <json>` a hostile agent (tests/faults): tries what the sandbox must deny and
                        writes what happened to `$HOME/hostile-<phase>.json` (see `hostile`)
@@ -269,6 +270,15 @@ def run_mode(out: Out, name: str, arg: str) -> int:
     if name == "HUGELINE":
         out.step_start()
         out.text("z" * (9 * 1024 * 1024))
+        out.step_finish()
+        return 0
+    if name == "BADTEXT":
+        out.step_start()
+        sys.stdout.flush()
+        line = json.dumps({"type": "text", "timestamp": now_ms(), "sessionID": out.session,
+                           "part": {"type": "text", "text": "caf@ ok"}}).encode()  # fmt: skip
+        sys.stdout.buffer.write(line.replace(b"@", b"\xe9\xff") + b"\n")
+        sys.stdout.buffer.flush()
         out.step_finish()
         return 0
     if name == "HOSTILE":

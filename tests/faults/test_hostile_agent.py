@@ -1,0 +1,178 @@
+"""A hostile agent inside the sandbox, run by the real Computer, next to an innocent one.
+
+The Computer is a real process against the real server, with the real
+launcher (bwrap) and the fake engine's `HOSTILE` mode, which tries what the
+sandbox must deny and writes what happened into its own agent directory. Each
+attempt fails or is contained, the Computer keeps running, and the other
+agent's next turn succeeds and continues its own session.
+(The same probes straight against a launcher, in both modes: tests/launcher/test_hostile.py.)
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from tests.computer.computer_proc import bootstrap_for, launch, machine
+from tests.faults.chain import finished, need_sandbox, read_positions, usable
+from tests.launcher.helpers import processes_with
+
+pytestmark = pytest.mark.timeout(150)
+
+SSH_KEY = "-----BEGIN FAKE KEY-----\n"
+BASHRC = "# the user's own bashrc\n"
+HIDDEN = (errno.EACCES, errno.ENOENT)
+
+
+def _dumps(work: Path) -> list[dict[str, Any]]:
+    """What the fake engine recorded of each run started in `work` (oldest first)."""
+    folder = work / ".fake-opencode"
+    if not folder.is_dir():
+        return []
+    return [orjson.loads(p.read_bytes()) for p in sorted(folder.glob("*.json"))]
+
+
+def _tree(root: Path) -> dict[str, bytes | str]:
+    """Every entry under `root` (not following links) with its bytes, for before/after checks."""
+    out: dict[str, bytes | str] = {}
+    for path in sorted(root.rglob("*")):
+        rel = str(path.relative_to(root))
+        if path.is_symlink():
+            out[rel] = f"-> {path.readlink()}"
+        elif path.is_file():
+            out[rel] = path.read_bytes()
+        else:
+            out[rel] = "dir"
+    return out
+
+
+def test_hostile_agent_is_contained_and_the_other_agent_carries_on(crew_server: Any) -> None:
+    need_sandbox()
+    with machine() as m:
+        m.log_in()
+        (m.home / ".ssh").mkdir(mode=0o700)
+        (m.home / ".ssh" / "id_rsa").write_text(SSH_KEY)
+        (m.home / ".bashrc").write_text(BASHRC)
+        comp = crew_server.create_computer()
+        evil = crew_server.create_agent("evil", computer_id=comp["computer_id"])
+        good = crew_server.create_agent("good", computer_id=comp["computer_id"])
+        evil_dm = crew_server.create_room("dm", [evil["id"]])
+        good_dm = crew_server.create_room("dm", [good["id"]])
+        c = launch(m, bootstrap_for(crew_server.url, comp["token"], m))
+        try:
+            usable(c)
+            # The innocent agent has a turn first: a session, a memory, files to aim at.
+            crew_server.post(good_dm["id"], "hello good")
+            [first] = finished(crew_server, good["id"], 1)
+            assert first["status"] == "succeeded", first
+            good_dir = m.crew_home / "agents" / good["id"]
+            evil_dir = m.crew_home / "agents" / evil["id"]
+            good_session = orjson.loads(
+                (good_dir / "engines" / "opencode" / "session.json").read_bytes()
+            )["session_id"]
+            [run_id] = [p.name for p in (m.crew_home / "runtime").iterdir()]
+            [launcher_sock] = (m.crew_home / "sockets").glob("launcher-*.sock")
+            good_before = _tree(good_dir)
+            marker = f"{300 + random.random():.6f}"
+            probe = {
+                "phase": "probe",
+                "user_home": str(m.home),
+                "other_agent_dir": str(good_dir),
+                "other_token": str(
+                    m.crew_home / "runtime" / run_id / "agents" / good["id"] / "token"
+                ),
+                "computer_sock": str(c.socket),
+                "launcher_sock": str(launcher_sock),
+                "computer_pid": c.proc.pid,
+                "marker": marker,
+            }
+
+            crew_server.post(evil_dm["id"], "be bad:\nFAKE:HOSTILE " + json.dumps(probe))
+            [probed] = finished(crew_server, evil["id"], 1)
+            results = orjson.loads((evil_dir / "hostile-probe.json").read_bytes())
+
+            def denied(name: str, *errnos: int) -> None:
+                assert not results[name]["worked"], f"{name} was NOT denied: {results[name]}"
+                if errnos:
+                    assert results[name]["errno"] in errnos, f"{name}: {results[name]}"
+
+            # The probes ran in a working sandbox: its own token is readable there.
+            assert results["read_own_token"]["worked"], results
+            denied("read_ssh_key", *HIDDEN)
+            denied("write_bashrc", errno.EROFS, errno.EACCES)
+            denied("read_other_token", *HIDDEN)
+            denied("read_other_memory", *HIDDEN)
+            denied("write_other_work", errno.EROFS, errno.EACCES, errno.ENOENT)
+            denied("connect_computer_socket", errno.ENOENT, errno.ECONNREFUSED, errno.EACCES)
+            denied("connect_launcher_socket", errno.ENOENT, errno.ECONNREFUSED, errno.EACCES)
+            # The PID namespace hides the Computer: no such process in there.
+            denied("kill_0_computer", errno.ESRCH)
+            denied("kill_term_computer", errno.ESRCH)
+            denied("shell_kill_computer")
+            # Its own session.json may become a FIFO: it is its own directory; contained below.
+            assert results["session_fifo"]["worked"], results
+
+            # On the host: nothing escaped, the Computer runs, nothing was left running.
+            assert probed["status"] == "succeeded", probed
+            assert (m.home / ".bashrc").read_text() == BASHRC
+            assert c.proc.poll() is None
+            assert c.get("/health")["connected"] is True
+            deadline = time.monotonic() + 5
+            while processes_with(marker) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert processes_with(marker) == [], "a background process outlived the turn"
+            # The FIFO was never opened for reading (no hang); the save replaced it.
+            session_file = evil_dir / "engines" / "opencode" / "session.json"
+            assert session_file.is_file() and not session_file.is_symlink()
+
+            # Its next turn starts from the FIFO without blocking, then swaps its
+            # directories for links to the other agent's.
+            links = {"phase": "links", "other_agent_dir": str(good_dir)}
+            evil_session = orjson.loads(session_file.read_bytes())["session_id"]
+            crew_server.post(evil_dm["id"], "be bad:\nFAKE:HOSTILE " + json.dumps(links))
+            _, linked = finished(crew_server, evil["id"], 2)
+            swapped = orjson.loads((evil_dir / "hostile-links.json").read_bytes())
+            assert swapped["link_work"]["worked"] and swapped["link_engine_dir"]["worked"]
+            # Saving the session would go through the link: refused, the turn fails, no ack.
+            assert linked["status"] == "failed", linked
+            failure = linked["failure"]
+            assert failure["class"] == "engine_error", failure
+            assert failure["reason"].startswith("processing failed: cannot save the session")
+            assert "symlink" in failure["reason"] and str(m.crew_home) not in failure["reason"]
+            delivered, read = read_positions(crew_server, evil["id"])[evil_dm["id"]]
+            assert read < delivered
+            # The FIFO was replaced by the saved record: the second turn continued the session.
+            evil_runs = _dumps(evil_dir / "work.old")
+            assert len(evil_runs) == 2
+            assert evil_runs[1]["argv"][evil_runs[1]["argv"].index("--session") + 1] == evil_session
+
+            # A wake-up with the links in place: the launcher refuses to run in a linked work/.
+            crew_server.post(evil_dm["id"], "and again")
+            *_, refused = finished(crew_server, evil["id"], 3)
+            assert refused["status"] == "failed", refused
+            assert refused["failure"]["class"] == "sandbox", refused["failure"]
+            assert "symbolic link" in refused["failure"]["reason"], refused["failure"]
+            assert "and again" in crew_server.turn(refused["id"])["input"]
+            delivered, read = read_positions(crew_server, evil["id"])[evil_dm["id"]]
+            assert read < delivered  # nothing acked since the swap: kept for a fixed agent
+
+            # The other agent is untouched, and its next turn continues its own session.
+            assert _tree(good_dir) == good_before
+            crew_server.post(good_dm["id"], "still fine?")
+            _, second = finished(crew_server, good["id"], 2)
+            assert second["status"] == "succeeded", second
+            dumps = _dumps(good_dir / "work")
+            assert len(dumps) == 2, [d["env"].get("CREW_TOKEN_FILE") for d in dumps]
+            assert all(good["id"] in d["env"]["CREW_TOKEN_FILE"] for d in dumps)
+            assert dumps[1]["argv"][dumps[1]["argv"].index("--session") + 1] == good_session
+            assert c.proc.poll() is None
+        finally:
+            code = c.stop()
+        assert code == 0, c.stderr()[-3000:]
