@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -9,9 +10,64 @@ from typing import Any
 
 import httpx
 import orjson
+from pydantic import BaseModel, TypeAdapter
 
+from crew_server import models as m
 from crew_server.clock import Clock
+from crew_server.openapi import OPS, Op
 from crew_server.store import Store
+
+_OPERATIONS = [
+    (op.method.upper(), re.compile("^" + re.sub(r"\{[^}]+\}", "[^/]+", op.path) + "$"), op)
+    for op in OPS
+]
+
+
+def _operation(method: str, path: str) -> Op | None:
+    return next((op for verb, rx, op in _OPERATIONS if verb == method and rx.match(path)), None)
+
+
+def _shape(value: Any) -> Any:
+    """The key structure of a JSON value (dict keys, recursively), for an exact-fields check."""
+    if isinstance(value, dict):
+        return {k: _shape(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_shape(v) for v in value]
+    return None
+
+
+def _conforms(model: Any, data: Any, what: str) -> None:
+    """`data` validates as `model` and carries no field the model does not describe."""
+    adapter: TypeAdapter[Any] = TypeAdapter(model)
+    parsed = adapter.validate_python(data)
+    dumped = adapter.dump_python(parsed, mode="json", by_alias=True, exclude_unset=True)
+    assert _shape(dumped) == _shape(data), f"{what}: fields beyond {model}: {data}"
+
+
+def check_answer(response: httpx.Response) -> None:
+    """Every answer of the app matches openapi/upstream.yaml's models, field for field.
+
+    The app builds plain dicts for speed; this holds them to the documented shapes in
+    every server test (schemathesis only samples them).
+    """
+    request = response.request
+    what = f"{request.method} {request.url.path} → {response.status_code}"
+    if response.status_code == 204:
+        assert response.content == b"", what
+        return
+    assert response.headers["content-type"] == "application/json", what
+    body = orjson.loads(response.content)
+    if response.status_code >= 400:
+        model: Any = m.HeldAnswer if isinstance(body, dict) and body.get("held") else m.ErrorAnswer
+        _conforms(model, body, what)
+        return
+    op = _operation(request.method, request.url.path)
+    assert op is not None, f"{what}: not in openapi/upstream.yaml"
+    assert op.answer is not None, what
+    statuses = {op.status, *(int(s) for s in op.extra)}
+    assert response.status_code in statuses, f"{what}: documented {sorted(statuses)}"
+    answer: type[BaseModel] = op.answer
+    _conforms(list[answer] if op.many else answer, body, what)  # type: ignore[valid-type]
 
 
 @dataclass
@@ -39,8 +95,14 @@ class World:
     @classmethod
     @asynccontextmanager
     async def open(cls, app: Any, store: Store, clock: Clock) -> AsyncIterator[World]:
+        async def checked(response: httpx.Response) -> None:
+            await response.aread()
+            check_answer(response)
+
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://crew.test") as client:
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://crew.test", event_hooks={"response": [checked]}
+        ) as client:
             yield cls(client, store, clock)
 
     async def ok(self, method: str, path: str, *, status: int | None = None, **kw: Any) -> Any:
