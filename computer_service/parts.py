@@ -26,7 +26,12 @@ from computer_service.launcher_client import (
     RunRequest,
     launcher_argv,
 )
-from computer_service.service import AgentPreparationFailed, LauncherStatus, StartupFailed
+from computer_service.service import (
+    AgentPreparationFailed,
+    LauncherStatus,
+    ModelsFailed,
+    StartupFailed,
+)
 from computer_service.upstream import AgentRecord
 
 log = logging.getLogger(__name__)
@@ -124,10 +129,18 @@ class LocalParts:
         return await process.wait()
 
     async def models(self) -> list[str]:
-        """`opencode models` through the launcher (none without a launcher)."""
+        """`opencode models` through the launcher; `ModelsFailed` when opencode gives no list.
+
+        A launcher that is gone or being replaced raises `LauncherUnavailable` (worth a retry).
+        """
         if self.client is None:
-            return []
-        return await self.client.models()
+            raise LauncherUnavailable("the sandbox launcher is not running (it is being restarted)")
+        try:
+            return await self.client.models()
+        except LauncherUnavailable:
+            raise
+        except LauncherError as exc:
+            raise ModelsFailed(str(exc)) from exc
 
     def prepare_run_dir(self) -> None:
         """Clean `runtime/*`, create this run's dir and `bin/crew`; `StartupFailed` if not."""

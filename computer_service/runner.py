@@ -280,6 +280,8 @@ class Runner:
             log.warning("agent %s: registering the turn failed: %s", agent.handle, exc)
             return
         self.current_turn_id = turn.turn_id
+        # The session this turn continues (None: a new one, known when it succeeds).
+        self.session_id = plan.session_id
         self._changed()
         request = TurnRequest(
             agent_id=agent.id,

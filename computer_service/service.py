@@ -44,7 +44,14 @@ from computer_service.introspection import (
 )
 from computer_service.metrics import Metrics
 from computer_service.runner import AgentWorkspace, Runner, TurnGate
-from computer_service.upstream import AgentRecord, Upstream, UpstreamError
+from computer_service.upstream import (
+    AgentRecord,
+    Unauthorized,
+    Upstream,
+    UpstreamError,
+    UpstreamRejected,
+    UpstreamUnavailable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +63,11 @@ BACKOFF_CAP_S = 30.0
 
 
 class StartupFailed(Exception):
-    """The Computer cannot start; the message is the one line written to stderr."""
+    """The Computer cannot start or go on (computer.md §1 steps 1, 4–6); exit 1 with this line."""
+
+
+class ModelsFailed(Exception):
+    """`opencode models` gave no list (it failed or took over 30 s): this run cannot go on."""
 
 
 class AgentPreparationFailed(Exception):
@@ -98,7 +109,11 @@ class Parts(Protocol):
         ...
 
     async def models(self) -> list[str]:
-        """`opencode models` through the launcher: the `provider/model` lines."""
+        """`opencode models` through the launcher: the `provider/model` lines.
+
+        Raises `ModelsFailed` when opencode itself gives no list; any other
+        error (the launcher being replaced) is worth a retry.
+        """
         ...
 
     def prepare_run_dir(self) -> None:
@@ -178,6 +193,10 @@ class ComputerService:
         self._engine: Engine | None = None
         self._introspection: IntrospectionServer | None = None
         self._last_event_id: str | None = None
+        # Reconnects of the event stream (and model reports) wait this long between tries.
+        self.event_backoff = Backoff()
+        # Why this run cannot go on (steps 5-6 failed after start): serve() raises it.
+        self.failure: str | None = None
         self.synced = anyio.Event()
 
     # --- life ----------------------------------------------------------------
@@ -207,6 +226,8 @@ class ComputerService:
                 watchers.cancel_scope.cancel()
         if failed is not None:
             raise failed
+        if self.failure is not None:
+            raise StartupFailed(self.failure)
         return 0
 
     async def _cancel_on_stop(self, scope: anyio.CancelScope) -> None:
@@ -278,6 +299,13 @@ class ComputerService:
         """Ask for an orderly stop (what stdin closing and the signals do)."""
         self.stop_requested.set()
 
+    def _fail(self, reason: str) -> None:
+        """Stop in order, then exit 1 with `reason`: never idle in a broken state (§1)."""
+        log.error("%s", reason)
+        if self.failure is None:
+            self.failure = reason
+        self.request_stop()
+
     # --- startup steps -------------------------------------------------------
 
     async def _connect(self) -> None:
@@ -321,15 +349,33 @@ class ComputerService:
         self._introspection = server
 
     async def _report_models(self) -> None:
-        try:
-            models = await self.parts.models()
-            await self.upstream.put_models(models)
-        except UpstreamError as exc:
-            log.warning("reporting the available models failed: %s", exc)
-        except Exception:
-            log.exception("reading the available models failed")
-        else:
-            log.info("reported %d models", len(models))
+        """Step 5: `opencode models`, reported upstream; exit 1 if there is no list to report.
+
+        A launcher being replaced or a server that cannot be reached is tried
+        again with backoff; opencode failing or the server refusing is final.
+        """
+        # Paced like the event stream's reconnects.
+        backoff = Backoff(initial_s=self.event_backoff.base_s, cap_s=self.event_backoff.cap_s)
+        models: list[str] | None = None
+        while True:
+            try:
+                if models is None:
+                    models = await self.parts.models()
+                await self.upstream.put_models(models)
+            except ModelsFailed as exc:
+                self._fail(f"cannot read the available models: {exc}")
+                return
+            except UpstreamUnavailable as exc:
+                log.warning("reporting the available models failed: %s; retrying", exc)
+            except UpstreamError as exc:
+                self._fail(f"the crew server refused the list of models: {exc}")
+                return
+            except Exception as exc:
+                log.warning("reading the available models failed: %s; retrying", exc)
+            else:
+                log.info("reported %d models", len(models))
+                return
+            await anyio.sleep(backoff.next_delay())
 
     async def _keep_launcher(self) -> None:
         """A launcher that dies is replaced; its running turns fail as `process_crashed`."""
@@ -380,11 +426,18 @@ class ComputerService:
     # --- the event stream ----------------------------------------------------
 
     async def _follow_events(self) -> None:
-        """Subscribe to `GET /computer/events`; after every (re)connect sync, then wake all."""
-        backoff = Backoff()
+        """Step 6: follow `GET /computer/events`; after every (re)connect sync, then wake all.
+
+        Reconnects wait with capped exponential backoff and jitter, from the
+        server's `retry:`, and send `Last-Event-ID` so missed events replay. A
+        refused token ends the run (exit 1): retrying cannot fix it.
+        """
+        backoff = self.event_backoff
         while True:
+            opened = False
             try:
                 async with self.upstream.events(self._last_event_id) as source:
+                    opened = True
                     self.connected = True
                     backoff.reset()
                     await self.sync_agents()
@@ -396,6 +449,20 @@ class ComputerService:
                         if event.id:
                             self._last_event_id = event.id
                 log.warning("the event stream ended; reconnecting")
+            except Unauthorized as exc:
+                self._fail(f"the event stream stopped: {exc}")
+                return
+            except UpstreamRejected as exc:
+                if opened:
+                    log.warning("event stream: %s; reconnecting", exc)
+                elif self._last_event_id is not None:
+                    # Perhaps an id the server no longer takes: start afresh (the wake-all
+                    # after connecting covers what the replay would have brought).
+                    log.warning("event stream refused: %s; reconnecting without an id", exc)
+                    self._last_event_id = None
+                else:
+                    self._fail(f"cannot subscribe to the crew server's events: {exc}")
+                    return
             except (UpstreamError, httpx.HTTPError, SSEError) as exc:
                 log.warning("event stream: %s; reconnecting", exc)
             finally:

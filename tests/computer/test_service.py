@@ -11,61 +11,11 @@ import httpx
 import pytest
 
 from computer_service.bootstrap import Bootstrap
-from computer_service.engine.base import AgentPaths, Engine
-from computer_service.home import AgentHome, AgentHomeError, RunDirectory
-from computer_service.service import (
-    AgentPreparationFailed,
-    Backoff,
-    ComputerService,
-    LauncherStatus,
-    _agent_id_of,
-)
-from computer_service.upstream import AgentRecord, Upstream
+from computer_service.service import Backoff, ComputerService, _agent_id_of
+from computer_service.upstream import Upstream
+from tests.computer.fakes import FakeParts
 from tests.computer.scripted import ScriptedEngine, blocking
 from tests.support.crew_server_proc import start_crew_server
-
-USABLE = LauncherStatus(True, "bwrap", None, True, "test")
-
-
-class FakeParts:
-    """Real directories and agent homes; a scripted engine instead of the launcher."""
-
-    def __init__(self, crew_home: Path, engine: Engine, status: LauncherStatus = USABLE) -> None:
-        self.crew_home = crew_home
-        self.run = RunDirectory(crew_home, "testrun")
-        self._engine = engine
-        self.status = status
-        self.launcher_stopped = False
-
-    async def start_launcher(self) -> LauncherStatus:
-        return self.status
-
-    async def stop_launcher(self) -> None:
-        self.launcher_stopped = True
-
-    async def launcher_exited(self) -> int:
-        await anyio.sleep_forever()
-        return 0
-
-    async def models(self) -> list[str]:
-        return ["local/fake"]
-
-    def prepare_run_dir(self) -> None:
-        self.run.prepare()
-
-    def remove_run_dir(self) -> None:
-        self.run.remove()
-
-    def engine(self) -> Engine:
-        return self._engine
-
-    def prepare_agent(self, agent: AgentRecord, token: str) -> AgentHome:
-        home = AgentHome(AgentPaths(self.crew_home, "testrun", agent.id), agent)
-        try:
-            home.prepare(token)
-        except AgentHomeError as exc:
-            raise AgentPreparationFailed(str(exc)) from exc
-        return home
 
 
 async def finished(

@@ -1,0 +1,277 @@
+"""The service's start, event stream and stop against an in-process fake server (computer.md §1).
+
+`FakeCrewServer` scripts each `GET /computer/events` answer and records every
+call, so reconnect details (backoff, `retry:`, `Last-Event-ID`, sync-then-wake)
+are checked exactly and fast.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+
+from computer_service.bootstrap import Bootstrap
+from computer_service.service import ComputerService, ModelsFailed, StartupFailed
+from computer_service.upstream import Upstream
+from tests.computer.fakes import FakeCrewServer, FakeParts, RecordingBackoff
+from tests.computer.scripted import ScriptedEngine
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+
+@dataclass
+class Running:
+    service: ComputerService
+    server: FakeCrewServer
+    parts: FakeParts
+    stdout: io.BytesIO
+    outcome: list[int | BaseException]
+
+    @property
+    def socket(self) -> Path:
+        return self.service.crew_home / "sockets" / "computer.sock"
+
+    def local(self) -> httpx.AsyncClient:
+        transport = httpx.AsyncHTTPTransport(uds=str(self.socket))
+        return httpx.AsyncClient(transport=transport, base_url="http://computer")
+
+
+@asynccontextmanager
+async def computer(
+    tmp_path: Path,
+    server: FakeCrewServer,
+    *,
+    parts: Callable[[Path], FakeParts] | None = None,
+    backoff: RecordingBackoff | None = None,
+) -> AsyncIterator[Running]:
+    """Serve a Computer against `server`; on exit stop it and wait for `serve()` to return."""
+    crew_home = tmp_path / "crew"
+    made = parts(crew_home) if parts else FakeParts(crew_home, ScriptedEngine())
+    boot = Bootstrap(server_url="http://crew.test", token="tok-computer", crew_home=crew_home)
+    stdout = io.BytesIO()
+    upstream = Upstream(boot.server_url, boot.token, transport=server.transport())
+    service = ComputerService(boot, made, upstream=upstream, stdout=stdout, handle_signals=False)
+    if backoff is not None:
+        service.event_backoff = backoff
+    running = Running(service, server, made, stdout, [])
+
+    async def serve() -> None:
+        try:
+            running.outcome.append(await service.serve())
+        except StartupFailed as exc:
+            running.outcome.append(exc)
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(serve)
+            yield running
+            service.request_stop()
+    finally:
+        server.closed.set()
+
+
+def events(*lines: str) -> bytes:
+    return ("\n".join(lines) + "\n\n").encode()
+
+
+async def test_reconnects_back_off_honour_retry_resend_the_last_id_and_sync_then_wake(
+    tmp_path: Path,
+) -> None:
+    server = FakeCrewServer()
+    alice = server.agent("alice")
+    bob_joined = anyio.Event()
+
+    async def alice_claimed(times: int) -> None:
+        await server.until(lambda: server.unread_claims(alice["id"]) >= times)
+
+    async def add_bob() -> None:
+        await alice_claimed(2)
+        server.agent("bob")  # appears while the stream is down: no event tells about it
+        bob_joined.set()
+
+    server.events_answers = [
+        *[503] * 5,
+        # Connected: a `retry:` and an id; the stream ends once alice was woken.
+        [events("retry: 60", "id: 7", "event: ping", "data: {}"), lambda: alice_claimed(1)],
+        [events("id: 9", "event: ping", "data: {}"), add_bob],
+    ]
+    backoff = RecordingBackoff(initial_s=0.01, cap_s=0.08)
+    async with computer(tmp_path, server, backoff=backoff) as c:
+        await server.until(lambda: server.unread_claims("agent-bob") >= 1)
+        assert c.service.connected
+        # Every reconnect sends the id of the last event it saw.
+        assert server.last_event_ids == [None] * 6 + ["7", "9"]
+        # Five refusals: doubling from 0.01 s up to the 0.08 s cap, each jittered into its
+        # upper half; then the server's `retry: 60` is the base after each successful connect.
+        assert backoff.bases == pytest.approx([0.01] * 5 + [0.06, 0.06])
+        ceilings = [0.01, 0.02, 0.04, 0.08, 0.08, 0.06, 0.06]
+        assert len(backoff.delays) == len(ceilings)
+        for delay, ceiling in zip(backoff.delays, ceilings, strict=True):
+            assert ceiling / 2 - 1e-9 <= delay <= ceiling + 1e-9
+        assert len({round(d, 9) for d in backoff.delays[3:5]}) == 2  # jittered, not lockstep
+        # After every successful connect: the agent list first, then a wake-up for every
+        # runner (alice claims although no wake event came; bob, new, is woken too).
+        opens = [i for i, call in enumerate(server.calls) if call == ("GET", "/computer/events")]
+        connected = opens[5:]
+        assert len(connected) == 3
+        for n, start in enumerate(connected):
+            end = connected[n + 1] if n + 1 < len(connected) else len(server.calls)
+            # (The model report runs alongside and may land anywhere.)
+            after = [c for c in server.calls[start + 1 : end] if c[1] != "/computer/models"]
+            assert after[0] == ("GET", "/computer/agents"), after
+            assert ("POST", f"/computer/agents/{alice['id']}/unread") in after, after
+        assert ("POST", "/computer/agents/agent-bob/unread") in server.calls[connected[2] :]
+    assert c.outcome == [0]
+
+
+async def test_a_refused_last_event_id_reconnects_afresh(tmp_path: Path) -> None:
+    server = FakeCrewServer()
+    server.events_answers = [[events("id: 5", "event: ping", "data: {}")], 422]
+    async with computer(tmp_path, server, backoff=RecordingBackoff(0.01, 0.02)) as c:
+        await server.until(lambda: len(server.last_event_ids) == 3)
+        await server.until(lambda: c.service.connected)
+        assert server.last_event_ids == [None, "5", None]
+    assert c.outcome == [0]
+
+
+async def test_a_refused_token_on_the_event_stream_exits_1_after_an_orderly_stop(
+    tmp_path: Path,
+) -> None:
+    server = FakeCrewServer()
+    server.agent("alice")
+    server.events_answers = [401]
+    async with computer(tmp_path, server) as c:
+        with anyio.fail_after(10):
+            while not c.outcome:
+                await anyio.sleep(0.01)
+    [failed] = c.outcome
+    assert isinstance(failed, StartupFailed)
+    assert "token was refused" in str(failed) and "tok-computer" not in str(failed)
+    assert c.parts.launcher_stopped
+    assert not c.socket.exists()
+    assert not (c.service.crew_home / "runtime" / "testrun").exists()
+
+
+async def test_an_event_stream_the_server_refuses_at_once_exits_1(tmp_path: Path) -> None:
+    server = FakeCrewServer()
+    server.events_answers = [404]
+    async with computer(tmp_path, server) as c:
+        with anyio.fail_after(10):
+            while not c.outcome:
+                await anyio.sleep(0.01)
+    [failed] = c.outcome
+    assert isinstance(failed, StartupFailed)
+    assert str(failed).startswith("cannot subscribe to the crew server's events")
+
+
+async def test_models_that_cannot_be_read_exit_1(tmp_path: Path) -> None:
+    server = FakeCrewServer()
+
+    def parts(crew_home: Path) -> FakeParts:
+        made = FakeParts(crew_home, ScriptedEngine())
+        made.models_errors = [ModelsFailed("opencode models took over 30 s and was stopped")]
+        return made
+
+    async with computer(tmp_path, server, parts=parts) as c:
+        with anyio.fail_after(10):
+            while not c.outcome:
+                await anyio.sleep(0.01)
+    [failed] = c.outcome
+    assert isinstance(failed, StartupFailed)
+    assert str(failed) == (
+        "cannot read the available models: opencode models took over 30 s and was stopped"
+    )
+    assert server.models is None
+    assert c.parts.launcher_stopped and not c.socket.exists()
+
+
+async def test_models_are_retried_while_the_launcher_restarts_or_the_server_is_down(
+    tmp_path: Path,
+) -> None:
+    server = FakeCrewServer()
+    server.models_statuses = [503, 503]
+
+    def parts(crew_home: Path) -> FakeParts:
+        made = FakeParts(crew_home, ScriptedEngine())
+        made.models_errors = [RuntimeError("the sandbox launcher is not running")]
+        return made
+
+    async with computer(tmp_path, server, parts=parts, backoff=RecordingBackoff(0.01, 0.02)) as c:
+        await server.until(lambda: server.models is not None, timeout=20)
+        assert server.models == ["local/fake"]
+        assert c.parts.models_calls == 2  # read again after the launcher error, not after a 503
+        assert server.count("PUT", "/computer/models") == 3
+        assert not c.outcome  # still running
+    assert c.outcome == [0]
+
+
+async def test_a_refused_models_report_exits_1(tmp_path: Path) -> None:
+    server = FakeCrewServer()
+    server.models_statuses = [422]
+    async with computer(tmp_path, server) as c:
+        with anyio.fail_after(10):
+            while not c.outcome:
+                await anyio.sleep(0.01)
+    [failed] = c.outcome
+    assert isinstance(failed, StartupFailed)
+    assert str(failed).startswith("the crew server refused the list of models")
+
+
+async def test_ready_is_written_before_the_launcher_starts(tmp_path: Path) -> None:
+    server = FakeCrewServer()
+    release = anyio.Event()
+
+    def parts(crew_home: Path) -> FakeParts:
+        made = FakeParts(crew_home, ScriptedEngine())
+        made.launcher_release = release
+        return made
+
+    async with computer(tmp_path, server, parts=parts) as c:
+        with anyio.fail_after(10):
+            await c.parts.launcher_starting.wait()
+        # The launcher's self-test is still running: `ready` is out, and introspection answers.
+        assert c.stdout.getvalue() == b"ready\n"
+        async with c.local() as local:
+            health = (await local.get("/health")).json()
+        assert health["ready"] is True
+        assert health["sandbox"]["ok"] is None
+        assert server.count("GET", "/computer/events") == 0
+        release.set()
+        await server.until(lambda: c.service.connected)
+    assert c.outcome == [0]
+
+
+async def test_a_run_directory_that_cannot_be_prepared_exits_1(tmp_path: Path) -> None:
+    server = FakeCrewServer()
+    crew_home = tmp_path / "crew"
+    crew_home.mkdir()
+    (crew_home / "runtime").write_text("a file where the run directories go")
+    async with computer(tmp_path, server) as c:
+        with anyio.fail_after(10):
+            while not c.outcome:
+                await anyio.sleep(0.01)
+    [failed] = c.outcome
+    assert isinstance(failed, StartupFailed)
+    assert "cannot prepare the run directory" in str(failed)
+    assert c.stdout.getvalue() == b"ready\n"
+    assert c.parts.launcher_stopped and not c.socket.exists()
+    assert server.count("GET", "/computer/events") == 0  # never idles in a broken state
+
+
+async def test_default_capacity_is_the_cpu_count_at_least_two(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    boot = Bootstrap(server_url="http://crew.test", token="t")
+    for cpus, expected in ((None, 2), (1, 2), (2, 2), (12, 12)):
+        monkeypatch.setattr(os, "cpu_count", lambda cpus=cpus: cpus)
+        assert boot.turn_capacity() == expected
+    explicit = Bootstrap(server_url="http://crew.test", token="t", max_concurrent_turns=5)
+    assert explicit.turn_capacity() == 5
