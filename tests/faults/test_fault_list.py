@@ -1,0 +1,86 @@
+"""The fault list of quality.md ("Reliability and security") and where each item is tested.
+
+This directory holds the tests that drive a fault through the whole chain
+(the Computer as a real process, the real launcher and sandbox, the real
+server). Faults already covered closer to their part are tested where that
+part lives; this index names them all, and the test below keeps it honest:
+every test it names exists.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+FAULTS: dict[str, list[str]] = {
+    "kill -9 of the Computer during a turn; restart handles the messages, the turn is interrupted": [
+        "tests/computer/test_process.py::test_kill_9_mid_turn_then_restart_handles_the_messages_again",
+    ],
+    "the server restarts during a turn: reports dropped, the turn ends, the stream reconnects": [
+        "tests/faults/test_server_restart.py::test_server_killed_and_restarted_mid_turn_reports_dropped_nothing_lost_or_acked_twice",
+        "tests/computer/test_service.py::test_server_restart_during_a_turn_loses_nothing_and_acks_once",
+        "tests/computer/test_service.py::test_reconnects_after_a_server_restart_and_handles_what_came_meanwhile",
+    ],
+    "the launcher dies: running turns fail as process_crashed, a new launcher takes over": [
+        "tests/computer/test_process.py::test_a_dead_launcher_fails_the_turn_and_is_replaced",
+        "tests/launcher/test_runs.py::test_launcher_dies_with_its_parent",
+    ],
+    "a hostile agent: ~/.ssh, ~/.bashrc, another agent's token, both sockets, signals, leftovers, links, FIFO": [
+        "tests/faults/test_hostile_agent.py::test_hostile_agent_is_contained_and_the_other_agent_carries_on",
+        "tests/launcher/test_hostile.py::test_hostile_engine_is_contained",
+        "tests/computer/test_process.py::test_planted_symlink_is_that_agents_problem_others_run",
+        "tests/computer/test_runner.py::test_a_session_that_cannot_be_saved_fails_the_turn_without_ack",
+        "tests/computer_unit/test_engine_sandboxed.py::test_background_process_neither_hangs_nor_outlives_the_turn",
+    ],
+    "bad input: bootstrap garbage": [
+        "tests/faults/test_bad_input.py::test_bootstrap_garbage_exits_1_with_one_line_and_no_token",
+        "tests/computer/test_process.py::test_bootstrap_garbage_is_a_clear_error",
+        "tests/computer/test_bootstrap.py::test_garbage_is_refused_clearly_without_the_token",
+    ],
+    "bad input: malformed SSE": [
+        "tests/faults/test_bad_input.py::test_a_garbled_event_stream_is_logged_and_the_next_good_wake_handled",
+        "tests/computer/test_service.py::test_malformed_wake_events_are_recognised",
+    ],
+    "bad input: non-JSON and invalid UTF-8 engine lines, one line over the cap": [
+        "tests/faults/test_bad_input.py::test_broken_engine_output_is_recorded_and_a_line_over_the_cap_loses_nothing",
+        "tests/computer_unit/test_events.py::test_bad_lines_become_unparsed_other",
+        "tests/computer_unit/test_events.py::test_any_bytes_give_a_serialisable_event",
+        "tests/computer_unit/test_opencode_engine.py::test_bad_lines_are_kept_not_fatal",
+        "tests/computer_unit/test_engine_sandboxed.py::test_output_cap",
+        "tests/launcher/test_runs.py::test_output_over_the_cap_kills_the_run",
+    ],
+    "bad input: oversize or empty crew bodies": [
+        "tests/faults/test_bad_input.py::test_oversize_and_empty_crew_bodies_from_the_sandbox_post_nothing",
+        "tests/shim/test_reply.py::test_local_refusals_send_nothing",
+    ],
+    "bad input: a schema fuzz (schemathesis) of all three OpenAPI surfaces": [
+        "tests/server/test_openapi.py::test_app_conforms_to_openapi",
+        "tests/launcher/test_openapi.py::test_schema_fuzz",
+        "tests/computer/test_introspection_schema.py::test_introspection_conforms_to_its_schema",
+    ],
+}
+
+
+def _test_names(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return {
+        node.name
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.name.startswith("test_")
+    }
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_every_fault_names_tests_that_exist(fault: str) -> None:
+    tests = FAULTS[fault]
+    assert tests, f"no test for: {fault}"
+    for node in tests:
+        file, _, name = node.partition("::")
+        path = ROOT / file
+        assert path.is_file(), f"{fault}: {file} does not exist"
+        assert name in _test_names(path), f"{fault}: {file} has no {name}"
