@@ -7,13 +7,8 @@ owns the engine run, and a client that goes away stops it.
 
 from __future__ import annotations
 
-import contextlib
 import hmac
 import logging
-import os
-import re
-import signal
-import subprocess
 from typing import Any
 
 import anyio
@@ -25,16 +20,14 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from sandbox_launcher.engine_run import EngineRun, reap_group
+from sandbox_launcher.engine_run import EngineRun
 from sandbox_launcher.launcher import Launcher, RequestRefused
+from sandbox_launcher.models import ModelsFailed, list_models
 from sandbox_launcher.schema import ModelList, RunList, RunRequest, StopResult
 
 log = logging.getLogger(__name__)
 
-MODELS_TIMEOUT_S = 30.0
 MAX_BODY = 40 * 1024 * 1024
-_MODEL_LINE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/\S+$")
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 class JSONResponse(Response):
@@ -206,56 +199,3 @@ def _validation_message(exc: ValidationError) -> str:
         where = ".".join(str(p) for p in err["loc"]) or "body"
         parts.append(f"{where}: {err['msg']}")
     return "invalid run request: " + "; ".join(parts)
-
-
-class ModelsFailed(Exception):
-    """`opencode models` did not give a list; `status`/`code` for the answer."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-
-
-async def list_models(opencode: str) -> list[str]:
-    """Run `opencode models` (the user's environment, unsandboxed, 30 s cap); keep `provider/model` lines."""
-    process = await anyio.open_process(
-        [opencode, "models"],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
-    out, err = bytearray(), bytearray()
-
-    async def read_into(stream: Any, buf: bytearray) -> None:
-        async for chunk in stream:
-            buf.extend(chunk)
-
-    try:
-        with anyio.move_on_after(MODELS_TIMEOUT_S) as scope:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(read_into, process.stdout, out)
-                tg.start_soon(read_into, process.stderr, err)
-                await process.wait()
-                _kill_group(process.pid)  # a child left holding the pipes must not delay us
-    finally:
-        with anyio.CancelScope(shield=True):
-            _kill_group(process.pid)
-            await process.wait()
-            reap_group(process.pid)  # only after the leader was waited for
-            await process.aclose()
-    if scope.cancelled_caught:
-        raise ModelsFailed(504, "models_timeout", "opencode models took over 30 s and was stopped")
-    if process.returncode != 0:
-        tail = _ANSI.sub("", err.decode("utf-8", "replace")).strip()[-300:]
-        raise ModelsFailed(
-            502, "models_failed", f"opencode models exited {process.returncode}: {tail}"
-        )
-    lines = out.decode("utf-8", "replace").splitlines()
-    return [line.strip() for line in lines if _MODEL_LINE.match(line.strip())]
-
-
-def _kill_group(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError):  # already gone: the normal case
-        os.killpg(pgid, signal.SIGKILL)

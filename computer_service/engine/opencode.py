@@ -218,21 +218,48 @@ def read_user_providers(config_files: tuple[Path, ...]) -> dict[str, Any] | None
     return None
 
 
-def opencode_config(agents_md: Path, model: str, providers: dict[str, Any] | None) -> str:
-    """`OPENCODE_CONFIG_CONTENT`: instructions, all permissions, this turn's model, providers."""
+def _config(providers: dict[str, Any] | None, **settings: Any) -> str:
     config: dict[str, Any] = {
         "$schema": "https://opencode.ai/config.json",
         "autoupdate": False,
         "share": "disabled",
-        "instructions": [str(agents_md)],
-        # The sandbox is the boundary; inside it the agent may do anything.
-        "permission": {"*": "allow"},
-        "model": model,
-        "small_model": model,
+        **settings,
     }
     if providers:
         config["provider"] = providers
     return orjson.dumps(config).decode()
+
+
+def opencode_config(agents_md: Path, model: str, providers: dict[str, Any] | None) -> str:
+    """`OPENCODE_CONFIG_CONTENT`: instructions, all permissions, this turn's model, providers."""
+    return _config(
+        providers,
+        instructions=[str(agents_md)],
+        # The sandbox is the boundary; inside it the agent may do anything.
+        permission={"*": "allow"},
+        model=model,
+        small_model=model,
+    )
+
+
+def model_listing_env(user: UserOpenCode) -> dict[str, str]:
+    """The OpenCode variables of `opencode models`, so it lists what a turn can use.
+
+    The user's credentials and `provider` section exactly as a turn gets them
+    (no instructions, no model), no project config, no catalog download. Not
+    logged in: no `OPENCODE_AUTH_CONTENT` (OpenCode then lists the providers
+    the config and the environment enable).
+    """
+    env = {
+        "OPENCODE_DISABLE_PROJECT_CONFIG": "1",
+        "OPENCODE_DISABLE_MODELS_FETCH": "1",
+        "OPENCODE_CONFIG_CONTENT": _config(read_user_providers(user.config_files)),
+    }
+    try:
+        env["OPENCODE_AUTH_CONTENT"] = read_auth(user.auth_file)
+    except NotLoggedIn as exc:
+        log.info("listing models without OpenCode credentials: %s", exc)
+    return env
 
 
 def engine_env(
