@@ -9,6 +9,7 @@ from typing import Any
 import anyio
 import pytest
 
+from computer_service.engine.base import SessionPlan
 from computer_service.upstream import UnreadRoom, Upstream
 from tests.computer.rig import rig, wait_until
 from tests.computer.scripted import (
@@ -264,3 +265,28 @@ async def test_a_session_that_cannot_be_saved_fails_the_turn_without_ack(
         turns = await r.user.finished(r.runner.agent.id, 2)
         assert "save me" in engine.inputs[1]  # not acked: handled again
         assert turns[1]["status"] == "failed"  # the link is still there: still refused
+
+
+async def test_the_row_shows_the_session_a_turn_continues(
+    crew_server: Any, crew_home: Path
+) -> None:
+    class Continuing(ScriptedEngine):
+        def plan_session(self, agent_id: str, model: str, agents_md: str) -> SessionPlan:
+            return SessionPlan("ses-saved-earlier")
+
+    release = anyio.Event()
+    engine = Continuing(script=[blocking(release)])
+    async with rig(crew_server.url, crew_home, engine) as r:
+        assert r.runner.row()["session_id"] is None
+        await r.user.post(r.room["id"], "go on")
+        r.runner.wake()
+        await engine.started.wait()
+        row = r.runner.row()
+        assert (row["state"], row["session_id"]) == ("running", "ses-saved-earlier")
+        assert row["turn_id"] is not None
+        release.set()
+        [turn] = await r.user.finished(r.runner.agent.id, 1)
+        assert turn["session_id"] == "ses-saved-earlier"
+        await wait_until("idle", lambda: r.runner.state == "idle")
+        # The engine's result names the session that was really used.
+        assert r.runner.row()["session_id"] == f"ses-{r.runner.agent.id[:8]}"

@@ -1,0 +1,350 @@
+"""The service against a REAL crew-server: agents that cannot run, problems cleared, introspection.
+
+computer.md §1 (sandbox unusable, per-agent preparation failures) and §5 (the
+introspection API as the running service answers it). FakeParts stands in
+for the launcher; everything else is real, the socket included.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from computer_service.bootstrap import Bootstrap
+from computer_service.service import ComputerService
+from computer_service.upstream import AgentRecord
+from tests.computer.fakes import UNUSABLE, FakeParts
+from tests.computer.scripted import ScriptedEngine, fail, succeed
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+
+async def until(what: str, probe: Callable[[], Any], timeout: float = 20) -> Any:
+    with anyio.fail_after(timeout):
+        while not (value := probe()):
+            await anyio.sleep(0.03)
+    assert value, what
+    return value
+
+
+def problem_of(server: Any, agent_id: str) -> str | None:
+    return next(a for a in server.agents() if a["id"] == agent_id).get("problem")
+
+
+@asynccontextmanager
+async def serving(
+    server: Any, crew_home: Path, parts: FakeParts, token: str
+) -> AsyncIterator[tuple[ComputerService, httpx.AsyncClient]]:
+    boot = Bootstrap(server_url=server.url, token=token, crew_home=crew_home)
+    service = ComputerService(boot, parts, handle_signals=False)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(service.serve)
+        with anyio.fail_after(20):
+            await service.synced.wait()
+        transport = httpx.AsyncHTTPTransport(uds=str(crew_home / "sockets" / "computer.sock"))
+        async with httpx.AsyncClient(transport=transport, base_url="http://computer") as local:
+            yield service, local
+        service.request_stop()
+
+
+async def test_sandbox_unusable_no_runner_and_every_agent_told_also_later_ones(
+    crew_server: Any, tmp_path: Path
+) -> None:
+    comp = crew_server.create_computer()
+    early = crew_server.create_agent("early2", computer_id=comp["computer_id"])
+    room = crew_server.create_room("dm", [early["id"]])
+    crew_server.post(room["id"], "will you run?")
+    crew_home = tmp_path / "crew"
+    parts = FakeParts(crew_home, ScriptedEngine(), status=UNUSABLE)
+    async with serving(crew_server, crew_home, parts, comp["token"]) as (service, local):
+        reason = await until("the problem", lambda: problem_of(crew_server, early["id"]))
+        assert reason == "sandbox unavailable: bwrap not found (looked in /usr/bin)"
+        # An agent that appears later is told too (an `agents` event, then a sync).
+        later = crew_server.create_agent("later2", computer_id=comp["computer_id"])
+        assert await until("the later problem", lambda: problem_of(crew_server, later["id"]))
+        assert service.runners == {}
+        rows = (await local.get("/agents")).json()
+        assert [(r["handle"], r["state"], r["problem"]) for r in rows] == [
+            ("early2", "problem", reason),
+            ("later2", "problem", reason),
+        ]
+        health = (await local.get("/health")).json()
+        assert health["connected"] is True and health["agents"] == 2
+        assert health["sandbox"] == {"ok": False, "backend": None, "reason": UNUSABLE.reason}
+        refused = await local.post(f"/agents/{early['id']}/wake")
+        assert refused.status_code == 409 and refused.json()["error"]["code"] == "conflict"
+        assert crew_server.turns(early["id"]) == []
+        assert not (crew_home / "agents" / early["id"]).exists()  # nothing prepared
+
+
+async def test_a_failed_preparation_is_that_agents_problem_until_a_later_one_succeeds(
+    crew_server: Any, tmp_path: Path
+) -> None:
+    comp = crew_server.create_computer()
+    broken = crew_server.create_agent("broken2", computer_id=comp["computer_id"])
+    fine = crew_server.create_agent("fine2", computer_id=comp["computer_id"])
+    crew_home = tmp_path / "crew"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    agent_dir = crew_home / "agents" / broken["id"]
+    agent_dir.mkdir(parents=True)
+    (agent_dir / "work").symlink_to(elsewhere)  # planted by the agent in an earlier run
+    parts = FakeParts(crew_home, ScriptedEngine())
+    async with serving(crew_server, crew_home, parts, comp["token"]) as (service, local):
+        reason = await until("the problem", lambda: problem_of(crew_server, broken["id"]))
+        assert "work" in reason and str(crew_home) not in reason
+        assert fine["id"] in service.runners and broken["id"] not in service.runners
+        # The runner that was created got its token file and AGENTS.md.
+        runtime = crew_home / "runtime" / "testrun" / "agents" / fine["id"]
+        assert (runtime / "token").read_text().strip()
+        assert "@fine2" in (crew_home / "agents" / fine["id"] / "AGENTS.md").read_text()
+        detail = (await local.get(f"/agents/{broken['id']}")).json()
+        assert detail["state"] == "problem" and detail["problem"] == reason
+        assert list(elsewhere.iterdir()) == []
+
+        (agent_dir / "work").unlink()
+        crew_server.client().patch(
+            f"/api/agents/{broken['id']}", json={"persona": "Fixed."}
+        ).raise_for_status()
+        await until("a runner", lambda: broken["id"] in service.runners)
+        await until("the problem cleared", lambda: problem_of(crew_server, broken["id"]) is None)
+        assert broken["id"] not in service.problems
+
+
+async def test_introspection_of_the_running_service(crew_server: Any, tmp_path: Path) -> None:
+    comp = crew_server.create_computer()
+    agent = crew_server.create_agent("intro2", computer_id=comp["computer_id"])
+    room = crew_server.create_room("dm", [agent["id"]])
+    crew_home = tmp_path / "crew"
+    engine = ScriptedEngine(script=[succeed, fail])
+    parts = FakeParts(crew_home, engine)
+    async with serving(crew_server, crew_home, parts, comp["token"]) as (service, local):
+        health = (await local.get("/health")).json()
+        # Exactly the fields of computer.md §5, nothing more.
+        assert set(health) == {
+            "ready",
+            "connected",
+            "sandbox",
+            "engine",
+            "agents",
+            "running_turns",
+            "queued",
+        }
+        assert set(health["sandbox"]) == {"ok", "backend", "reason"}
+        assert health["engine"] == {"found": True, "version": "test"}
+        assert (health["ready"], health["agents"], health["queued"]) == (True, 1, 0)
+
+        crew_server.post(room["id"], "first")
+        await until("one turn", lambda: service.metrics.turns["succeeded"] == 1)
+        row = (await local.get("/agents")).json()[0]
+        assert row["session_id"] == f"ses-{agent['id'][:8]}" and row["last_result"] == "succeeded"
+        crew_server.post(room["id"], "second")
+        await until("two turns", lambda: service.metrics.turns["failed"] == 1)
+        server_turns = [t["id"] for t in crew_server.turns(agent["id"])]  # newest first
+        detail = (await local.get(f"/agents/{agent['id']}")).json()
+        recent = detail["recent_turns"]
+        assert [t["id"] for t in recent] == server_turns
+        assert [t["status"] for t in recent] == ["failed", "succeeded"]
+        assert recent[0]["failure_class"] == "engine_error"
+        assert recent[0]["reason"] == "the model said boom"
+        ok = recent[1]
+        assert (ok["input_tokens"], ok["output_tokens"], ok["cost"]) == (10, 5, 0.01)
+        assert ok["failure_class"] is None and ok["duration_ms"] >= 0
+        assert detail["last_result"] == "failed" and detail["last_reason"] == "the model said boom"
+        assert detail["state"] == "idle" and detail["turn_id"] is None
+
+        # Control: stop with nothing running, unknown agents, wrong methods.
+        idle_stop = await local.post(f"/agents/{agent['id']}/stop")
+        assert idle_stop.status_code == 200
+        assert idle_stop.json() == {"id": agent["id"], "accepted": False}
+        for method, path in (
+            ("GET", "/agents/nobody"),
+            ("POST", "/agents/nobody/wake"),
+            ("POST", "/agents/nobody/stop"),
+        ):
+            missing = await local.request(method, path)
+            assert missing.status_code == 404
+            assert missing.headers["content-type"] == "application/json"
+            assert missing.json()["error"]["code"] == "not_found"
+            assert "nobody" in missing.json()["error"]["message"]
+
+        text = (await local.get("/metrics")).text
+        families = parse_prometheus(text)
+        assert families["crew_turns_total"].samples[("result", "succeeded")] == 1
+        assert families["crew_turns_total"].samples[("result", "failed")] == 1
+        assert families["crew_turn_duration_seconds"].samples[("le", "+Inf")] == 2
+        assert families["crew_report_batches_total"].samples[("outcome", "sent")] >= 2
+
+
+@pytest.mark.parametrize("field", ["name", "handle", "persona", "engine", "model"])
+def test_each_setting_that_replaces_a_runner(field: str) -> None:
+    base = {
+        "id": "a",
+        "handle": "h",
+        "name": "N",
+        "persona": "p",
+        "engine": "opencode",
+        "model": "x/y",
+    }
+    before = AgentRecord.model_validate(base)
+    after = AgentRecord.model_validate({**base, field: base[field] + "2"})
+    assert before.settings() != after.settings()
+    unrelated = AgentRecord.model_validate({**base, "status": "replying", "problem": "x"})
+    assert before.settings() == unrelated.settings()
+
+
+# --- a small Prometheus text-format (0.0.4) parser ---------------------------
+
+_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+_SAMPLE = re.compile(rf"^({_NAME})(?:\{{(.*)\}})? (\S+)$")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\.)*)"')
+
+
+class Family:
+    def __init__(self, name: str, kind: str) -> None:
+        self.name = name
+        self.kind = kind
+        self.help = ""
+        # One label pair (or ()) → value; histograms keep their series apart below.
+        self.samples: dict[tuple[str, str] | tuple[()], float] = {}
+        self.buckets: list[tuple[float, float]] = []
+        self.sum: float | None = None
+        self.count: float | None = None
+
+
+def parse_prometheus(text: str) -> dict[str, Family]:
+    """Parse and check the exposition format: HELP/TYPE before samples, valid names and
+    labels, float values, and for histograms cumulative buckets ending in `+Inf` = `_count`."""
+    assert text.endswith("\n")
+    families: dict[str, Family] = {}
+    helps: dict[str, str] = {}
+    for line in text.splitlines():
+        assert line == line.strip() and line, f"stray whitespace or blank line: {line!r}"
+        if line.startswith("# HELP "):
+            name, _, doc = line[7:].partition(" ")
+            assert re.fullmatch(_NAME, name) and doc and name not in helps, line
+            helps[name] = doc
+            continue
+        if line.startswith("# TYPE "):
+            name, _, kind = line[7:].partition(" ")
+            assert kind in ("counter", "gauge", "histogram", "summary", "untyped"), line
+            assert name not in families, f"TYPE given twice: {line}"
+            assert name in helps, f"TYPE before HELP: {line}"
+            families[name] = Family(name, kind)
+            families[name].help = helps[name]
+            continue
+        assert not line.startswith("#"), line
+        match = _SAMPLE.match(line)
+        assert match, f"not a sample line: {line!r}"
+        sample, labels_text, value_text = match.groups()
+        value = float(value_text)
+        labels = _LABEL.findall(labels_text or "")
+        if labels_text:
+            assert ",".join(f'{k}="{v}"' for k, v in labels) == labels_text, line
+        family = next(
+            (
+                f
+                for name, f in families.items()
+                if sample == name
+                or (
+                    f.kind == "histogram"
+                    and sample in (f"{name}_bucket", f"{name}_sum", f"{name}_count")
+                )
+            ),
+            None,
+        )
+        assert family is not None, f"sample before its TYPE: {line}"
+        if family.kind == "histogram":
+            if sample.endswith("_bucket"):
+                [(key, bound)] = labels
+                assert key == "le", line
+                family.buckets.append((float(bound), value))
+                family.samples[("le", bound)] = value
+            elif sample.endswith("_sum"):
+                family.sum = value
+            else:
+                family.count = value
+        else:
+            key_value: tuple[str, str] | tuple[()] = labels[0] if labels else ()
+            assert key_value not in family.samples, f"sample repeated: {line}"
+            family.samples[key_value] = value
+        if family.kind == "counter":
+            assert value >= 0, line
+    for family in families.values():
+        if family.kind != "histogram":
+            assert family.samples, f"{family.name}: no samples"
+            continue
+        bounds = [b for b, _ in family.buckets]
+        counts = [c for _, c in family.buckets]
+        assert bounds == sorted(bounds) and bounds[-1] == float("inf"), family.name
+        assert counts == sorted(counts), f"{family.name}: buckets not cumulative"
+        assert family.count is not None and family.sum is not None, family.name
+        assert counts[-1] == family.count, f"{family.name}: +Inf bucket != _count"
+    return families
+
+
+def test_metrics_are_valid_prometheus_text_with_cumulative_buckets() -> None:
+    from computer_service.metrics import Metrics
+
+    metrics = Metrics()
+    metrics.queue_length = lambda: 3
+    for status, seconds in (
+        ("succeeded", 0.05),
+        ("succeeded", 0.7),
+        ("failed", 42.0),
+        ("cancelled", 4000.0),  # past the last bound: only in +Inf
+    ):
+        metrics.turn_finished(status, seconds)
+    metrics.batches_sent, metrics.batches_dropped = 5, 2
+    families = parse_prometheus(metrics.render())
+    assert set(families) >= {
+        "crew_turns_total",
+        "crew_turn_duration_seconds",
+        "crew_report_batches_total",
+        "crew_turn_queue_length",
+    }
+    assert families["crew_turns_total"].kind == "counter"
+    assert families["crew_turns_total"].samples == {
+        ("result", "cancelled"): 1,
+        ("result", "failed"): 1,
+        ("result", "succeeded"): 2,
+    }
+    duration = families["crew_turn_duration_seconds"]
+    assert duration.kind == "histogram"
+    assert duration.samples[("le", "0.1")] == 1
+    assert duration.samples[("le", "1")] == 2
+    assert duration.samples[("le", "60")] == 3
+    assert duration.samples[("le", "1800")] == 3
+    assert duration.samples[("le", "+Inf")] == 4 == duration.count
+    assert duration.sum == pytest.approx(4042.75)
+    assert families["crew_report_batches_total"].samples == {
+        ("outcome", "sent"): 5,
+        ("outcome", "dropped"): 2,
+    }
+    assert families["crew_turn_queue_length"].kind == "gauge"
+    assert families["crew_turn_queue_length"].samples == {(): 3}
+
+
+def test_the_parser_refuses_broken_text() -> None:
+    good = "# HELP x_total X.\n# TYPE x_total counter\nx_total 1\n"
+    parse_prometheus(good)
+    for broken in (
+        "x_total 1\n",  # no TYPE
+        "# TYPE x_total counter\nx_total 1\n",  # no HELP
+        good.replace("x_total 1", "x_total one"),
+        good.replace("\n", "", 1)[:-1],
+        "# HELP h H.\n# TYPE h histogram\n"
+        'h_bucket{le="1"} 2\nh_bucket{le="+Inf"} 1\nh_sum 1\nh_count 1\n',  # not cumulative
+        "# HELP h H.\n# TYPE h histogram\n"
+        'h_bucket{le="1"} 1\nh_bucket{le="+Inf"} 2\nh_sum 1\nh_count 3\n',  # +Inf != count
+        '# HELP h H.\n# TYPE h histogram\nh_bucket{le="1"} 1\nh_sum 1\nh_count 1\n',  # no +Inf
+    ):
+        with pytest.raises((AssertionError, ValueError)):
+            parse_prometheus(broken)
