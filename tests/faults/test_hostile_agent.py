@@ -53,7 +53,10 @@ def _tree(root: Path) -> dict[str, bytes | str]:
     return out
 
 
-def test_hostile_agent_is_contained_and_the_other_agent_carries_on(crew_server: Any) -> None:
+@pytest.mark.parametrize("mode", ["hybrid", "tmpfs"])
+def test_hostile_agent_is_contained_and_the_other_agent_carries_on(
+    crew_server: Any, mode: str
+) -> None:
     need_sandbox()
     with machine() as m:
         m.log_in()
@@ -61,11 +64,11 @@ def test_hostile_agent_is_contained_and_the_other_agent_carries_on(crew_server: 
         (m.home / ".ssh" / "id_rsa").write_text(SSH_KEY)
         (m.home / ".bashrc").write_text(BASHRC)
         comp = crew_server.create_computer()
-        evil = crew_server.create_agent("evil", computer_id=comp["computer_id"])
-        good = crew_server.create_agent("good", computer_id=comp["computer_id"])
+        evil = crew_server.create_agent(f"evil{mode}", computer_id=comp["computer_id"])
+        good = crew_server.create_agent(f"good{mode}", computer_id=comp["computer_id"])
         evil_dm = crew_server.create_room("dm", [evil["id"]])
         good_dm = crew_server.create_room("dm", [good["id"]])
-        c = launch(m, bootstrap_for(crew_server.url, comp["token"], m))
+        c = launch(m, bootstrap_for(crew_server.url, comp["token"], m, sandbox_mode=mode))
         try:
             usable(c)
             # The innocent agent has a turn first: a session, a memory, files to aim at.
@@ -106,7 +109,7 @@ def test_hostile_agent_is_contained_and_the_other_agent_carries_on(crew_server: 
             # The probes ran in a working sandbox: its own token is readable there.
             assert results["read_own_token"]["worked"], results
             denied("read_ssh_key", *HIDDEN)
-            denied("write_bashrc", errno.EROFS, errno.EACCES)
+            denied("write_bashrc", errno.EROFS, errno.EACCES, errno.ENOENT)
             denied("read_other_token", *HIDDEN)
             denied("read_other_memory", *HIDDEN)
             denied("write_other_work", errno.EROFS, errno.EACCES, errno.ENOENT)
