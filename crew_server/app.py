@@ -263,7 +263,7 @@ def create_app(
 
     def task_number(request: Request) -> int:
         raw = request.path_params["number"]
-        if not raw.isdigit():
+        if not (raw.isascii() and raw.isdigit()):
             raise Invalid("the task number must be a positive integer, like 3")
         number = int(raw)
         if not 1 <= number < 2**53:
@@ -479,7 +479,7 @@ def create_app(
     async def get_events(request: Request) -> Response:
         computer_id = computer(request)
         raw = (request.headers.get("last-event-id") or "").strip()
-        if raw and not (raw.isdigit() and len(raw) <= 18):
+        if raw and not (raw.isascii() and raw.isdigit()):
             raise Invalid("Last-Event-ID must be an id this server sent (an integer)")
         # An id from before a database reset would hide every new event: start afresh.
         # One older than the replay log: wake every agent of this Computer first.

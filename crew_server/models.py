@@ -332,6 +332,7 @@ class Room(BaseModel):
     title: str | None
     members: list[Author]
     parent_room_id: str | None
+    root_message_id: str | None
     parent_title: str | None
     root_message: Message | None
     muted: bool

@@ -625,6 +625,7 @@ class Store:
             "title": title,
             "members": members,
             "parent_room_id": parent_id,
+            "root_message_id": root_id,
             "parent_title": parent_title,
             "root_message": root_message,
             "muted": muted,

@@ -110,13 +110,18 @@ async def test_bad_query_parameters_are_4xx_in_the_error_shape(world: World) -> 
     ):
         answer = await world.client.get(path, params=params)
         assert answer.status_code == 422 and answer.json()["error"]["code"] == "invalid", path
+    for number in ("abc", "%C2%B2", "%D9%A3", "-1"):  # "²" and "٣" are digits, not ASCII ones
+        answer = await world.client.post(f"/api/tasks/{number}/status", json={"status": "done"})
+        assert answer.status_code == 422, number
     token = await world.token(box, alice)
     tasks = await world.client.get("/agent/tasks", params={"room_id": "x"}, headers=bearer(token))
     assert tasks.status_code == 422
-    stream = await world.client.get(
-        "/computer/events", headers={**box.headers, "Last-Event-ID": "abc"}
-    )
-    assert stream.status_code == 422 and "Last-Event-ID" in stream.json()["error"]["message"]
+    for last_id in (b"abc", b"-1", "²".encode("latin-1"), b"1.5"):
+        stream = await world.client.get(
+            "/computer/events", headers={**box.headers, "Last-Event-ID": last_id}
+        )
+        assert stream.status_code == 422, last_id
+        assert "Last-Event-ID" in stream.json()["error"]["message"]
 
 
 async def test_unknown_routes_and_methods_answer_json_errors(world: World) -> None:
