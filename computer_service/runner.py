@@ -96,22 +96,40 @@ class TurnGate:
         return len(self._waiters)
 
     @asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
-        """Hold one slot for the body; wait in line when all are taken."""
-        await self._acquire()
-        try:
-            yield
-        finally:
-            self._release()
+    async def slot(self, abort: anyio.Event | None = None) -> AsyncIterator[bool]:
+        """Hold one slot for the body (True); wait in line when all are taken.
 
-    async def _acquire(self) -> None:
+        When `abort` is set while waiting, leave the line at once: the body
+        runs with False and no slot (a stopped turn does not wait its turn).
+        """
+        held = await self._acquire(abort)
+        try:
+            yield held
+        finally:
+            if held:
+                self._release()
+
+    async def _acquire(self, abort: anyio.Event | None) -> bool:
         if self.running < self.capacity and not self._waiters:
             self._take()
-            return
+            return True
+        if abort is not None and abort.is_set():
+            return False
         granted = anyio.Event()
         self._waiters.append(granted)
         try:
-            await granted.wait()
+            if abort is None:
+                await granted.wait()
+            else:
+                async with anyio.create_task_group() as waiting:
+
+                    async def give_up() -> None:
+                        await abort.wait()
+                        waiting.cancel_scope.cancel()
+
+                    waiting.start_soon(give_up)
+                    await granted.wait()
+                    waiting.cancel_scope.cancel()
         except BaseException:
             # Cancelled in line: leave the line, or pass on a slot handed over meanwhile.
             if granted.is_set():
@@ -119,6 +137,10 @@ class TurnGate:
             else:
                 self._waiters.remove(granted)
             raise
+        if granted.is_set():
+            return True
+        self._waiters.remove(granted)
+        return False
 
     def _take(self) -> None:
         self.running += 1
@@ -237,8 +259,8 @@ class Runner:
         stop = anyio.Event()
         self._stop = stop
         self._set_state(RunnerState.QUEUED)
-        async with self._gate.slot():
-            if stop.is_set():
+        async with self._gate.slot(abort=stop) as held:
+            if not held or stop.is_set():
                 return
             self._set_state(RunnerState.RUNNING)
             started = time.monotonic()

@@ -68,3 +68,41 @@ async def test_cancelled_waiter_leaves_the_line() -> None:
 def test_capacity_must_be_positive() -> None:
     with pytest.raises(ValueError):
         TurnGate(0)
+
+
+async def test_an_aborted_waiter_leaves_the_line_at_once_without_a_slot() -> None:
+    gate = TurnGate(1)
+    release = anyio.Event()
+    abort = anyio.Event()
+    got: list[tuple[str, bool]] = []
+
+    async def holder() -> None:
+        async with gate.slot():
+            await release.wait()
+
+    async def waiter(name: str, stop: anyio.Event | None) -> None:
+        async with gate.slot(abort=stop) as held:
+            got.append((name, held))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(holder)
+        await anyio.wait_all_tasks_blocked()
+        tg.start_soon(waiter, "aborted", abort)
+        await anyio.wait_all_tasks_blocked()
+        tg.start_soon(waiter, "next", None)
+        await anyio.wait_all_tasks_blocked()
+        assert gate.queued == 2
+        abort.set()
+        await anyio.wait_all_tasks_blocked()
+        # Out of the line while the slot is still taken; the holder keeps it.
+        assert got == [("aborted", False)]
+        assert gate.queued == 1 and gate.running == 1
+        release.set()
+    assert got == [("aborted", False), ("next", True)]
+    assert gate.running == 0 and gate.queued == 0
+    # Already aborted and no free slot: no wait at all.
+    async with gate.slot() as first:
+        assert first
+        async with gate.slot(abort=abort) as second:
+            assert not second
+        assert gate.running == 1

@@ -290,3 +290,30 @@ async def test_the_row_shows_the_session_a_turn_continues(
         await wait_until("idle", lambda: r.runner.state == "idle")
         # The engine's result names the session that was really used.
         assert r.runner.row()["session_id"] == f"ses-{r.runner.agent.id[:8]}"
+
+
+async def test_a_queued_turn_that_is_stopped_leaves_the_line_at_once(
+    crew_server: Any, crew_home: Path
+) -> None:
+    release = anyio.Event()
+    engine = ScriptedEngine(script=[blocking(release)])
+    async with rig(crew_server.url, crew_home, engine, agents=2, capacity=1) as r:
+        first, second = r.runners
+        for room in r.rooms:
+            await r.user.post(room["id"], "hello")
+        first.wake()
+        await engine.started.wait()
+        second.wake()
+        await wait_until("queued", lambda: second.state == "queued")
+        assert r.gate.queued == 1
+        assert second.stop_turn()
+        await wait_until("out of the line", lambda: second.state == "idle")
+        assert r.gate.queued == 0 and r.gate.running == 1
+        assert engine.agents == [first.agent.id]
+        assert await r.user.turns(second.agent.id) == []
+        release.set()
+        await r.user.finished(first.agent.id, 1)
+        # Its message was never claimed: the next wake-up handles it.
+        second.wake()
+        [turn] = await r.user.finished(second.agent.id, 1)
+        assert turn["status"] == "succeeded"
