@@ -439,10 +439,15 @@ class ComputerService:
                 async with self.upstream.events(self._last_event_id) as source:
                     opened = True
                     self.connected = True
-                    backoff.reset()
                     await self.sync_agents()
                     self.wake_all()
+                    delivered = False
                     async for event in source.aiter_sse():
+                        if not delivered:
+                            # Back to the base delay only once the stream works: one that
+                            # a proxy closes right after the 200 still backs off.
+                            backoff.reset()
+                            delivered = True
                         if event.retry is not None:
                             backoff.server_retry(event.retry)
                         await self._on_event(event)

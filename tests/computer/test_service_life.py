@@ -275,3 +275,20 @@ async def test_default_capacity_is_the_cpu_count_at_least_two(
         assert boot.turn_capacity() == expected
     explicit = Bootstrap(server_url="http://crew.test", token="t", max_concurrent_turns=5)
     assert explicit.turn_capacity() == 5
+
+
+async def test_a_stream_that_ends_before_any_event_still_backs_off(tmp_path: Path) -> None:
+    server = FakeCrewServer()
+    server.events_answers = [
+        *[[b": connected\n\n"]] * 3,  # a 200, then closed before any event
+        [events("id: 1", "event: ping", "data: {}")],
+    ]
+    backoff = RecordingBackoff(initial_s=0.01, cap_s=1.0)
+    async with computer(tmp_path, server, backoff=backoff) as c:
+        await server.until(lambda: server.count("GET", "/computer/agents") == 5)
+        assert len(server.last_event_ids) == 5
+        ceilings = [0.01, 0.02, 0.04, 0.01]  # doubling; back to the base after an event
+        assert len(backoff.delays) == len(ceilings)
+        for delay, ceiling in zip(backoff.delays, ceilings, strict=True):
+            assert ceiling / 2 - 1e-9 <= delay <= ceiling + 1e-9
+    assert c.outcome == [0]
