@@ -394,3 +394,28 @@ def test_engine_not_found_no_runner_and_every_agent_told(crew_server: Any) -> No
             assert [r["state"] for r in c.get("/agents")] == ["problem"]
         finally:
             assert c.stop() == 0, c.stderr()[-3000:]
+
+
+def _launchers_of(crew_home: Path) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes() if entry.name.isdigit() else b""
+        except OSError:
+            continue
+        if b"sandbox_launcher" in cmdline and str(crew_home).encode() in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def test_sigint_right_after_ready_stops_in_order(crew_server: Any) -> None:
+    """Ctrl+C while the launcher may still be starting: exit 0, nothing left behind."""
+    with machine() as m:
+        comp = crew_server.create_computer()
+        c = launch(m, bootstrap_for(crew_server.url, comp["token"], m))
+        code = c.stop("SIGINT")
+        assert code == 0, c.stderr()[-3000:]
+        assert "SIGINT received: stopping" in c.stderr()
+        assert run_dir_entries(m) == []
+        assert not list((m.crew_home / "sockets").iterdir())
+        wait_for("no launcher left", lambda: not _launchers_of(m.crew_home), 10)
