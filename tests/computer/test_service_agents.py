@@ -21,7 +21,7 @@ from computer_service.bootstrap import Bootstrap
 from computer_service.service import ComputerService
 from computer_service.upstream import AgentRecord
 from tests.computer.fakes import UNUSABLE, FakeParts
-from tests.computer.scripted import ScriptedEngine, fail, succeed
+from tests.computer.scripted import ScriptedEngine, fail, succeed, wait_for_stop
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -116,6 +116,39 @@ async def test_a_failed_preparation_is_that_agents_problem_until_a_later_one_suc
         await until("a runner", lambda: broken["id"] in service.runners)
         await until("the problem cleared", lambda: problem_of(crew_server, broken["id"]) is None)
         assert broken["id"] not in service.problems
+
+
+async def test_a_settings_change_mid_turn_stops_the_old_runner_and_the_new_one_takes_over(
+    crew_server: Any, tmp_path: Path
+) -> None:
+    comp = crew_server.create_computer()
+    agent = crew_server.create_agent("swap2", computer_id=comp["computer_id"])
+    room = crew_server.create_room("dm", [agent["id"]])
+    crew_home = tmp_path / "crew"
+    engine = ScriptedEngine(script=[wait_for_stop])
+    parts = FakeParts(crew_home, engine)
+    async with serving(crew_server, crew_home, parts, comp["token"]) as (service, _local):
+        old = service.runners[agent["id"]]
+        crew_server.post(room["id"], "a long job")
+        with anyio.fail_after(20):
+            await engine.started.wait()
+        crew_server.client().patch(
+            f"/api/agents/{agent['id']}", json={"name": "Renamed"}
+        ).raise_for_status()
+
+        def two_turns() -> list[dict[str, Any]] | None:
+            done = [t for t in crew_server.turns(agent["id"]) if t["status"] != "running"]
+            return done if len(done) == 2 else None
+
+        newest, first = await until("two finished turns", two_turns)
+        assert first["status"] == "cancelled"  # the old runner's turn was stopped
+        assert old.finished.is_set() and service.runners[agent["id"]] is not old
+        assert service.runners[agent["id"]].agent.name == "Renamed"
+        # Not acked: the new runner, woken as new, handles the same message again.
+        assert newest["status"] == "succeeded"
+        assert "a long job" in engine.inputs[1]
+        agents_md = (crew_home / "agents" / agent["id"] / "AGENTS.md").read_text()
+        assert "Renamed" in agents_md
 
 
 async def test_introspection_of_the_running_service(crew_server: Any, tmp_path: Path) -> None:
