@@ -353,6 +353,7 @@ def _error_of(response: httpx.Response, what: str) -> UpstreamError:
         )
     if status == 409 and code == "stale_turn":
         return StaleTurn(text, status=status, code=code)
-    if status >= 500:
+    if status >= 500 or status in (408, 429):
+        # Busy or timed out (a proxy, a rate limit): later may work.
         return UpstreamUnavailable(text, status=status, code=code)
     return UpstreamRejected(text, status=status, code=code)

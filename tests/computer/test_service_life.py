@@ -142,6 +142,15 @@ async def test_a_refused_last_event_id_reconnects_afresh(tmp_path: Path) -> None
     assert c.outcome == [0]
 
 
+async def test_a_busy_server_is_retried_not_fatal(tmp_path: Path) -> None:
+    server = FakeCrewServer()
+    server.events_answers = [429, 408, 503]
+    async with computer(tmp_path, server, backoff=RecordingBackoff(0.01, 0.02)) as c:
+        await server.until(lambda: c.service.connected)
+        assert len(server.last_event_ids) == 4
+    assert c.outcome == [0]
+
+
 async def test_a_refused_token_on_the_event_stream_exits_1_after_an_orderly_stop(
     tmp_path: Path,
 ) -> None:
