@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 from computer_service.engine.base import SessionPlan
-from computer_service.upstream import UnreadRoom, Upstream
+from computer_service.upstream import RegisteredTurn, UnreadRoom, Upstream, UpstreamRejected
 from tests.computer.rig import rig, wait_until
 from tests.computer.scripted import (
     ScriptedEngine,
@@ -317,3 +317,59 @@ async def test_a_queued_turn_that_is_stopped_leaves_the_line_at_once(
         second.wake()
         [turn] = await r.user.finished(second.agent.id, 1)
         assert turn["status"] == "succeeded"
+
+
+class Flaky(Upstream):
+    """The real upstream, refusing the first `register_turn` or `ack` as the test says."""
+
+    fail_register = 0
+    fail_ack = 0
+
+    async def register_turn(self, *args: Any, **kwargs: Any) -> RegisteredTurn:
+        if self.fail_register:
+            self.fail_register -= 1
+            raise UpstreamRejected("POST …/turns: 422 invalid: scripted", status=422)
+        return await super().register_turn(*args, **kwargs)
+
+    async def ack(self, agent_id: str, turn_id: str, fence: int) -> None:
+        if self.fail_ack:
+            self.fail_ack -= 1
+            raise UpstreamRejected("POST …/ack: 409 conflict: scripted", status=409)
+        await super().ack(agent_id, turn_id, fence)
+
+
+async def test_a_turn_that_cannot_be_registered_is_only_logged_and_read_again(
+    crew_server: Any, crew_home: Path
+) -> None:
+    engine = ScriptedEngine()
+    async with rig(crew_server.url, crew_home, engine, upstream_class=Flaky) as r:
+        assert isinstance(r.upstream, Flaky)
+        r.upstream.fail_register = 1
+        await r.user.post(r.room["id"], "register me")
+        r.runner.wake()
+        await wait_until("tried", lambda: r.upstream.fail_register == 0)
+        await wait_until("idle", lambda: r.runner.state == "idle")
+        assert engine.inputs == [] and await r.user.turns(r.runner.agent.id) == []
+        assert r.runner.last_result is None
+        r.runner.wake()
+        [turn] = await r.user.finished(r.runner.agent.id, 1)
+        assert turn["status"] == "succeeded" and "register me" in engine.inputs[0]
+
+
+async def test_an_ack_that_fails_fails_the_turn_as_processing_failed(
+    crew_server: Any, crew_home: Path
+) -> None:
+    engine = ScriptedEngine()
+    async with rig(crew_server.url, crew_home, engine, upstream_class=Flaky) as r:
+        assert isinstance(r.upstream, Flaky)
+        r.upstream.fail_ack = 1
+        await r.user.post(r.room["id"], "ack me")
+        r.runner.wake()
+        [turn] = await r.user.finished(r.runner.agent.id, 1)
+        assert turn["status"] == "failed"
+        assert turn["failure"]["reason"] == "processing failed: POST …/ack: 409 conflict: scripted"
+        assert r.runner.recent[0].failure_class == "engine_error"
+        # Not acked: the message comes back at the next wake-up.
+        r.runner.wake()
+        turns = await r.user.finished(r.runner.agent.id, 2)
+        assert turns[1]["status"] == "succeeded" and "ack me" in engine.inputs[1]
