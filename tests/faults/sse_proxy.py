@@ -12,7 +12,6 @@ import asyncio
 import threading
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
 import httpx
 import uvicorn
@@ -27,13 +26,18 @@ _CLOSE = b""
 
 
 class SSEProxy:
-    """`url` for the Computer's bootstrap; `streams` holds each stream's request headers."""
+    """`url` for the Computer's bootstrap.
+
+    `streams` holds the request headers of each stream served, `refused` those
+    of the requests the real server refused.
+    """
 
     def __init__(self, upstream_url: str) -> None:
         self.upstream_url = upstream_url
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.streams: list[dict[str, str]] = []
+        self.refused: list[dict[str, str]] = []
         self._queues: list[asyncio.Queue[bytes]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         app = Starlette(
@@ -79,6 +83,15 @@ class SSEProxy:
 
     async def _events(self, request: Request) -> Response:
         self._loop = asyncio.get_running_loop()
+        # The real server judges the request (token, Last-Event-ID); its refusals pass on.
+        async with (
+            httpx.AsyncClient(base_url=self.upstream_url, timeout=30) as client,
+            client.stream("GET", "/computer/events", headers=_passed_on(request)) as answer,
+        ):
+            if answer.status_code != 200:
+                content = await answer.aread()
+                self.refused.append(dict(request.headers))
+                return Response(content, answer.status_code, headers=_content_type(answer))
         queue: asyncio.Queue[bytes] = asyncio.Queue()
         self._queues.append(queue)
         self.streams.append(dict(request.headers))
@@ -91,18 +104,21 @@ class SSEProxy:
         return StreamingResponse(body(), media_type="text/event-stream")
 
     async def _forward(self, request: Request) -> Response:
-        headers: dict[str, Any] = {
-            k: v
-            for k, v in request.headers.items()
-            if k.lower() in ("authorization", "content-type")
-        }
         async with httpx.AsyncClient(base_url=self.upstream_url, timeout=30) as client:
             answer = await client.request(
                 request.method,
                 request.url.path,
                 params=request.query_params,
                 content=await request.body(),
-                headers=headers,
+                headers=_passed_on(request),
             )
-        kept = {k: v for k, v in answer.headers.items() if k.lower() == "content-type"}
-        return Response(answer.content, status_code=answer.status_code, headers=kept)
+        return Response(answer.content, answer.status_code, headers=_content_type(answer))
+
+
+def _passed_on(request: Request) -> dict[str, str]:
+    kept = ("authorization", "content-type", "last-event-id")
+    return {k: v for k, v in request.headers.items() if k.lower() in kept}
+
+
+def _content_type(answer: httpx.Response) -> dict[str, str]:
+    return {k: v for k, v in answer.headers.items() if k.lower() == "content-type"}
