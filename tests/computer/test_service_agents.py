@@ -156,7 +156,7 @@ async def test_introspection_of_the_running_service(crew_server: Any, tmp_path: 
     agent = crew_server.create_agent("intro2", computer_id=comp["computer_id"])
     room = crew_server.create_room("dm", [agent["id"]])
     crew_home = tmp_path / "crew"
-    engine = ScriptedEngine(script=[succeed, fail])
+    engine = ScriptedEngine(script=[succeed, fail, wait_for_stop])
     parts = FakeParts(crew_home, engine)
     async with serving(crew_server, crew_home, parts, comp["token"]) as (service, local):
         health = (await local.get("/health")).json()
@@ -208,11 +208,35 @@ async def test_introspection_of_the_running_service(crew_server: Any, tmp_path: 
             assert missing.json()["error"]["code"] == "not_found"
             assert "nobody" in missing.json()["error"]["message"]
 
+        # The desktop app's buttons on a running turn: wake merges, stop cancels.
+        crew_server.post(room["id"], "third")
+        with anyio.fail_after(20):
+            await engine.started.wait()
+        running = (await local.get(f"/agents/{agent['id']}")).json()
+        assert running["state"] == "running" and running["turn_id"]
+        assert (await local.get("/health")).json()["running_turns"] == 1
+        woken = await local.post(f"/agents/{agent['id']}/wake")
+        assert woken.status_code == 202 and woken.json() == {"id": agent["id"], "accepted": True}
+        assert (await local.get(f"/agents/{agent['id']}")).json()["pending_wake"] is True
+        stopped = await local.post(f"/agents/{agent['id']}/stop")
+        assert stopped.status_code == 202 and stopped.json()["accepted"] is True
+        await until("cancelled", lambda: service.metrics.turns["cancelled"] == 1)
+        after = (await local.get(f"/agents/{agent['id']}")).json()
+        [cancelled] = [t for t in after["recent_turns"] if t["id"] == running["turn_id"]]
+        assert (cancelled["status"], cancelled["failure_class"]) == ("cancelled", "stopped")
+        assert crew_server.turn(running["turn_id"])["status"] == "cancelled"
+        # The merged wake-up runs once more: the stopped turn's message was not acked.
+        await until("the next turn", lambda: service.metrics.turns["succeeded"] == 2)
+        assert "third" in engine.inputs[3]
+
         text = (await local.get("/metrics")).text
         families = parse_prometheus(text)
-        assert families["crew_turns_total"].samples[("result", "succeeded")] == 1
-        assert families["crew_turns_total"].samples[("result", "failed")] == 1
-        assert families["crew_turn_duration_seconds"].samples[("le", "+Inf")] == 2
+        assert families["crew_turns_total"].samples == {
+            ("result", "succeeded"): 2,
+            ("result", "failed"): 1,
+            ("result", "cancelled"): 1,
+        }
+        assert families["crew_turn_duration_seconds"].samples[("le", "+Inf")] == 4
         assert families["crew_report_batches_total"].samples[("outcome", "sent")] >= 2
 
 
