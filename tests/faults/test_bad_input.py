@@ -181,13 +181,15 @@ def test_a_garbled_event_stream_is_logged_and_the_next_good_wake_handled(
             # An id the server refuses to resume from (`abc`: 422): the Computer tries
             # once with it, then resumes without it instead of retrying it forever.
             proxy.inject(b"id: abc\nevent: ping\ndata: {}\n\n")
-            crew_server.post(dm["id"], "after a refused id")
             proxy.close_stream()
+            wait_for("the stream resumed", lambda: len(proxy.streams) == 4)
+            assert [r.get("last-event-id") for r in proxy.refused] == ["abc"]
+            assert "last-event-id" not in proxy.streams[3]
+            crew_server.post(dm["id"], "after a refused id")
+            proxy.inject(_wake(agent["id"]))
             turns = finished(crew_server, agent["id"], 4)
             assert [t["status"] for t in turns] == ["succeeded"] * 4
             assert "after a refused id" in crew_server.turn(turns[3]["id"])["input"]
-            assert [r.get("last-event-id") for r in proxy.refused] == ["abc"]
-            assert len(proxy.streams) == 4 and "last-event-id" not in proxy.streams[3]
             assert c.proc.poll() is None
         finally:
             code = c.stop()
