@@ -387,7 +387,10 @@ def create_app(
         if not dev:
             raise NotFound("the clock hook exists only on a server started with --dev")
         body = await read_body(request, m.DevClock)
-        now = clock.advance(body.advance_seconds)
+        try:
+            now = clock.advance(body.advance_seconds)
+        except (ValueError, OverflowError) as exc:
+            raise Refused(str(exc)) from exc
         fired = scheduler.run_due()
         scheduler.poke()
         return json_response({"now": iso(now), "fired": fired})
@@ -451,7 +454,13 @@ def create_app(
                     f"event {offset} has index {item.index} but first_index makes it "
                     f"{body.first_index + offset}; number events from first_index"
                 )
-        events = [{"type": e.type, "at": iso(e.at), "data": e.data} for e in body.events]
+        events = []
+        for offset, item in enumerate(body.events):
+            try:
+                data = orjson.dumps(item.data).decode()
+            except orjson.JSONEncodeError as exc:  # e.g. an integer beyond 64 bits
+                raise Invalid(f"events.{offset}.data cannot be stored: {exc}") from exc
+            events.append({"type": item.type, "at": iso(item.at), "data_json": data})
         store.add_events(
             computer_id, request.path_params["turn_id"], body.fence, body.first_index, events
         )
@@ -626,6 +635,17 @@ def create_app(
         body = {"error": {"code": code, "message": message}}
         return json_response(body, exc.status_code, headers=dict(exc.headers or {}))
 
+    async def server_error(request: Request, exc: Exception) -> Response:
+        # Starlette logs the exception and re-raises it after this answer is sent.
+        body = {
+            "error": {
+                "code": "internal",
+                "message": f"the server failed on {request.method} {request.url.path}; "
+                "this is a bug of the server, its log has the details",
+            }
+        }
+        return json_response(body, 500)
+
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with anyio.create_task_group() as tasks:
@@ -682,7 +702,7 @@ def create_app(
     ]
     app = Starlette(
         routes=routes,
-        exception_handlers={ApiError: api_error, HTTPException: http_error},
+        exception_handlers={ApiError: api_error, HTTPException: http_error, 500: server_error},
         lifespan=lifespan,
     )
     app.state.store = store

@@ -27,7 +27,11 @@ class Clock:
         """Move the clock forward by `seconds` and return the new time."""
         if seconds < 0:
             raise ValueError("the clock only moves forward")
-        self._offset += timedelta(seconds=seconds)
+        offset = self._offset + timedelta(seconds=seconds)
+        base = self._frozen if self._frozen is not None else datetime.now(UTC)
+        if (base + offset).year > 9000:  # OverflowError past 9999; stored times stay 4-digit
+            raise ValueError("the clock cannot move past the year 9000")
+        self._offset = offset
         return self.now()
 
 

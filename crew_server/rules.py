@@ -19,6 +19,9 @@ MUTE_MAX = timedelta(days=7)
 EVERY_MIN_SECONDS = 900
 WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 TASK_STATUSES = ("todo", "in_progress", "in_review", "done")
+# The bounds of a turn's usage totals (as `crew_server.models.Usage` accepts them).
+USAGE_MAX_COUNT = 2**53
+USAGE_MAX_COST = 1e12
 
 
 def mentioned_ids(body: str, members_by_handle: Mapping[str, str]) -> list[str]:
@@ -199,6 +202,13 @@ def usage_from_events(events: Iterable[Mapping[str, object]]) -> dict[str, float
         "cache_write": 0,
         "cost": 0.0,
     }
+
+    def counted(value: object, high: float) -> float | None:
+        # Numbers a broken engine line could carry (negative, NaN, huge) are not summed.
+        if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= high:
+            return value  # NaN fails the comparison
+        return None
+
     for event in events:
         if event.get("type") != "step_finish":
             continue
@@ -214,10 +224,8 @@ def usage_from_events(events: Iterable[Mapping[str, object]]) -> dict[str, float
                 ("cache_read", "cache_read"),
                 ("cache_write", "cache_write"),
             ):
-                value = tokens.get(src)
-                if isinstance(value, int | float) and not isinstance(value, bool):
-                    totals[dst] += value
-        cost = data.get("cost")
-        if isinstance(cost, int | float) and not isinstance(cost, bool):
-            totals["cost"] += cost
+                if (value := counted(tokens.get(src), USAGE_MAX_COUNT)) is not None:
+                    totals[dst] = min(totals[dst] + value, USAGE_MAX_COUNT)
+        if (cost := counted(data.get("cost"), USAGE_MAX_COST)) is not None:
+            totals["cost"] = min(totals["cost"] + cost, USAGE_MAX_COST)
     return totals

@@ -1027,7 +1027,8 @@ class Store:
         first_index: int,
         events: list[dict[str, Any]],
     ) -> None:
-        """Append a batch of events; a jump past the next index records the gap."""
+        """Append a batch of events (`type`, `at`, `data_json`); a jump past the next index
+        records the gap."""
         with self._write() as db:
             _, next_index = self._fenced_turn(db, computer_id, turn_id, fence)
             if first_index > next_index:
@@ -1041,7 +1042,7 @@ class Store:
             db.executemany(
                 "INSERT OR IGNORE INTO turn_events (turn_id, idx, type, at, data) VALUES (?, ?, ?, ?, ?)",
                 [
-                    (turn_id, first_index + i, e["type"], e["at"], orjson.dumps(e["data"]).decode())
+                    (turn_id, first_index + i, e["type"], e["at"], e["data_json"])
                     for i, e in enumerate(events)
                 ],
             )

@@ -185,3 +185,101 @@ async def test_user_api_needs_the_user_token_outside_dev() -> None:
         )
         assert clock_hook.status_code == 404
     store.close()
+
+
+async def test_values_beyond_what_can_be_stored_are_422_never_500(world: World) -> None:
+    box = await world.computer()
+    alice = await world.agent("alice", box)
+    group = await world.group("launch", alice)
+    token = await world.token(box, alice)
+    turn = await world.register(box, alice)
+    events = f"/computer/turns/{turn['turn_id']}/events"
+    finish = f"/computer/turns/{turn['turn_id']}/finish"
+    fence = turn["fence"]
+    deep: dict[str, object] = {}
+    for _ in range(300):
+        deep = {"d": deep}
+    for path, body, headers in (
+        (
+            events,
+            {"fence": fence, "first_index": 0, "events": [{"type": "text", "at": at, "data": {}}]},
+            box.headers,
+        )
+        for at in (
+            "9999-12-31T23:59:59-01:00",
+            "0001-01-01T00:00:00+01:00",
+            "1970-12-31T23:00:00-02:00",
+        )
+    ):
+        answer = await world.client.post(path, json=body, headers=headers)
+        assert answer.status_code == 422 and "events.0.at" in answer.json()["error"]["message"]
+    cases = [
+        (
+            events,
+            {
+                "fence": fence,
+                "first_index": 0,
+                "events": [{"type": "other", "at": "2026-10-05T09:00:00Z", "data": {"n": 2**70}}],
+            },
+            box.headers,
+        ),
+        (
+            events,
+            {
+                "fence": fence,
+                "first_index": 0,
+                "events": [{"type": "other", "at": "2026-10-05T09:00:00Z", "data": deep}],
+            },
+            box.headers,
+        ),
+        (
+            finish,
+            {"fence": fence, "status": "succeeded", "usage": {"input_tokens": 2**60}},
+            box.headers,
+        ),
+        (finish, {"fence": fence, "status": "succeeded", "usage": {"cost": 1e300}}, box.headers),
+        (
+            f"/computer/agents/{alice['id']}/turns",
+            {
+                "rooms": [{"room_id": group["id"], "from_seq": 1, "to_seq": 2**60}],
+                "input": "x",
+                "engine": "opencode",
+                "model": "m",
+            },
+            box.headers,
+        ),
+        (
+            "/agent/reminders",
+            {"room_id": group["id"], "title": "t", "at": "9999-12-31T23:59:59-01:00"},
+            bearer(token),
+        ),
+    ]
+    for path, body, headers in cases:
+        answer = await world.client.post(path, json=body, headers=headers)
+        assert answer.status_code in (400, 422), (path, answer.text)
+    mute = await world.client.put(
+        f"/agent/mutes/{group['id']}",
+        json={"until": "0001-01-01T00:00:00+01:00"},
+        headers=bearer(token),
+    )
+    assert mute.status_code == 422
+    record = await world.ok("GET", f"/api/turns/{turn['turn_id']}")
+    assert record["status"] == "running" and "events" in record and record["events"] == []
+
+
+async def test_an_unexpected_failure_is_a_json_500() -> None:
+    class BrokenStore(Store):
+        def list_agents(self) -> list[dict[str, object]]:
+            raise RuntimeError("the disk is on fire")
+
+    clock = Clock()
+    store = BrokenStore(":memory:", clock)
+    app = create_app(store, clock, dev=True, run_scheduler=False)
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        answer = await client.get("/api/agents")
+    assert answer.status_code == 500
+    assert answer.json()["error"]["code"] == "internal"
+    assert "GET /api/agents" in answer.json()["error"]["message"]
+    assert "fire" not in answer.text  # details stay in the server's log
+    store.close()

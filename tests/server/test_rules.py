@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from crew_server import rules
+from crew_server.clock import Clock
 
 MEMBERS = {"alice": "A", "bob": "B", "bob-x": "BX", "carol_1": "C"}
 
@@ -125,3 +126,47 @@ def test_notice_texts() -> None:
     assert rules.agent_status("failed") == "error"
     assert rules.agent_status("interrupted") == "idle"
     assert rules.agent_status(None) == "idle"
+
+
+def step(**data: object) -> dict[str, object]:
+    return {"type": "step_finish", "data": data}
+
+
+@pytest.mark.parametrize(
+    ("events", "expected"),
+    [
+        ([], {}),
+        (
+            [
+                step(tokens={"input": 3, "output": 4}, cost=0.5),
+                step(tokens={"input": 1}, cost=0.25),
+            ],
+            {"input_tokens": 4, "output_tokens": 4, "cost": 0.75},
+        ),
+        ([{"type": "text", "data": {"tokens": {"input": 9}, "cost": 1}}], {}),
+        ([step(tokens={"input": True, "output": "5", "reasoning": -1}, cost=float("nan"))], {}),
+        ([step(tokens={"cache_read": 2**60}, cost=1e300)], {}),  # beyond the bounds: not summed
+        (
+            [step(tokens={"input": 2**53}), step(tokens={"input": 2**53})],
+            {"input_tokens": 2**53},  # the total stops at the bound
+        ),
+        ([step(tokens=[1, 2], cost=None), {"type": "step_finish", "data": "x"}], {}),
+    ],
+)
+def test_usage_totals_from_step_finish_events(
+    events: list[dict[str, object]], expected: dict[str, float]
+) -> None:
+    zero = dict.fromkeys(
+        ("input_tokens", "output_tokens", "reasoning_tokens", "cache_read", "cache_write"), 0
+    )
+    assert rules.usage_from_events(events) == {**zero, "cost": 0.0, **expected}
+
+
+def test_the_clock_moves_forward_only_and_stays_within_four_digit_years() -> None:
+    clock = Clock(datetime(8999, 6, 1, tzinfo=UTC))
+    with pytest.raises(ValueError, match="only moves forward"):
+        clock.advance(-1)
+    with pytest.raises(ValueError, match="year 9000"):
+        clock.advance(2 * 366 * 86_400)
+    assert clock.now() == datetime(8999, 6, 1, tzinfo=UTC)  # unchanged by the refusals
+    assert clock.advance(60) == datetime(8999, 6, 1, 0, 1, tzinfo=UTC)
