@@ -91,6 +91,7 @@ def test_hostile_agent_is_contained_and_the_other_agent_carries_on(
                 "other_token": str(
                     m.crew_home / "runtime" / run_id / "agents" / good["id"] / "token"
                 ),
+                "bin_crew": str(m.crew_home / "runtime" / run_id / "bin" / "crew"),
                 "computer_sock": str(c.socket),
                 "launcher_sock": str(launcher_sock),
                 "computer_pid": c.proc.pid,
@@ -113,6 +114,7 @@ def test_hostile_agent_is_contained_and_the_other_agent_carries_on(
             denied("read_other_token", *HIDDEN)
             denied("read_other_memory", *HIDDEN)
             denied("write_other_work", errno.EROFS, errno.EACCES, errno.ENOENT)
+            denied("write_bin_crew", errno.EROFS, errno.EACCES)
             denied("connect_computer_socket", errno.ENOENT, errno.ECONNREFUSED, errno.EACCES)
             denied("connect_launcher_socket", errno.ENOENT, errno.ECONNREFUSED, errno.EACCES)
             # The PID namespace hides the Computer: no such process in there.
@@ -168,13 +170,22 @@ def test_hostile_agent_is_contained_and_the_other_agent_carries_on(
 
             # The other agent is untouched, and its next turn continues its own session.
             assert _tree(good_dir) == good_before
-            crew_server.post(good_dm["id"], "still fine?")
+            # …and its `crew` (the shared bin/crew) still works.
+            crew_server.post(
+                good_dm["id"], f"still fine?\nFAKE:RUN echo all good | crew reply {good_dm['id']}"
+            )
             _, second = finished(crew_server, good["id"], 2)
             assert second["status"] == "succeeded", second
             dumps = _dumps(good_dir / "work")
             assert len(dumps) == 2, [d["env"].get("CREW_TOKEN_FILE") for d in dumps]
             assert all(good["id"] in d["env"]["CREW_TOKEN_FILE"] for d in dumps)
             assert dumps[1]["argv"][dumps[1]["argv"].index("--session") + 1] == good_session
+            replies = [
+                x["body"]
+                for x in crew_server.messages(good_dm["id"])
+                if x["author"]["kind"] == "agent"
+            ]
+            assert replies == ["all good"]
             assert c.proc.poll() is None
         finally:
             code = c.stop()

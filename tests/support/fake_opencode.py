@@ -188,7 +188,8 @@ def hostile(cfg: dict[str, object]) -> dict[str, dict[str, object]]:
     """What an agent turned hostile tries from inside its sandbox (`cfg["phase"]`).
 
     `probe`: read the user's ssh key and the other agent's token and files, write
-    `~/.bashrc` and into the other agent's work dir, connect to the crew sockets,
+    `~/.bashrc`, the shared `bin/crew` and into the other agent's work dir, connect
+    to the crew sockets,
     signal the Computer, leave `setsid sleep <marker>` behind, make its
     `session.json` a FIFO. `links`: replace its own `work/` and `engines/opencode`
     with symlinks to the other agent's.
@@ -228,6 +229,7 @@ def hostile(cfg: dict[str, object]) -> dict[str, dict[str, object]]:
         attempt(results, "read_other_token", lambda: read(cfg["other_token"]))
         attempt(results, "read_other_memory", lambda: read(f"{other}/work/MEMORY.md"))
         attempt(results, "write_other_work", lambda: write(f"{other}/work/pwned.txt"))
+        attempt(results, "write_bin_crew", lambda: write(cfg["bin_crew"], "a"))
         attempt(results, "connect_computer_socket", lambda: connect(cfg["computer_sock"]))
         attempt(results, "connect_launcher_socket", lambda: connect(cfg["launcher_sock"]))
         attempt(results, "kill_0_computer", lambda: os.kill(pid, 0))
