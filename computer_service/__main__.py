@@ -1,8 +1,10 @@
 """`crew-computer` / `python -m computer_service`: read the bootstrap, run the Computer.
 
 Exit status: 0 after an orderly stop (stdin closed, SIGTERM, SIGINT); 1 when
-the bootstrap is bad, the server refuses the connection, or this run cannot be
-prepared — with a one-line reason on stderr (never the token).
+the bootstrap is bad, the server refuses the connection, this run cannot be
+prepared, or it cannot go on (`opencode models` gives no list, the server
+refuses the model list or the event stream) — after an orderly stop, with a
+one-line reason on stderr (never the token).
 """
 
 from __future__ import annotations

@@ -2,10 +2,11 @@
 
 `ComputerService.serve()` reads top-down like uvicorn's server: `startup`
 connects upstream, prints `ready`, opens the introspection socket, starts the
-launcher and prepares this run's directory; `main_loop` follows the server's
-event stream (sync agents, wake runners) until stdin closes or a signal
-arrives; `shutdown` stops the runners, the launcher, the socket, and removes
-the run directory. Every task has an owner: the task groups in `serve`.
+launcher and prepares this run's directory; `main_loop` reports the models and
+follows the server's event stream (sync agents, wake runners) until stdin
+closes, a signal arrives or a step fails for good (`_fail`: exit 1 after the
+stop); `shutdown` stops the runners, the launcher, the socket, and removes the
+run directory. Every task has an owner: the task groups in `serve`.
 
 The machinery that touches the machine (launcher, directories, engine) sits
 behind `Parts`, so tests and benchmarks can drive the same service.
