@@ -7,6 +7,7 @@ import shutil
 import signal
 import sqlite3
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import orjson
 import pytest
 
 from tests.computer.computer_proc import (
+    FAKE_OPENCODE,
     ComputerProc,
     Machine,
     bootstrap_for,
@@ -419,3 +421,30 @@ def test_sigint_right_after_ready_stops_in_order(crew_server: Any) -> None:
         assert run_dir_entries(m) == []
         assert not list((m.crew_home / "sockets").iterdir())
         wait_for("no launcher left", lambda: not _launchers_of(m.crew_home), 10)
+
+
+def test_opencode_models_failing_ends_the_run_with_exit_1(crew_server: Any) -> None:
+    """Step 5 fails for good: stop in order, then exit 1 with the reason (computer.md §1)."""
+    need_sandbox()
+    with machine() as m:
+        m.log_in()
+        comp = crew_server.create_computer()
+        opencode = m.root / "opencode-without-models"
+        opencode.write_text(
+            "#!/bin/sh\n"
+            'if [ "$1" = models ]; then echo "no models today" >&2; exit 3; fi\n'
+            f'exec "{sys.executable}" "{FAKE_OPENCODE}" "$@"\n'
+        )
+        opencode.chmod(0o755)
+        boot = bootstrap_for(crew_server.url, comp["token"], m, opencode_path=str(opencode))
+        c = launch(m, boot)
+        try:
+            code = c.proc.wait(timeout=60)
+        finally:
+            c.stop()
+        last = c.stderr().strip().splitlines()[-1]
+        assert code == 1, c.stderr()[-3000:]
+        assert last.startswith("crew-computer: cannot read the available models:"), last
+        assert "no models today" in last and comp["token"] not in c.stderr()
+        assert run_dir_entries(m) == []
+        assert not list((m.crew_home / "sockets").iterdir())
