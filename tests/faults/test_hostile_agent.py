@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import json
 import random
+import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -85,7 +86,9 @@ def test_hostile_agent_is_contained_and_the_other_agent_carries_on(
             good_before = _tree(good_dir)
             marker = f"{300 + random.random():.6f}"
             probe = {
-                "phase": "probe",
+                "phases": ["probe", "links"],
+                # A failed turn saves no session: the FIFO stays for the next turn to meet.
+                "fail_after": ["probe"],
                 "user_home": str(m.home),
                 "other_agent_dir": str(good_dir),
                 "other_token": str(
@@ -125,7 +128,7 @@ def test_hostile_agent_is_contained_and_the_other_agent_carries_on(
             assert results["session_fifo"]["worked"], results
 
             # On the host: nothing escaped, the Computer runs, nothing was left running.
-            assert probed["status"] == "succeeded", probed
+            assert probed["status"] == "failed", probed  # it gave up (exit 1): no save, no ack
             assert (m.home / ".bashrc").read_text() == BASHRC
             assert c.proc.poll() is None
             assert c.get("/health")["connected"] is True
@@ -133,18 +136,18 @@ def test_hostile_agent_is_contained_and_the_other_agent_carries_on(
             while processes_with(marker) and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert processes_with(marker) == [], "a background process outlived the turn"
-            # The FIFO was never opened for reading (no hang); the save replaced it.
             session_file = evil_dir / "engines" / "opencode" / "session.json"
-            assert session_file.is_file() and not session_file.is_symlink()
+            assert stat.S_ISFIFO(session_file.lstat().st_mode)
 
-            # Its next turn starts from the FIFO without blocking, then swaps its
-            # directories for links to the other agent's.
-            links = {"phase": "links", "other_agent_dir": str(good_dir)}
-            evil_session = orjson.loads(session_file.read_bytes())["session_id"]
-            crew_server.post(evil_dm["id"], "be bad:\nFAKE:HOSTILE " + json.dumps(links))
+            # The next turn (its message comes back with the new one) meets the FIFO: no
+            # record, a new session, no hang. Then it swaps its directories for links.
+            crew_server.post(evil_dm["id"], "go on")
             _, linked = finished(crew_server, evil["id"], 2)
             swapped = orjson.loads((evil_dir / "hostile-links.json").read_bytes())
             assert swapped["link_work"]["worked"] and swapped["link_engine_dir"]["worked"]
+            evil_runs = _dumps(evil_dir / "work.old")
+            assert len(evil_runs) == 2
+            assert "--session" not in evil_runs[1]["argv"], evil_runs[1]["argv"]
             # Saving the session would go through the link: refused, the turn fails, no ack.
             assert linked["status"] == "failed", linked
             failure = linked["failure"]
@@ -152,11 +155,7 @@ def test_hostile_agent_is_contained_and_the_other_agent_carries_on(
             assert failure["reason"].startswith("processing failed: cannot save the session")
             assert "symlink" in failure["reason"] and str(m.crew_home) not in failure["reason"]
             delivered, read = read_positions(crew_server, evil["id"])[evil_dm["id"]]
-            assert read < delivered
-            # The FIFO was replaced by the saved record: the second turn continued the session.
-            evil_runs = _dumps(evil_dir / "work.old")
-            assert len(evil_runs) == 2
-            assert evil_runs[1]["argv"][evil_runs[1]["argv"].index("--session") + 1] == evil_session
+            assert read == 0 < delivered  # nothing of the hostile agent's was acked
 
             # A wake-up with the links in place: the launcher refuses to run in a linked work/.
             crew_server.post(evil_dm["id"], "and again")
@@ -166,7 +165,7 @@ def test_hostile_agent_is_contained_and_the_other_agent_carries_on(
             assert "symbolic link" in refused["failure"]["reason"], refused["failure"]
             assert "and again" in crew_server.turn(refused["id"])["input"]
             delivered, read = read_positions(crew_server, evil["id"])[evil_dm["id"]]
-            assert read < delivered  # nothing acked since the swap: kept for a fixed agent
+            assert read == 0 < delivered  # kept for when the agent is fixed
 
             # The other agent is untouched, and its next turn continues its own session.
             assert _tree(good_dir) == good_before

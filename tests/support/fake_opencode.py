@@ -185,14 +185,16 @@ def attempt(results: dict[str, dict[str, object]], name: str, action: object) ->
 
 
 def hostile(cfg: dict[str, object]) -> dict[str, dict[str, object]]:
-    """What an agent turned hostile tries from inside its sandbox (`cfg["phase"]`).
+    """What an agent turned hostile tries from inside its sandbox, phase by phase.
+
+    Each turn runs the first of `cfg["phases"]` without a result file yet.
 
     `probe`: read the user's ssh key and the other agent's token and files, write
     `~/.bashrc`, the shared `bin/crew` and into the other agent's work dir, connect
-    to the crew sockets,
-    signal the Computer, leave `setsid sleep <marker>` behind, make its
-    `session.json` a FIFO. `links`: replace its own `work/` and `engines/opencode`
-    with symlinks to the other agent's.
+    to the crew sockets, signal the Computer, leave `setsid sleep <marker>` behind,
+    make its `session.json` a FIFO. `links`: replace its own `work/` and
+    `engines/opencode` with symlinks to the other agent's. The run exits 1 after
+    the phases listed in `cfg["fail_after"]`.
     """
     import socket as socket_mod
 
@@ -221,7 +223,11 @@ def hostile(cfg: dict[str, object]) -> dict[str, dict[str, object]]:
     results: dict[str, dict[str, object]] = {}
     own = os.environ["HOME"]
     other = str(cfg["other_agent_dir"])
-    if cfg["phase"] == "probe":
+    # The first phase not done yet (a failed turn's message comes back with the next).
+    phases = [str(p) for p in cfg["phases"]]  # type: ignore[attr-defined]
+    phase = next((p for p in phases if not os.path.exists(f"{own}/hostile-{p}.json")), phases[-1])
+    results["phase"] = {"worked": True, "result": phase}
+    if phase == "probe":
         home, pid = cfg["user_home"], int(str(cfg["computer_pid"]))
         attempt(results, "read_ssh_key", lambda: read(f"{home}/.ssh/id_rsa"))
         attempt(results, "write_bashrc", lambda: write(f"{home}/.bashrc", "a"))
@@ -256,7 +262,7 @@ def hostile(cfg: dict[str, object]) -> dict[str, dict[str, object]]:
 
         attempt(results, "link_work", lambda: swap("work"))
         attempt(results, "link_engine_dir", lambda: swap(os.path.join("engines", "opencode")))
-    with open(os.path.join(own, f"hostile-{cfg['phase']}.json"), "w") as f:
+    with open(os.path.join(own, f"hostile-{phase}.json"), "w") as f:
         json.dump(results, f)
     return results
 
@@ -286,9 +292,13 @@ def run_mode(out: Out, name: str, arg: str) -> int:
     if name == "HOSTILE":
         out.step_start()
         start = now_ms()
-        results = hostile(json.loads(arg))
+        cfg = json.loads(arg)
+        results = hostile(cfg)
         out.tool("hostile probes", json.dumps(results)[:4000], 0, start)
         out.step_finish(reason="tool-calls")
+        if results["phase"]["result"] in cfg.get("fail_after", []):
+            print("Error: the hostile agent gives up", file=sys.stderr)
+            return 1
     if name == "HANG":
         out.step_start()
         while True:
