@@ -4,10 +4,12 @@ Run: scripts/bench sandbox [--runs N]
 
 Every variant runs once per round, in rotation, so drift on a shared machine
 hits all of them alike. Prints the medians (ms) and what the launcher adds
-over bare `bwrap --ro-bind / / true`. Aim (quality.md / issue 4): launcher
-path ≤ 15 ms over bare bwrap.
+over bare `bwrap --ro-bind / / true`, as the median of the per-round
+differences (robust against a neighbour's load coming and going). Aim
+(quality.md / issue 4): launcher path ≤ 15 ms over bare bwrap.
 
 - plain:          subprocess.run(["/usr/bin/true"])
+- python -I -S:   `python -I -S -c pass`, the floor of any Python helper (hybrid's Landlock step)
 - bare bwrap:     bwrap --ro-bind / / true
 - argv hybrid:    the launcher's full hybrid argv (Landlock helper included), run directly
 - argv tmpfs:     the launcher's full tmpfs argv, run directly
@@ -118,7 +120,7 @@ def run_checked(argv: list[str], env: dict[str, str] | None = None) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--runs", type=int, default=50)
+    parser.add_argument("--runs", type=int, default=100)
     args = parser.parse_args()
     tools = find_tools()
     base = Path(tempfile.mkdtemp(prefix="crew-bench-", dir="/var/tmp"))
@@ -146,6 +148,7 @@ def main() -> None:
         env = {"PATH": "/usr/bin:/bin"}
         variants: dict[str, Callable[[], None]] = {
             "plain true": lambda: run_checked([TRUE]),
+            "python -I -S": lambda: run_checked([tools.python, "-I", "-S", "-c", "pass"]),
             "bare bwrap": lambda: run_checked([tools.bwrap, "--ro-bind", "/", "/", TRUE]),
             "argv tmpfs": lambda: run_checked(
                 bwrap_argv(policy, LinuxMode.TMPFS, tools, [TRUE]), env
@@ -169,22 +172,34 @@ def main() -> None:
         shutil.rmtree(base, ignore_errors=True)
 
     med = {name: statistics.median(values) for name, values in samples.items()}
-    bare = med["bare bwrap"]
-    print(f"sandbox spawn, median of {args.runs} runs each (ms), measured side by side")
-    print(f"{'variant':<18}{'median':>9}{'p90':>9}{'vs bare bwrap':>16}{'ratio':>8}")
+
+    def over(name: str, base: str = "bare bwrap") -> float:
+        """Median of the per-round differences `name` − `base` (ms)."""
+        return statistics.median(a - b for a, b in zip(samples[name], samples[base], strict=True))
+
+    print(f"sandbox spawn, {args.runs} rounds, each variant once per round (ms)")
+    print(f"{'variant':<18}{'median':>9}{'p25':>9}{'p90':>9}{'vs bare bwrap':>16}")
     for name, values in samples.items():
-        p90 = statistics.quantiles(values, n=10)[-1]
-        print(
-            f"{name:<18}{med[name]:>9.2f}{p90:>9.2f}{med[name] - bare:>+15.2f} {med[name] / bare:>7.2f}x"
-        )
+        q = statistics.quantiles(values, n=20)
+        print(f"{name:<18}{med[name]:>9.2f}{q[4]:>9.2f}{q[17]:>9.2f}{over(name):>+15.2f}")
     print()
+    helper = over("argv hybrid", "argv tmpfs")
+    print(
+        f"hybrid's Landlock helper: {helper:+.2f} ms over the tmpfs argv "
+        f"(python -I -S alone: {med['python -I -S']:.2f} ms)"
+    )
     for mode in ("tmpfs", "hybrid"):
-        over = med[f"launcher {mode}"] - bare
-        http = med[f"launcher {mode}"] - med[f"argv {mode}"]
-        verdict = "meets" if over <= 15 else "MISSES"
+        total = over(f"launcher {mode}")
+        verdict = "meets" if total <= 15 else "MISSES"
         print(
-            f"launcher {mode}: {over:+.2f} ms over bare bwrap ({verdict} the ≤ 15 ms aim); "
-            f"of which launcher/HTTP {http:+.2f} ms, sandbox policy {med[f'argv {mode}'] - bare:+.2f} ms"
+            f"launcher {mode}: {total:+.2f} ms over bare bwrap ({verdict} the ≤ 15 ms aim); "
+            f"of which launcher/HTTP {over(f'launcher {mode}', f'argv {mode}'):+.2f} ms, "
+            f"sandbox policy {over(f'argv {mode}'):+.2f} ms"
+        )
+    load = os.getloadavg()[0]
+    if load > 0.5:
+        print(
+            f"(load average {load:.2f} on {os.cpu_count()} CPUs: a busy machine, rerun on a quiet one)"
         )
 
 

@@ -13,21 +13,36 @@ that writes a file and runs `crew reply` (a real post to the real server).
 - by hand: the same `opencode run` — the launcher's own `prepare()` builds
   the bwrap argv and environment from the same typed run request the Computer
   sends (the policy `crew-launcher sandbox` uses), with the same agent
-  directories, the same session and the last turn's input — started with
-  `subprocess` and timed from spawn to exit with stdout read to the end.
+  directories, the same session, the last turn's input and the Computer's own
+  PATH and LANG (the warm-up checks the engine's whole environment is the
+  managed one's) — started with `subprocess` and timed from spawn to exit
+  with stdout read to the end.
   Not through the `crew-launcher sandbox` command itself: it runs its
   self-test on every call (flattering the ratio) and, by design, never makes
   the run's `bin/` readable, so `crew reply` could not run in it.
 
-The two alternate, after one warm-up of each, so drift hits both alike.
+Fairness on a shared machine: one warm-up of each; then pairs, the order
+within a pair alternating (neither always runs right after the other's
+clean-up), a short pause after each run; the ratio of medians, the median of
+the per-pair ratios and the ratio of minimums are all printed, with the load
+average (a loaded machine inflates the spread, not the managed side).
 
-Usage: scripts/bench turn [--runs N]   (N ≥ 5, default 5)
+Where the time goes: the server's turn times, the launcher's log (when it
+spawned the engine) and OpenCode's own event timestamps split a managed turn
+into post → registered → spawned → first event … last event → finished; and
+the CPU our processes (Computer, launcher, server, this one) spend per turn
+of each kind. `--keep-log FILE` keeps OpenCode's own log of all the runs.
+
+Usage: scripts/bench turn [--runs N] [--keep-log FILE]   (N ≥ 5, default 10)
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import queue
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -96,6 +111,28 @@ class TurnWatcher:
             raise SystemExit(f"a managed turn did not finish within {timeout:.0f} s") from None
 
 
+def engine_environ(marker: str, found: dict[str, str], done: threading.Event) -> None:
+    """Poll for the engine process whose environment holds `marker`; copy its environment."""
+    while not done.is_set() and not found:
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    argv = f.read().split(b"\0")
+                if b"run" not in argv or b"--format" not in argv:
+                    continue
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    pairs = [e.decode() for e in f.read().split(b"\0") if e]
+            except OSError:
+                continue
+            env = dict(p.split("=", 1) for p in pairs)
+            if env.get("CREW_TOKEN_FILE", "").startswith(marker):
+                found.update(env)
+                return
+        time.sleep(0.02)
+
+
 def managed_turn(stack: LocalStack, watcher: TurnWatcher, room_id: str) -> float:
     """Post a message; seconds until the Computer says the turn it caused is recorded."""
     watcher.drain()
@@ -132,8 +169,9 @@ def hand_run(
         config_content=opencode_config(
             paths.agents_md, MODEL, read_user_providers(user.config_files)
         ),
-        base_path="/usr/local/bin:/usr/bin:/bin",
-        lang="C.UTF-8",
+        # What the Computer's own environment gives it (demo.user_env): the same PATH and LANG.
+        base_path=os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+        lang=os.environ.get("LANG", "C.UTF-8"),
     )
     backend, health = open_backend(None)
     if backend is None:
@@ -171,20 +209,80 @@ def hand_run(
 
 
 POSTED: list[float] = []  # wall-clock time of each managed turn's post
+_SPAWN_LINE = re.compile(r"^(\S+ \S+) crew-launcher INFO run (\S+) of agent \S+ started")
 
 
 def _ts(text: str) -> float:
     return datetime.fromisoformat(text).timestamp()
 
 
-def managed_phases(turn: dict[str, Any], posted: float) -> tuple[float, float, float]:
-    """post → turn registered, registered → first engine event, last event → finished."""
+def launcher_spawns(stack: LocalStack) -> list[float]:
+    """When the launcher started each engine process, in order (its log, in the Computer's stderr)."""
+    found = []
+    for line in stack.computer.stderr().splitlines():
+        match = _SPAWN_LINE.match(line)
+        if match:
+            found.append(datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S,%f").timestamp())
+    return found
+
+
+def managed_phases(turn: dict[str, Any], posted: float, spawned: float) -> list[float]:
+    """post → registered, registered → engine spawned, spawned → first event, last event → finished."""
     events = turn["events"]
-    return (
-        _ts(turn["started_at"]) - posted,
-        _ts(events[0]["at"]) - _ts(turn["started_at"]),
+    registered = _ts(turn["started_at"])
+    return [
+        registered - posted,
+        spawned - registered,
+        _ts(events[0]["at"]) - spawned,
         _ts(turn["finished_at"]) - _ts(events[-1]["at"]),
-    )
+    ]
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu(pid: int) -> float:
+    """CPU seconds (user + system) a process used itself, its waited-for children not counted."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    if int(f.read().rsplit(b")", 1)[1].split()[1]) == pid:
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+class OurCpu:
+    """CPU our side spends around a turn: the Computer, its launcher, the server, this process
+    (the scripted model's thread and the hand run's pipes). OpenCode's own CPU is not in it."""
+
+    def __init__(self, stack: LocalStack) -> None:
+        computer = stack.computer.proc.pid
+        self.pids = {"computer": computer, "server": stack.server.proc.pid}
+        for child in _children(computer):
+            self.pids["launcher"] = child
+        self.samples: dict[str, list[dict[str, float]]] = {"managed": [], "by hand": []}
+
+    def read(self) -> dict[str, float]:
+        now = {name: _own_cpu(pid) for name, pid in self.pids.items()}
+        now["bench"] = time.process_time()
+        return now
+
+    def measure(self, kind: str, run: Any) -> float:
+        before = self.read()
+        result: float = run()
+        after = self.read()
+        self.samples[kind].append({k: after[k] - before[k] for k in before})
+        return result
 
 
 HAND_PHASES: list[tuple[float, float]] = []  # spawn → first event, last event → exit
@@ -213,11 +311,15 @@ BUNDLED = REPO / "tools" / "opencode" / "node_modules" / ".bin" / "opencode"
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="scripts/bench turn", description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=5, help="timed turns of each kind (≥ 5)")
+    parser.add_argument("--runs", type=int, default=10, help="timed turns of each kind (≥ 5)")
+    parser.add_argument(
+        "--keep-log", type=Path, help="copy OpenCode's own log (both kinds of runs) here"
+    )
     args = parser.parse_args()
     runs = max(5, args.runs)
     managed: list[float] = []
     by_hand: list[float] = []
+    load_before = os.getloadavg()[0]
     with local_stack(script=scenario("crew"), price_in_config=True) as stack:
         if not stack.health["sandbox"]["ok"]:
             raise SystemExit(f"the sandbox is not usable: {stack.health['sandbox']['reason']}")
@@ -226,35 +328,63 @@ def main() -> int:
         wait_for("the Computer to take the agent", lambda: session_ready(stack, agent["id"]), 30)
 
         watcher = TurnWatcher(stack)
+        cpu = OurCpu(stack)
         time.sleep(0.2)  # the stream is open
 
-        # Warm-up: the first turn creates the session and OpenCode's database.
+        # Warm-up: the first turn creates the session and OpenCode's database. Its
+        # engine's environment is read on the way, to check the hand run gets the same.
+        managed_env: dict[str, str] = {}
+        seen = threading.Event()
+        spy = threading.Thread(
+            target=engine_environ, args=(str(stack.computer.crew_home), managed_env, seen)
+        )
+        spy.start()
         managed_turn(stack, watcher, room["id"])
+        seen.set()
+        spy.join()
         last = stack.finished_turn(agent["id"], 0, 10)
         argv, env, stdin = hand_run(
             stack, agent["id"], last["input"], session_of(stack, agent["id"])
         )
+        differ = sorted(k for k in {*env, *managed_env} if env.get(k) != managed_env.get(k))
+        if not managed_env or differ:
+            raise SystemExit(f"the hand run's environment differs from the managed one: {differ}")
         timed_hand_run(argv, env, stdin)
 
         for i in range(runs):
-            managed.append(managed_turn(stack, watcher, room["id"]))
-            by_hand.append(timed_hand_run(argv, env, stdin))
+            # Alternate which goes first, so neither always follows the other's clean-up.
+            pair = {
+                "managed": lambda: managed_turn(stack, watcher, room["id"]),
+                "by hand": lambda: timed_hand_run(argv, env, stdin),
+            }
+            for kind in ("managed", "by hand") if i % 2 == 0 else ("by hand", "managed"):
+                (managed if kind == "managed" else by_hand).append(cpu.measure(kind, pair[kind]))
+                time.sleep(0.3)  # let the finished one's clean-up settle
             print(
                 f"  run {i + 1}/{runs}: managed {managed[-1]:.3f} s, by hand {by_hand[-1]:.3f} s",
                 flush=True,
             )
-        statuses = [
-            t["status"] for t in stack.call("GET", "/api/turns", params={"agent_id": agent["id"]})
+        listed = stack.call("GET", "/api/turns", params={"agent_id": agent["id"]})
+        if any(t["status"] != "succeeded" for t in listed):
+            raise SystemExit(f"not every managed turn succeeded: {[t['status'] for t in listed]}")
+        records = [stack.call("GET", f"/api/turns/{t['id']}") for t in reversed(listed)]
+        spawns = launcher_spawns(stack)
+        if len(spawns) != len(records):
+            raise SystemExit(
+                f"{len(spawns)} engine starts in the launcher log for {len(records)} turns"
+            )
+        phases = [
+            managed_phases(t, p, sp)
+            for t, p, sp in zip(records[1:], POSTED[1:], spawns[1:], strict=True)
         ]
-        if any(s != "succeeded" for s in statuses):
-            raise SystemExit(f"not every managed turn succeeded: {statuses}")
-        records = [
-            stack.call("GET", f"/api/turns/{t['id']}")
-            for t in reversed(stack.call("GET", "/api/turns", params={"agent_id": agent["id"]}))
-        ]
-        phases = [managed_phases(t, p) for t, p in zip(records[1:], POSTED[1:], strict=True)]
+        if args.keep_log:
+            crew_home = stack.computer.crew_home
+            log = crew_home / "agents" / agent["id"] / "engines" / "opencode" / "data"
+            shutil.copyfile(log / "opencode" / "log" / "opencode.log", args.keep_log)
+    load_after = os.getloadavg()[0]
 
     m, h = statistics.median(managed), statistics.median(by_hand)
+    paired = statistics.median(a / b for a, b in zip(managed, by_hand, strict=True))
     backend = stack.health["sandbox"].get("backend")
     print()
     print(f"turn: real opencode in {backend}, scripted model; 2 model calls + bash + crew reply")
@@ -266,19 +396,31 @@ def main() -> int:
     )
     print(f"  ratio of medians                         {m / h:.3f}×  (target ≤ 1.10×)")
     print(
+        f"  median of the paired ratios              {paired:.3f}×  (each managed turn / the hand run next to it)"
+    )
+    print(
         f"  ratio of minimums                        {min(managed) / min(by_hand):.3f}×  (least disturbed by other load)"
     )
     print(f"  overhead per turn (medians)              {1000 * (m - h):.0f} ms")
-    med = [statistics.median(column) for column in zip(*phases, strict=True)]
-    hand = [statistics.median(x) for x in zip(*HAND_PHASES[1:], strict=True)]
-    print("  where the time goes (medians; server and engine timestamps):")
+    med = [1000 * statistics.median(column) for column in zip(*phases, strict=True)]
+    hand = [1000 * statistics.median(x) for x in zip(*HAND_PHASES[1:], strict=True)]
+    print("  where the time goes (medians; server, launcher-log and engine timestamps, ±1 ms):")
     print(
-        f"    managed: post → turn registered {1000 * med[0]:.0f} ms, registered → first engine event "
-        f"{1000 * med[1]:.0f} ms, last event → finished {1000 * med[2]:.0f} ms"
+        f"    managed: post → turn registered {med[0]:.0f} ms, registered → engine spawned {med[1]:.0f} ms, "
+        f"spawned → first engine event {med[2]:.0f} ms, last event → finished {med[3]:.0f} ms"
     )
     print(
-        f"    by hand: spawn → first engine event {1000 * hand[0]:.0f} ms, last event → exit "
-        f"{1000 * hand[1]:.0f} ms"
+        f"    by hand: spawn → first engine event {hand[0]:.0f} ms, last event → exit {hand[1]:.0f} ms"
+    )
+    print("  CPU of our processes during a turn (medians, ms; OpenCode's own not counted):")
+    for kind, rows in cpu.samples.items():
+        parts = ", ".join(
+            f"{name} {1000 * statistics.median(r[name] for r in rows):.0f}" for name in rows[0]
+        )
+        print(f"    {kind}: {parts}")
+    print(
+        f"  load average (1 min) before {load_before:.2f}, after {load_after:.2f} on {os.cpu_count()} CPUs"
+        + ("  — a busy machine: rerun on a quiet one" if max(load_before, load_after) > 0.5 else "")
     )
     return 0
 

@@ -41,8 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `crew-launcher` console script."""
     args = _parser().parse_args(argv)
     mode = LinuxMode(args.mode) if args.mode else None
-    logging.basicConfig(
-        level=logging.INFO, stream=sys.stderr, format="crew-launcher %(levelname)s %(message)s"
+    logging.basicConfig(  # times as in the Computer's log, which this one joins
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s crew-launcher %(levelname)s %(message)s",
     )
     if args.command == "serve":
         from sandbox_launcher.server import LauncherExit, serve
