@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from crew_server.__main__ import is_loopback
 from tests.support.crew_server_proc import free_port
 
 
@@ -87,6 +88,8 @@ def test_sigterm_ends_open_event_streams_and_exits_0(tmp_path: Path) -> None:
     server = start_crew_server(tmp_path)
     computer = server.create_computer()
     ended = threading.Event()
+    outcome: list[str] = []
+    opened = threading.Event()
 
     def listen() -> None:
         headers = {"Authorization": f"Bearer {computer['token']}"}
@@ -94,18 +97,39 @@ def test_sigterm_ends_open_event_streams_and_exits_0(tmp_path: Path) -> None:
             with httpx.stream(
                 "GET", f"{server.url}/computer/events", headers=headers, timeout=30
             ) as stream:
-                for _ in stream.iter_lines():
-                    pass
-        except httpx.HTTPError:
-            pass  # the server went away: that is what this test does
+                for line in stream.iter_lines():
+                    if line == ": connected":
+                        opened.set()
+            outcome.append("closed by the server")
+        except httpx.HTTPError as exc:
+            outcome.append(f"cut: {exc!r}")
         ended.set()
 
     listener = threading.Thread(target=listen, daemon=True)
     listener.start()
-    time.sleep(0.5)
-    started = time.monotonic()
+    assert opened.wait(10)
     server.process.terminate()
     assert server.process.wait(timeout=10) == 0
-    assert time.monotonic() - started < 3
     assert ended.wait(5)
+    # The server ended the stream itself (a complete chunked answer), instead of
+    # uvicorn cutting it when its 3 s shutdown grace ran out.
+    assert outcome == ["closed by the server"]
     server.stop()
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("127.0.0.1", True),
+        ("127.1.2.3", True),
+        ("::1", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("192.168.1.20", False),
+        ("crew.example.com", False),
+        ("", False),
+    ],
+)
+def test_dev_mode_is_allowed_only_on_loopback_addresses(host: str, loopback: bool) -> None:
+    assert is_loopback(host) is loopback
