@@ -111,16 +111,17 @@ class TurnWatcher:
             raise SystemExit(f"a managed turn did not finish within {timeout:.0f} s") from None
 
 
-def engine_environ(marker: str, found: dict[str, str], done: threading.Event) -> None:
-    """Poll for the engine process whose environment holds `marker`; copy its environment."""
+def engine_process(marker: str, found: dict[str, Any], done: threading.Event) -> None:
+    """Poll for the bwrap that runs the engine (its environment holds `marker`): copy its
+    argv and environment (bwrap hands the environment on to the engine unchanged)."""
     while not done.is_set() and not found:
         for entry in os.listdir("/proc"):
             if not entry.isdigit():
                 continue
             try:
                 with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    argv = f.read().split(b"\0")
-                if b"run" not in argv or b"--format" not in argv:
+                    argv = [a.decode() for a in f.read().split(b"\0")[:-1]]
+                if not argv or not argv[0].endswith("/bwrap") or "--format" not in argv:
                     continue
                 with open(f"/proc/{entry}/environ", "rb") as f:
                     pairs = [e.decode() for e in f.read().split(b"\0") if e]
@@ -128,9 +129,16 @@ def engine_environ(marker: str, found: dict[str, str], done: threading.Event) ->
                 continue
             env = dict(p.split("=", 1) for p in pairs)
             if env.get("CREW_TOKEN_FILE", "").startswith(marker):
-                found.update(env)
+                found.update(env=env, bwrap=argv)
                 return
         time.sleep(0.02)
+
+
+def without_session(argv: list[str]) -> list[str]:
+    if "--session" not in argv:
+        return argv
+    at = argv.index("--session")
+    return argv[:at] + argv[at + 2 :]
 
 
 def managed_turn(stack: LocalStack, watcher: TurnWatcher, room_id: str) -> float:
@@ -333,10 +341,10 @@ def main() -> int:
 
         # Warm-up: the first turn creates the session and OpenCode's database. Its
         # engine's environment is read on the way, to check the hand run gets the same.
-        managed_env: dict[str, str] = {}
+        managed_run: dict[str, Any] = {}
         seen = threading.Event()
         spy = threading.Thread(
-            target=engine_environ, args=(str(stack.computer.crew_home), managed_env, seen)
+            target=engine_process, args=(str(stack.computer.crew_home), managed_run, seen)
         )
         spy.start()
         managed_turn(stack, watcher, room["id"])
@@ -346,9 +354,13 @@ def main() -> int:
         argv, env, stdin = hand_run(
             stack, agent["id"], last["input"], session_of(stack, agent["id"])
         )
+        managed_env = managed_run.get("env", {})
         differ = sorted(k for k in {*env, *managed_env} if env.get(k) != managed_env.get(k))
         if not managed_env or differ:
             raise SystemExit(f"the hand run's environment differs from the managed one: {differ}")
+        # The warm-up started the session the hand runs continue: compare all but that.
+        if without_session(managed_run["bwrap"]) != without_session(argv[2:]):
+            raise SystemExit(f"the argv differs:\n{managed_run['bwrap']}\n{argv[2:]}")
         timed_hand_run(argv, env, stdin)
 
         for i in range(runs):
