@@ -147,3 +147,31 @@ async def test_cancel_a_reminder(world: World) -> None:
     assert await world.ok("GET", "/agent/reminders", headers=bearer(token)) == []
     gone = await world.client.delete(f"/agent/reminders/{made['id']}", headers=bearer(token))
     assert gone.status_code == 404
+
+
+async def test_a_reminder_wakes_only_its_agent_and_stays_its_own(world: World) -> None:
+    box = await world.computer()
+    alice, bob = await world.agent("alice", box), await world.agent("bob", box)
+    group = await world.group("launch", alice, bob)
+    elsewhere = await world.group("elsewhere", bob)
+    alice_token, bob_token = await world.token(box, alice), await world.token(box, bob)
+    body = {"room_id": group["id"], "title": "ship it", "every": 900}
+    made = await world.ok(
+        "POST", "/agent/reminders", headers=bearer(alice_token), status=201, json=body
+    )
+    assert made["agent_id"] == alice["id"] and made["every"] == 900
+    assert await world.ok("GET", "/agent/reminders", headers=bearer(bob_token)) == []
+    gone = await world.client.delete(f"/agent/reminders/{made['id']}", headers=bearer(bob_token))
+    assert gone.status_code == 404
+    foreign = await world.client.post(
+        "/agent/reminders",
+        headers=bearer(alice_token),
+        json={**body, "room_id": elsewhere["id"]},
+    )
+    assert foreign.status_code == 403
+    before = world.cursor()
+    assert (await world.ok("POST", "/api/dev/clock", json={"advance_seconds": 900}))["fired"] == 1
+    assert world.wakes(box, before) == [alice["id"]]  # not bob, though the notice is in his group
+    [notice] = [m for m in await world.messages(group["id"]) if m["kind"] == "notice"]
+    assert notice["body"] == "Reminder from @alice: ship it"
+    assert notice["author"] == {"kind": "system", "id": "system", "name": "Crew", "handle": None}
