@@ -1,6 +1,7 @@
 """A tiny upstream in front of the real crew server whose event stream the test writes.
 
-Every request but `GET /computer/events` is passed on to the real server. The
+Every request but `GET /computer/events` is passed on to the real server (and its
+answer back, unless the test asked to garble it). The
 event stream is the test's own: it opens with `: connected`, then carries
 exactly the bytes the test injects (garbage included) until the test closes it.
 Runs uvicorn in a thread; `inject()` and `close_stream()` are thread-safe.
@@ -37,6 +38,9 @@ class SSEProxy:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.streams: list[dict[str, str]] = []
+        # (method, path suffix) → how many more answers to garble.
+        self._garble: dict[tuple[str, str], int] = {}
+        self.garbled: list[str] = []
         self.refused: list[dict[str, str]] = []
         self._queues: list[asyncio.Queue[bytes]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -72,6 +76,10 @@ class SSEProxy:
         """Write `raw` as it is into the newest event stream."""
         assert raw, "nothing to inject"
         self._put(self._queues[-1], raw)
+
+    def garble(self, method: str, path_suffix: str, times: int = 1) -> None:
+        """Pass the next `times` such requests on, but answer the Computer 200 with garbage."""
+        self._garble[(method, path_suffix)] = times
 
     def close_stream(self) -> None:
         """End the newest event stream (the Computer should reconnect)."""
@@ -112,6 +120,11 @@ class SSEProxy:
                 content=await request.body(),
                 headers=_passed_on(request),
             )
+        for (method, suffix), left in self._garble.items():
+            if left and request.method == method and request.url.path.endswith(suffix):
+                self._garble[(method, suffix)] = left - 1
+                self.garbled.append(f"{method} {request.url.path}")
+                return Response(b"<html>502 oops", 200, media_type="application/json")
         return Response(answer.content, answer.status_code, headers=_content_type(answer))
 
 

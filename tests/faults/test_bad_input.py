@@ -198,6 +198,54 @@ def test_a_garbled_event_stream_is_logged_and_the_next_good_wake_handled(
         assert "Traceback" not in c.stderr(), c.stderr()[-3000:]
 
 
+def test_garbled_answers_from_the_server_are_logged_and_nothing_is_lost(crew_server: Any) -> None:
+    """The server did the work, but its answer arrives as garbage (a broken proxy)."""
+    need_sandbox()
+    comp = crew_server.create_computer()
+    agent = crew_server.create_agent("garbled1", computer_id=comp["computer_id"])
+    dm = crew_server.create_room("dm", [agent["id"]])
+    proxy = SSEProxy(crew_server.url).start()
+    with machine() as m:
+        m.log_in()
+        c = launch(m, bootstrap_for(proxy.url, comp["token"], m))
+        try:
+            usable(c)
+            wait_for("the event stream", lambda: proxy.streams)
+            # The claim's answer is garbage: no turn; the messages stay unread.
+            proxy.garble("POST", "/unread")
+            first = crew_server.post(dm["id"], "claimed but garbled")
+            proxy.inject(_wake(agent["id"]))
+            wait_for(
+                "the failed claim logged", lambda: "claiming unread messages failed" in c.stderr()
+            )
+            assert crew_server.turns(agent["id"]) == []
+            assert read_positions(crew_server, agent["id"])[dm["id"]] == (first["seq"], 0)
+            proxy.inject(_wake(agent["id"]))
+            [turn] = finished(crew_server, agent["id"], 1)
+            assert turn["status"] == "succeeded", turn
+            assert "claimed but garbled" in crew_server.turn(turn["id"])["input"]
+
+            # The agent list's answer is garbage: the stream is opened again and synced.
+            proxy.garble("GET", "/computer/agents")
+            proxy.inject(b"event: agents\ndata: {}\n\n")
+            wait_for("a new stream", lambda: len(proxy.streams) == 2)
+            second = crew_server.post(dm["id"], "after the garbled list")
+            proxy.inject(_wake(agent["id"]))
+            turns = finished(crew_server, agent["id"], 2)
+            assert [t["status"] for t in turns] == ["succeeded", "succeeded"]
+            assert read_positions(crew_server, agent["id"])[dm["id"]] == (second["seq"],) * 2
+            assert proxy.garbled == [
+                f"POST /computer/agents/{agent['id']}/unread",
+                "GET /computer/agents",
+            ]
+            assert c.proc.poll() is None
+        finally:
+            code = c.stop()
+            proxy.stop()
+        assert code == 0, c.stderr()[-3000:]
+        assert "Traceback" not in c.stderr(), c.stderr()[-3000:]
+
+
 def test_broken_engine_output_is_recorded_and_a_line_over_the_cap_loses_nothing(
     crew_server: Any,
 ) -> None:
