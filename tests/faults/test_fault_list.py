@@ -41,8 +41,9 @@ FAULTS: dict[str, list[str]] = {
         "tests/computer/test_process.py::test_bootstrap_garbage_is_a_clear_error",
         "tests/computer/test_bootstrap.py::test_garbage_is_refused_clearly_without_the_token",
     ],
-    "bad input: malformed SSE": [
+    "bad input: malformed SSE (and garbled answers)": [
         "tests/faults/test_bad_input.py::test_a_garbled_event_stream_is_logged_and_the_next_good_wake_handled",
+        "tests/faults/test_bad_input.py::test_garbled_answers_from_the_server_are_logged_and_nothing_is_lost",
         "tests/computer/test_service.py::test_malformed_wake_events_are_recognised",
     ],
     "bad input: non-JSON and invalid UTF-8 engine lines, one line over the cap": [
