@@ -502,7 +502,7 @@ def create_app(
             retry = "retry: 2000\n"
             try:
                 yield b": connected\n\n"
-                if lost:
+                if lost is not None:
                     # The agent list may have changed too: `agents` (agent_id null) first.
                     resync = [("agents", None), *(("wake", a) for a in lost)]
                     for event, agent_id in resync:

@@ -1172,23 +1172,24 @@ class Store:
                 (computer_id, after_id, limit),
             ).fetchall()
 
-    def replay_start(self, computer_id: str, last_id: int | None) -> tuple[int, list[str]]:
+    def replay_start(self, computer_id: str, last_id: int | None) -> tuple[int, list[str] | None]:
         """Where a stream resuming after `last_id` starts, and whom it must wake first.
 
         Without `last_id` (or with one newer than any event: a reset database) the stream
         starts at now. When the log was pruned past `last_id`, events of this Computer may
-        be gone: the answer then lists every agent of this Computer, so the stream wakes
-        them all (a spare wake costs one empty claim; a lost one leaves messages unread).
+        be gone: the answer then lists every agent of this Computer (maybe none), so the
+        stream resyncs and wakes them all (a spare wake costs one empty claim; a lost one
+        leaves messages unread). None: nothing was lost.
         """
         with self._read() as db:
             newest = int(db.execute("SELECT MAX(id) FROM computer_events").fetchone()[0] or 0)
             if last_id is None or last_id > newest:
-                return newest, []
+                return newest, None
             row = db.execute(
                 "SELECT value FROM settings WHERE key = 'events_pruned_through'"
             ).fetchone()
             if row is None or last_id >= int(row[0]):
-                return last_id, []
+                return last_id, None
             agents = [
                 r[0]
                 for r in db.execute(

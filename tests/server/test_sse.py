@@ -210,10 +210,12 @@ def test_a_cursor_older_than_the_log_asks_to_wake_every_agent_of_that_computer()
     pruned = newest - 4
     cursor, lost = store.replay_start(computer_id, 1)
     assert cursor == pruned and lost == [agents[1]["id"], agents[0]["id"]]  # by handle
-    assert store.replay_start(computer_id, pruned) == (pruned, [])  # nothing lost after it
-    assert store.replay_start(computer_id, newest - 1) == (newest - 1, [])
-    assert store.replay_start(computer_id, None) == (newest, [])
-    assert store.replay_start(computer_id, newest + 100) == (newest, [])  # a reset database
+    assert store.replay_start(computer_id, pruned) == (pruned, None)  # nothing lost after it
+    assert store.replay_start(computer_id, newest - 1) == (newest - 1, None)
+    assert store.replay_start(computer_id, None) == (newest, None)
+    assert store.replay_start(computer_id, newest + 100) == (newest, None)  # a reset database
+    empty, _ = store.create_computer("empty")  # lost events, no agents: still a resync
+    assert store.replay_start(empty, 1) == (pruned, [])
 
 
 @pytest.mark.timeout(30)
