@@ -113,6 +113,7 @@ def test_hostile_agent_is_contained_and_the_other_agent_carries_on(
             # The probes ran in a working sandbox: its own token is readable there.
             assert results["read_own_token"]["worked"], results
             denied("read_ssh_key", *HIDDEN)
+            denied("read_user_auth", *HIDDEN)  # the file; the turn gets its content by design
             denied("write_bashrc", errno.EROFS, errno.EACCES, errno.ENOENT)
             denied("read_other_token", *HIDDEN)
             denied("read_other_memory", *HIDDEN)

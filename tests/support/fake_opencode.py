@@ -189,7 +189,7 @@ def hostile(cfg: dict[str, object]) -> dict[str, dict[str, object]]:
 
     Each turn runs the first of `cfg["phases"]` without a result file yet.
 
-    `probe`: read the user's ssh key and the other agent's token and files, write
+    `probe`: read the user's ssh key and OpenCode login, the other agent's token and files, write
     `~/.bashrc`, the shared `bin/crew` and into the other agent's work dir, connect
     to the crew sockets, signal the Computer, leave `setsid sleep <marker>` behind,
     make its `session.json` a FIFO. `links`: replace its own `work/` and
@@ -230,6 +230,7 @@ def hostile(cfg: dict[str, object]) -> dict[str, dict[str, object]]:
     if phase == "probe":
         home, pid = cfg["user_home"], int(str(cfg["computer_pid"]))
         attempt(results, "read_ssh_key", lambda: read(f"{home}/.ssh/id_rsa"))
+        attempt(results, "read_user_auth", lambda: read(f"{home}/.local/share/opencode/auth.json"))
         attempt(results, "write_bashrc", lambda: write(f"{home}/.bashrc", "a"))
         attempt(results, "read_own_token", lambda: read(os.environ["CREW_TOKEN_FILE"]))
         attempt(results, "read_other_token", lambda: read(cfg["other_token"]))
