@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import shlex
 import stat
 import sys
@@ -37,6 +38,9 @@ log = logging.getLogger(__name__)
 
 ENGINE_NAME = "opencode"
 SESSION_FILE_LIMIT = 64 * 1024
+# The session ids a run request may carry (the launcher's SESSION_PATTERN): the agent can
+# edit session.json, and an id the launcher refuses would fail every turn from then on.
+SESSION_ID = re.compile(r"ses_[A-Za-z0-9]{1,100}")
 PRICE_TABLE_LIMIT = 32 * 1024 * 1024
 
 # Without this stub OpenCode forks `npm install @opencode-ai/plugin` into its
@@ -82,6 +86,8 @@ class SessionRecord:
         if not all(isinstance(f, str) and f for f in fields):
             return None
         engine, model, digest, session_id = (str(f) for f in fields)
+        if not SESSION_ID.fullmatch(session_id):
+            return None
         return cls(engine, model, digest, session_id)
 
 

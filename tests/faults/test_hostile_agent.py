@@ -190,3 +190,38 @@ def test_hostile_agent_is_contained_and_the_other_agent_carries_on(
         finally:
             code = c.stop()
         assert code == 0, c.stderr()[-3000:]
+
+
+def test_a_planted_session_id_does_not_wedge_the_agent(crew_server: Any) -> None:
+    """An agent rewrites its session.json with an id no engine run accepts, then crashes
+    its turn (so nothing overwrites it). Its next turn starts a new session instead of
+    failing forever at the launcher's door."""
+    need_sandbox()
+    comp = crew_server.create_computer()
+    agent = crew_server.create_agent("wedge1", computer_id=comp["computer_id"])
+    dm = crew_server.create_room("dm", [agent["id"]])
+    plant = (
+        "python3 -c \"import json, os; p = os.environ['HOME'] + '/engines/opencode/session.json'; "
+        "d = json.load(open(p)); d['session_id'] = '--model=evil/x'; "
+        "open(p + '.t', 'w').write(json.dumps(d)); os.rename(p + '.t', p)\"; kill -9 $PPID"
+    )
+    with machine() as m:
+        m.log_in()
+        c = launch(m, bootstrap_for(crew_server.url, comp["token"], m))
+        try:
+            usable(c)
+            crew_server.post(dm["id"], "hello")
+            finished(crew_server, agent["id"], 1)
+            crew_server.post(dm["id"], f"plant it:\nFAKE:ONCE RUN {plant}")
+            _, planted = finished(crew_server, agent["id"], 2)
+            assert planted["failure"]["class"] == "process_crashed", planted["failure"]
+            session = m.crew_home / "agents" / agent["id"] / "engines" / "opencode" / "session.json"
+            assert orjson.loads(session.read_bytes())["session_id"] == "--model=evil/x"
+            crew_server.post(dm["id"], "are you ok?")
+            *_, last = finished(crew_server, agent["id"], 3)
+            assert last["status"] == "succeeded", last["failure"]
+            assert orjson.loads(session.read_bytes())["session_id"].startswith("ses_")
+            runs = _dumps(m.crew_home / "agents" / agent["id"] / "work")
+            assert "--session" not in runs[-1]["argv"], runs[-1]["argv"]
+        finally:
+            assert c.stop() == 0, c.stderr()[-3000:]
