@@ -31,6 +31,7 @@ FAULTS: dict[str, list[str]] = {
     ],
     "a hostile agent: ~/.ssh, ~/.bashrc, another agent's token, both sockets, signals, leftovers, links, FIFO": [
         "tests/faults/test_hostile_agent.py::test_hostile_agent_is_contained_and_the_other_agent_carries_on",
+        "tests/faults/test_hostile_agent.py::test_a_planted_session_id_does_not_wedge_the_agent",
         "tests/launcher/test_hostile.py::test_hostile_engine_is_contained",
         "tests/computer/test_process.py::test_planted_symlink_is_that_agents_problem_others_run",
         "tests/computer/test_runner.py::test_a_session_that_cannot_be_saved_fails_the_turn_without_ack",
