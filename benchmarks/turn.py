@@ -246,14 +246,16 @@ def managed_phases(turn: dict[str, Any], posted: float, spawned: float) -> list[
     ]
 
 
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
 def _own_cpu(pid: int) -> float:
-    """CPU seconds (user + system) a process used itself, its waited-for children not counted."""
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        fields = f.read().rsplit(b")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICK
+    """CPU seconds a process's live threads ran (schedstat, ns), its children not counted."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat", "rb") as f:
+                total += int(f.read().split()[0])
+        except OSError:
+            continue  # the thread ended meanwhile
+    return total / 1e9
 
 
 def _children(pid: int) -> list[int]:
