@@ -979,6 +979,14 @@ class Store:
                 raise NotConnected(
                     "this computer has not connected; call POST /computer/connect first"
                 )
+            # Turns of one agent never overlap: one still `running` when the next is
+            # registered lost its end (the finish never arrived, or the answer to its
+            # registration was lost). Without this it would stay running forever.
+            db.execute(
+                "UPDATE turns SET status = 'interrupted', finished_at = ? "
+                "WHERE agent_id = ? AND status = 'running'",
+                (self._now(), agent_id),
+            )
             db.execute(
                 "INSERT INTO turns (id, agent_id, computer_id, fence, status, rooms, input, engine, "
                 "model, session_id, started_at) VALUES (?, ?, ?, ?, 'running', ?, ?, ?, ?, ?, ?)",

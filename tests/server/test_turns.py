@@ -222,3 +222,24 @@ async def test_registering_before_connect_is_refused(world: World) -> None:
         f"/computer/agents/{alice['id']}/turns", json=body, headers=box.headers
     )
     assert answer.status_code == 409 and answer.json()["error"]["code"] == "not_connected"
+
+
+async def test_registering_a_turn_interrupts_the_agents_turn_that_lost_its_end(
+    world: World,
+) -> None:
+    """Turns of one agent never overlap: a new one ends an older `running` one."""
+    box = await world.computer()
+    alice = await world.agent("alice", box)
+    bob = await world.agent("bob", box)
+    lost = await world.register(box, alice)  # its finish never arrives
+    others = await world.register(box, bob)
+    new = await world.register(box, alice)
+    turns = {t["id"]: t for t in await world.ok("GET", f"/api/turns?agent_id={alice['id']}")}
+    assert turns[lost["turn_id"]]["status"] == "interrupted"
+    assert turns[lost["turn_id"]]["finished_at"] is not None
+    assert turns[new["turn_id"]]["status"] == "running"
+    answer = await finish(world, box, lost)
+    assert answer.status_code == 409 and answer.json()["error"]["code"] == "stale_turn"
+    # Another agent's running turn is not touched.
+    assert (await finish(world, box, others)).status_code == 204
+    assert (await finish(world, box, new)).status_code == 204
