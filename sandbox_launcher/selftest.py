@@ -17,16 +17,18 @@ import secrets
 import shutil
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 from sandbox_launcher.backend import Backend
-from sandbox_launcher.engine_run import reap_group
+from sandbox_launcher.engine_run import group_alive, reap_group
 from sandbox_launcher.paths import is_inside
 from sandbox_launcher.policy import SandboxPolicy
 
 log = logging.getLogger(__name__)
 
 SELFTEST_TIMEOUT_S = 30.0
+LEFTOVER_WAIT_S = 2.0
 _SCRIPT = """
 printf '%s\\n' "$1"
 printf ok > "$2" || exit 10
@@ -90,6 +92,15 @@ def _scratch_policy(scratch: Path, home: Path, crew_home: Path) -> SandboxPolicy
     )
 
 
+def _reap_leftovers(pgid: int) -> None:
+    """Wait (≤ 2 s) for what is left of the group, bwrap's pid-1 mostly, and reap it:
+    the launcher adopts orphans, so one reaped too early would stay a zombie."""
+    deadline = time.monotonic() + LEFTOVER_WAIT_S
+    while group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.002)
+    reap_group(pgid)
+
+
 def _judge(
     backend: Backend,
     policy: SandboxPolicy,
@@ -117,7 +128,7 @@ def _judge(
         process.communicate()
         return f"the sandbox self-test did not finish in {SELFTEST_TIMEOUT_S:.0f} s"
     finally:
-        reap_group(process.pid)
+        _reap_leftovers(process.pid)
     returncode = process.returncode
     stdout = out.decode("utf-8", "replace")
     stderr = err.decode("utf-8", "replace").strip()

@@ -86,12 +86,29 @@ class LauncherServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, launcher: Launcher) -> None:
         super().__init__(config)
         self.launcher = launcher
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._exit_requested: asyncio.Event | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         if self.started:
             sys.stdout.write("ready\n")
             sys.stdout.flush()
+
+    async def main_loop(self) -> None:
+        # uvicorn looks at should_exit every 100 ms; an idle launcher should not
+        # wake up at all, so it sleeps until request_exit() says otherwise.
+        self._exit_requested = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        await self.on_tick(0)  # the default headers, once (no Date header to keep fresh)
+        if not self.should_exit:
+            await self._exit_requested.wait()
+
+    def request_exit(self) -> None:
+        """Begin the orderly stop; safe from a signal handler and from the loop."""
+        self.should_exit = True
+        if self._loop is not None and self._exit_requested is not None:
+            self._loop.call_soon_threadsafe(self._exit_requested.set)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         # Stop every run first: their response streams end when their engines do.
@@ -104,7 +121,7 @@ class LauncherServer(uvicorn.Server):
         # Unlike uvicorn we do not re-raise it afterwards: the exit is orderly.
         if self.should_exit and sig == signal.SIGINT:
             self.force_exit = True
-        self.should_exit = True
+        self.request_exit()
 
 
 def read_secret(stream: int = 0) -> str:
@@ -199,6 +216,7 @@ async def _serve(launcher: Launcher, secret: str, sock: socket.socket) -> None:
         lifespan="off",
         log_config=None,
         access_log=False,
+        date_header=False,  # a private API: no clock to keep on every answer
         timeout_graceful_shutdown=int(SHUTDOWN_GRACE_S),
     )
     server = LauncherServer(config, launcher)
@@ -212,7 +230,7 @@ async def _serve(launcher: Launcher, secret: str, sock: socket.socket) -> None:
             data = b""
         if not data:  # the Computer closed our stdin: it wants us gone
             loop.remove_reader(0)
-            server.should_exit = True
+            server.request_exit()
 
     loop.add_reader(0, on_stdin)
     try:

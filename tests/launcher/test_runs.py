@@ -332,3 +332,29 @@ def test_launcher_dies_with_its_parent(needs_bwrap: None, layout: CrewLayout) ->
         os.close(write_end)
         if parent.poll() is None:
             parent.kill()
+
+
+def _status(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/status") as f:
+        return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+
+
+@pytest.mark.timeout(60)
+def test_an_idle_launcher_sleeps_and_keeps_no_zombies(launcher: LauncherProcess) -> None:
+    # The self-test's sandbox leaves bwrap's pid 1 to the launcher (a subreaper): reaped.
+    children = [
+        int(p) for p in os.listdir("/proc") if p.isdigit() and _ppid(int(p)) == launcher.pid
+    ]
+    assert [c for c in children if _status(c)["State"].startswith("Z")] == []
+    # uvicorn's own main loop wakes every 100 ms; the launcher's waits for its stop.
+    before = int(_status(launcher.pid)["voluntary_ctxt_switches"])
+    time.sleep(1.0)
+    woke = int(_status(launcher.pid)["voluntary_ctxt_switches"]) - before
+    assert woke < 5
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        return int(_status(pid)["PPid"])
+    except (OSError, KeyError):
+        return None
