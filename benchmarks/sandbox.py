@@ -122,6 +122,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=100)
     args = parser.parse_args()
+    load_before = os.getloadavg()[0]
     tools = find_tools()
     base = Path(tempfile.mkdtemp(prefix="crew-bench-", dir="/var/tmp"))
     home = base / "home"
@@ -196,10 +197,10 @@ def main() -> None:
             f"of which launcher/HTTP {over(f'launcher {mode}', f'argv {mode}'):+.2f} ms, "
             f"sandbox policy {over(f'argv {mode}'):+.2f} ms"
         )
-    load = os.getloadavg()[0]
-    if load > 0.5:
+    if load_before > 0.5:  # the 1-min average before the rounds: neighbours, not this benchmark
         print(
-            f"(load average {load:.2f} on {os.cpu_count()} CPUs: a busy machine, rerun on a quiet one)"
+            f"(load average {load_before:.2f} on {os.cpu_count()} CPUs before the rounds: "
+            "a busy machine, rerun on a quiet one)"
         )
 
 
