@@ -452,7 +452,9 @@ def run_demo(model: str | None, keep: bool, reply_timeout: float) -> int:
             f"  engine         opencode {engine.get('version') if isinstance(engine, dict) else engine}"
         )
         if not sandbox.get("ok"):
-            say(f"The sandbox is not usable here: {sandbox.get('reason')}. See Troubleshooting in README.md.")
+            say(
+                f"The sandbox is not usable here: {sandbox.get('reason')}. See Troubleshooting in README.md."
+            )
             return 1
         agent = stack.create_agent(
             "ada", "Ada", "A friendly engineer who answers briefly.", model or SCRIPTED_MODEL
