@@ -448,3 +448,51 @@ def test_opencode_models_failing_ends_the_run_with_exit_1(crew_server: Any) -> N
         assert "no models today" in last and comp["token"] not in c.stderr()
         assert run_dir_entries(m) == []
         assert not list((m.crew_home / "sockets").iterdir())
+
+
+@pytest.mark.timeout(240)
+def test_a_hundred_agents_woken_at_once_never_run_more_engines_than_the_cap(
+    crew_server: Any,
+) -> None:
+    """10 groups of 10 agents, one message each: 100 wakes at once, cap 2, real sandboxes.
+
+    Each engine writes when its tool ran (start and end, in ns) into its own
+    work dir; on the host, no instant may be inside more than 2 of those runs.
+    """
+    need_sandbox()
+    cap = 2
+    with machine() as m:
+        m.log_in()
+        comp = crew_server.create_computer()
+        agents = [
+            crew_server.create_agent(f"crowd{n}", computer_id=comp["computer_id"])
+            for n in range(100)
+        ]
+        groups = [
+            crew_server.create_room("group", [a["id"] for a in agents[g : g + 10]], f"g{g}")
+            for g in range(0, 100, 10)
+        ]
+        c = launch(m, bootstrap_for(crew_server.url, comp["token"], m, max_concurrent_turns=cap))
+        try:
+            usable(c)
+            wait_for("100 runners", lambda: len(c.get("/agents")) == 100, 60)
+            for group in groups:
+                crew_server.post(
+                    group["id"],
+                    "everyone:\nFAKE:RUN date +%s%N > t0; sleep 0.2; date +%s%N > t1\nthanks",
+                )
+            for agent in agents:
+                [turn] = finished(crew_server, agent["id"], 1, timeout=180)
+                assert turn["status"] == "succeeded", turn
+            spans = []
+            for agent in agents:
+                work = m.crew_home / "agents" / agent["id"] / "work"
+                spans.append((int((work / "t0").read_text()), int((work / "t1").read_text())))
+            edges = sorted([(t0, 1) for t0, _ in spans] + [(t1, -1) for _, t1 in spans])
+            running, peak = 0, 0
+            for _, step in edges:
+                running += step
+                peak = max(peak, running)
+            assert 1 <= peak <= cap, peak
+        finally:
+            assert c.stop() == 0, c.stderr()[-3000:]
