@@ -166,6 +166,10 @@ class Upstream:
         timeout_s: float = 10.0,
     ) -> None:
         self.server_url = server_url.rstrip("/")
+        if transport is None and self.server_url.startswith("http://"):
+            # No TLS to verify on http:// (and redirects are not followed): skip
+            # loading the CA bundle, ~30 ms of start-up before `ready`.
+            transport = httpx.AsyncHTTPTransport(verify=False)
         self._client = httpx.AsyncClient(
             base_url=self.server_url,
             headers={"Authorization": f"Bearer {token}", "User-Agent": "crew-computer"},
