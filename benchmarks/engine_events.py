@@ -7,7 +7,7 @@ Measured side by side in one run (interleaved rounds, so machine load hits all a
   launcher (NDJSON split → frame parse → event → step accounting → sink), i.e. the engine's share of
   the Computer's CPU per event, measured with `time.process_time`.
 
-Lines are the real OpenCode samples (`/work/shared/samples/opencode/*.stdout.jsonl`,
+Lines are the real OpenCode samples (`tests/samples/opencode/*.stdout.jsonl`,
 or synthetic sample-shaped lines when absent), repeated. Prints absolute
 medians (µs per event) and ratios to the floor. Target (quality.md): the whole
 event path ≤ 30 µs of Computer CPU per event — this shows the engine's part.
@@ -41,7 +41,7 @@ from computer_service.launcher_client import (  # noqa: E402
     split_lines,
 )
 
-SAMPLES = Path("/work/shared/samples/opencode")
+SAMPLES = Path(__file__).resolve().parents[1] / "tests" / "samples" / "opencode"
 TARGET_US = 30.0
 
 

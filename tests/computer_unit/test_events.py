@@ -12,14 +12,13 @@ from hypothesis import strategies as st
 
 from computer_service.engine.events import TEXT_LIMIT, cut_text, engine_event_of
 
-SAMPLES = Path("/work/shared/samples/opencode")
+SAMPLES = Path(__file__).resolve().parents[2] / "tests" / "samples" / "opencode"
 KNOWN = {"step_start", "text", "reasoning", "tool_use", "step_finish", "error"}
 
 
 def sample_files() -> list[Path]:
     files = sorted(SAMPLES.glob("*.stdout.jsonl"))
-    if not files:
-        pytest.skip("OpenCode samples not present")  # pragma: no cover
+    assert files, f"the OpenCode samples are missing from {SAMPLES}"
     return files
 
 

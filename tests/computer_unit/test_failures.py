@@ -11,7 +11,7 @@ from computer_service.engine.base import EngineEvent, FailureClass
 from computer_service.engine.events import engine_event_of
 from computer_service.engine.failures import RunOutcome, classify, redact
 
-SAMPLES = Path("/work/shared/samples/opencode")
+SAMPLES = Path(__file__).resolve().parents[2] / "tests" / "samples" / "opencode"
 
 
 def outcome_of(name: str, **override: object) -> RunOutcome:
