@@ -44,4 +44,3 @@ _HOME_VARS = (
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
