@@ -358,6 +358,7 @@ class Room(BaseModel):
     parent_room_id: str | None
     root_message_id: str | None
     parent_title: str | None
+    parent_kind: Literal["dm", "group"] | None
     root_message: Message | None
     muted: bool
     muted_until: str | None

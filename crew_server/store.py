@@ -601,12 +601,12 @@ class Store:
         members += [
             {"kind": "agent", "id": a, "name": n, "handle": h} for a, h, n in self._members(db, rid)
         ]
-        parent_title = None
+        parent_title = parent_kind = None
         root_message = None
         if kind == "thread" and parent_id is not None:
-            parent_title = db.execute(
-                "SELECT title FROM rooms WHERE id = ?", (parent_id,)
-            ).fetchone()[0]
+            parent_title, parent_kind = db.execute(
+                "SELECT title, kind FROM rooms WHERE id = ?", (parent_id,)
+            ).fetchone()
             if root_id is not None:
                 found = self._messages(db, "WHERE m.id = ?", (root_id,))
                 root_message = found[0] if found else None
@@ -627,6 +627,7 @@ class Store:
             "parent_room_id": parent_id,
             "root_message_id": root_id,
             "parent_title": parent_title,
+            "parent_kind": parent_kind,
             "root_message": root_message,
             "muted": muted,
             "muted_until": until,

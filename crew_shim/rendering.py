@@ -89,6 +89,10 @@ def room_header(room: Json, *, agent_id: str, tz: tzinfo) -> str:
     )
     if kind == "dm":
         head = "## Direct chat"
+    elif kind == "thread" and room.get("parent_kind") == "dm":
+        head = "## Thread in the direct chat"
+        if room.get("parent_room_id"):
+            head += f" (room {room['parent_room_id']})"
     elif kind == "thread":
         head = f"## Thread in group {_title(room.get('parent_title'))}"
         if room.get("parent_room_id"):

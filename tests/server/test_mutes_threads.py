@@ -85,6 +85,7 @@ async def test_thread_of_creates_then_reuses_the_thread(world: World) -> None:
     room = await world.ok("GET", f"/api/rooms/{thread_id}")
     assert room["kind"] == "thread" and room["parent_room_id"] == group["id"]
     assert room["parent_title"] == "launch" and room["root_message"]["id"] == root["id"]
+    assert room["parent_kind"] == "group"
     assert room["root_message_id"] == root["id"]
     assert (await world.ok("GET", f"/api/rooms/{group['id']}"))["root_message_id"] is None
     assert [m["handle"] for m in room["members"]] == [None, "alice", "bob"]

@@ -248,6 +248,7 @@ async def test_a_task_in_a_dm_has_a_thread_its_agent_follows(world: World) -> No
         "thread": ["User created task #1."],
     }
     assert rooms["thread"]["room"]["parent_room_id"] == dm["id"]
+    assert rooms["thread"]["room"]["parent_kind"] == "dm"
     assert rooms["thread"]["room"]["root_message"]["id"] == task["host_message_id"]
     # the user writes in the task's thread: the dm's agent is woken and gets it
     before = world.cursor()

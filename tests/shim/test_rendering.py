@@ -199,6 +199,25 @@ def test_thread_section_cuts_the_root_message() -> None:
     assert f"{'y' * ROOT_BODY_LIMIT} (id" in short and "…" not in short
 
 
+def test_a_task_thread_in_a_dm_names_the_direct_chat() -> None:
+    dm_id = "d1d10000-0000-4000-8000-00000000bbbb"
+    thread = group(
+        id=THREAD,
+        kind="thread",
+        title=None,
+        members=[USER, ALICE_AUTHOR],
+        parent_room_id=dm_id,
+        parent_title=None,
+        parent_kind="dm",
+        root_message=msg(3, USER, "write the report", room_id=dm_id),
+    )
+    text = render_rooms([{"room": thread, "messages": []}], agent_id=ALICE, tz=TZ)
+    assert text.split("\n")[0] == (
+        f"## Thread in the direct chat (room {dm_id}) — members: User (user), Alice (@alice, you)"
+    )
+    assert "untitled" not in text
+
+
 def test_held_and_sent_texts() -> None:
     held = render_held(
         {
