@@ -5,6 +5,8 @@ from __future__ import annotations
 import shutil
 from typing import Any
 
+import orjson
+
 from tests.computer.computer_proc import ComputerProc, wait_for
 from tests.support.ci import required_in_ci
 
@@ -35,3 +37,8 @@ def usable(c: ComputerProc) -> dict[str, Any]:
 def read_positions(server: Any, agent_id: str) -> dict[str, tuple[int, int]]:
     """`{room_id: (delivered_seq, read_seq)}` of an agent."""
     return {p["room_id"]: (p["delivered_seq"], p["read_seq"]) for p in server.positions(agent_id)}
+
+
+def wake_event(agent_id: str) -> bytes:
+    """A well-formed SSE `wake` for `agent_id`, as a proxy injects it."""
+    return b"event: wake\ndata: " + orjson.dumps({"agent_id": agent_id}) + b"\n\n"

@@ -16,11 +16,10 @@ import subprocess
 import sys
 from typing import Any
 
-import orjson
 import pytest
 
 from tests.computer.computer_proc import bootstrap_for, launch, machine, wait_for
-from tests.faults.chain import finished, need_sandbox, read_positions, usable
+from tests.faults.chain import finished, need_sandbox, read_positions, usable, wake_event
 from tests.faults.sse_proxy import SSEProxy
 
 pytestmark = pytest.mark.timeout(120)
@@ -109,10 +108,6 @@ def test_bootstrap_garbage_exits_1_with_one_line_and_no_token(line: bytes, expec
     assert SECRET not in err and "4711" not in err
 
 
-def _wake(agent_id: str) -> bytes:
-    return b"event: wake\ndata: " + orjson.dumps({"agent_id": agent_id}) + b"\n\n"
-
-
 def test_a_garbled_event_stream_is_logged_and_the_next_good_wake_handled(
     crew_server: Any,
 ) -> None:
@@ -150,7 +145,7 @@ def test_a_garbled_event_stream_is_logged_and_the_next_good_wake_handled(
                 ),
             )
             crew_server.post(dm["id"], "after the garbage")
-            proxy.inject(_wake(agent["id"]))
+            proxy.inject(wake_event(agent["id"]))
             [turn] = finished(crew_server, agent["id"], 1)
             assert turn["status"] == "succeeded", turn
             assert len(proxy.streams) == 1  # nothing in there needed a reconnect
@@ -174,7 +169,7 @@ def test_a_garbled_event_stream_is_logged_and_the_next_good_wake_handled(
             wait_for("a third stream", lambda: len(proxy.streams) == 3)
             assert proxy.streams[2].get("last-event-id") == "77"
             crew_server.post(dm["id"], "the last one")
-            proxy.inject(_wake(agent["id"]))
+            proxy.inject(wake_event(agent["id"]))
             turns = finished(crew_server, agent["id"], 3)
             assert [t["status"] for t in turns] == ["succeeded"] * 3
 
@@ -186,7 +181,7 @@ def test_a_garbled_event_stream_is_logged_and_the_next_good_wake_handled(
             assert [r.get("last-event-id") for r in proxy.refused] == ["abc"]
             assert "last-event-id" not in proxy.streams[3]
             crew_server.post(dm["id"], "after a refused id")
-            proxy.inject(_wake(agent["id"]))
+            proxy.inject(wake_event(agent["id"]))
             turns = finished(crew_server, agent["id"], 4)
             assert [t["status"] for t in turns] == ["succeeded"] * 4
             assert "after a refused id" in crew_server.turn(turns[3]["id"])["input"]
@@ -214,13 +209,13 @@ def test_garbled_answers_from_the_server_are_logged_and_nothing_is_lost(crew_ser
             # The claim's answer is garbage: no turn; the messages stay unread.
             proxy.garble("POST", "/unread")
             first = crew_server.post(dm["id"], "claimed but garbled")
-            proxy.inject(_wake(agent["id"]))
+            proxy.inject(wake_event(agent["id"]))
             wait_for(
                 "the failed claim logged", lambda: "claiming unread messages failed" in c.stderr()
             )
             assert crew_server.turns(agent["id"]) == []
             assert read_positions(crew_server, agent["id"])[dm["id"]] == (first["seq"], 0)
-            proxy.inject(_wake(agent["id"]))
+            proxy.inject(wake_event(agent["id"]))
             [turn] = finished(crew_server, agent["id"], 1)
             assert turn["status"] == "succeeded", turn
             assert "claimed but garbled" in crew_server.turn(turn["id"])["input"]
@@ -230,7 +225,7 @@ def test_garbled_answers_from_the_server_are_logged_and_nothing_is_lost(crew_ser
             proxy.inject(b"event: agents\ndata: {}\n\n")
             wait_for("a new stream", lambda: len(proxy.streams) == 2)
             second = crew_server.post(dm["id"], "after the garbled list")
-            proxy.inject(_wake(agent["id"]))
+            proxy.inject(wake_event(agent["id"]))
             turns = finished(crew_server, agent["id"], 2)
             assert [t["status"] for t in turns] == ["succeeded", "succeeded"]
             assert read_positions(crew_server, agent["id"])[dm["id"]] == (second["seq"],) * 2

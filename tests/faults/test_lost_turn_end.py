@@ -16,9 +16,8 @@ from typing import Any
 import pytest
 
 from tests.computer.computer_proc import bootstrap_for, launch, machine, wait_for
-from tests.faults.chain import finished, need_sandbox, read_positions, usable
+from tests.faults.chain import finished, need_sandbox, read_positions, usable, wake_event
 from tests.faults.sse_proxy import SSEProxy
-from tests.faults.test_bad_input import _wake
 from tests.support.crew_server_proc import start_crew_server
 
 pytestmark = pytest.mark.timeout(150)
@@ -81,9 +80,9 @@ def test_a_garbled_turn_registration_does_not_leave_a_running_turn(crew_server: 
             wait_for("the event stream", lambda: proxy.streams)
             proxy.garble("POST", "/turns")
             crew_server.post(dm["id"], "registered but garbled")
-            proxy.inject(_wake(agent["id"]))
+            proxy.inject(wake_event(agent["id"]))
             wait_for("the failed registration", lambda: "registering the turn failed" in c.stderr())
-            proxy.inject(_wake(agent["id"]))
+            proxy.inject(wake_event(agent["id"]))
             turns = finished(crew_server, agent["id"], 2)
             assert [t["status"] for t in turns] == ["interrupted", "succeeded"]
             statuses = [t["status"] for t in crew_server.turns(agent["id"])]

@@ -17,6 +17,7 @@ import uvicorn
 from starlette.types import Receive, Scope, Send
 
 from sandbox_launcher.server import peer_checked_protocol, peer_uid
+from tests.support.ci import required_in_ci
 
 RAW_GET = (
     "import socket,sys\n"
@@ -96,6 +97,6 @@ async def test_same_user_is_served_other_uid_is_cut_off(open_dir: Path) -> None:
 @pytest.mark.anyio
 async def test_a_real_other_user_is_cut_off(open_dir: Path) -> None:
     if os.getuid() != 0 or not os.path.exists("/usr/bin/python3"):
-        pytest.skip("needs root to act as another user (covered by the uid test above)")
+        required_in_ci("root and /usr/bin/python3 (to act as another user)")
     refused = await _serve_and_get(open_dir / "c.sock", 0, 65534)
     assert refused == "connected\n"  # the socket was reached, then closed without a byte
