@@ -9,9 +9,10 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.config import SchemathesisConfig
 
+from crew_server.api.routes import OPS
 from crew_server.app import create_app
 from crew_server.clock import Clock
-from crew_server.openapi import OPS, render
+from crew_server.openapi import render
 from crew_server.store import Store
 
 OPENAPI = Path(__file__).resolve().parents[2] / "openapi" / "upstream.yaml"

@@ -13,8 +13,9 @@ import orjson
 from pydantic import BaseModel, TypeAdapter
 
 from crew_server import models as m
+from crew_server.api.operation import Op
+from crew_server.api.routes import OPS
 from crew_server.clock import Clock
-from crew_server.openapi import OPS, Op
 from crew_server.store import Store
 
 _OPERATIONS = [

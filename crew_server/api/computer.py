@@ -1,0 +1,254 @@
+"""What the Computer calls (`/computer/...`, computer token): connect, its agents and
+their problems, the event stream, unread claims, turns and their events."""
+
+from __future__ import annotations
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from crew_server import models as m
+from crew_server.api.http import Context, json_response, no_content, read_body
+from crew_server.api.operation import Op
+from crew_server.api.stream import event_stream
+from crew_server.clock import iso
+from crew_server.errors import Conflict, Invalid
+
+
+async def connect(ctx: Context, request: Request) -> Response:
+    """A new connection epoch for this Computer."""
+    computer_id = ctx.computer(request)
+    body = await read_body(request, m.Connect)
+    return json_response(
+        ctx.store.connect(computer_id, body.hostname, body.platform, body.version, body.capacity)
+    )
+
+
+async def events(ctx: Context, request: Request) -> Response:
+    """The Computer's SSE stream."""
+    computer_id = ctx.computer(request)
+    return event_stream(
+        ctx.store, ctx.hub, computer_id, request.headers.get("last-event-id"), ctx.ping_seconds
+    )
+
+
+async def agents(ctx: Context, request: Request) -> Response:
+    """The agents assigned to this Computer."""
+    return json_response(ctx.store.computer_agents(ctx.computer(request)))
+
+
+async def put_models(ctx: Context, request: Request) -> Response:
+    """The models this Computer can run."""
+    computer_id = ctx.computer(request)
+    body = await read_body(request, m.ModelsPut)
+    ctx.store.set_models(computer_id, body.models)
+    return no_content()
+
+
+async def put_problem(ctx: Context, request: Request) -> Response:
+    """Why an agent cannot run."""
+    computer_id = ctx.computer(request)
+    body = await read_body(request, m.ProblemPut)
+    ctx.store.set_problem(computer_id, request.path_params["agent_id"], body.reason)
+    return no_content()
+
+
+async def delete_problem(ctx: Context, request: Request) -> Response:
+    """The agent can run again."""
+    ctx.store.set_problem(ctx.computer(request), request.path_params["agent_id"], None)
+    return no_content()
+
+
+async def agent_token(ctx: Context, request: Request) -> Response:
+    """A new agent token."""
+    token = ctx.store.issue_agent_token(ctx.computer(request), request.path_params["agent_id"])
+    return json_response({"token": token})
+
+
+async def claim_unread(ctx: Context, request: Request) -> Response:
+    """The agent's unread messages by room, now delivered."""
+    rooms, more = ctx.store.claim_unread(ctx.computer(request), request.path_params["agent_id"])
+    return json_response({"rooms": rooms, "more": more})
+
+
+async def register_turn(ctx: Context, request: Request) -> Response:
+    """A new running turn: its id and fence."""
+    computer_id = ctx.computer(request)
+    body = await read_body(request, m.TurnRegister)
+    registered = ctx.store.register_turn(
+        computer_id,
+        request.path_params["agent_id"],
+        [r.model_dump() for r in body.rooms],
+        body.input,
+        body.engine,
+        body.model,
+        body.session_id,
+    )
+    return json_response(registered, 201)
+
+
+async def turn_events(ctx: Context, request: Request) -> Response:
+    """A batch of engine events, numbered from `first_index`."""
+    computer_id = ctx.computer(request)
+    body = await read_body(request, m.EventsBatch)
+    for offset, item in enumerate(body.events):
+        if item.index is not None and item.index != body.first_index + offset:
+            raise Conflict(
+                f"event {offset} has index {item.index} but first_index makes it "
+                f"{body.first_index + offset}; number events from first_index"
+            )
+    stored = []
+    for offset, item in enumerate(body.events):
+        try:
+            data = orjson.dumps(item.data).decode()
+        except orjson.JSONEncodeError as exc:  # e.g. an integer beyond 64 bits
+            raise Invalid(f"events.{offset}.data cannot be stored: {exc}") from exc
+        stored.append({"type": item.type, "at": iso(item.at), "data_json": data})
+    ctx.store.add_events(
+        computer_id, request.path_params["turn_id"], body.fence, body.first_index, stored
+    )
+    return no_content()
+
+
+async def finish_turn(ctx: Context, request: Request) -> Response:
+    """The turn's result and usage."""
+    computer_id = ctx.computer(request)
+    body = await read_body(request, m.TurnFinish)
+    ctx.store.finish_turn(
+        computer_id,
+        request.path_params["turn_id"],
+        body.fence,
+        body.status,
+        body.failure.model_dump(by_alias=True) if body.failure else None,
+        body.usage.model_dump() if body.usage else None,
+    )
+    return no_content()
+
+
+async def ack(ctx: Context, request: Request) -> Response:
+    """The turn handled its messages: read := delivered."""
+    computer_id = ctx.computer(request)
+    body = await read_body(request, m.Ack)
+    ctx.store.ack(computer_id, request.path_params["agent_id"], body.turn_id, body.fence)
+    return no_content()
+
+
+OPS: list[Op] = [
+    Op(
+        "post",
+        "/computer/connect",
+        "connect",
+        "Confirm the credential; get a new connection epoch (older running turns become interrupted).",
+        "computer",
+        m.Connect,
+        answer=m.ConnectAnswer,
+        handler=connect,
+    ),
+    Op(
+        "get",
+        "/computer/events",
+        "computerEvents",
+        "SSE: `wake` {agent_id}, `agents` {agent_id}, `ping` {} every 15 s; `id:` on every event; "
+        "send `Last-Event-ID` to replay what was missed.",
+        "computer",
+        handler=events,
+    ),
+    Op(
+        "get",
+        "/computer/agents",
+        "computerAgents",
+        "The agents assigned to this Computer.",
+        "computer",
+        answer=m.Agent,
+        many=True,
+        handler=agents,
+    ),
+    Op(
+        "put",
+        "/computer/models",
+        "putModels",
+        "The models this Computer can run.",
+        "computer",
+        m.ModelsPut,
+        status=204,
+        handler=put_models,
+    ),
+    Op(
+        "put",
+        "/computer/agents/{agent_id}/problem",
+        "putProblem",
+        "Why this agent cannot run.",
+        "computer",
+        m.ProblemPut,
+        status=204,
+        handler=put_problem,
+    ),
+    Op(
+        "delete",
+        "/computer/agents/{agent_id}/problem",
+        "deleteProblem",
+        "The agent can run again.",
+        "computer",
+        status=204,
+        handler=delete_problem,
+    ),
+    Op(
+        "post",
+        "/computer/agents/{agent_id}/token",
+        "agentToken",
+        "A new agent token; older ones stay valid until the Computer reconnects.",
+        "computer",
+        answer=m.TokenAnswer,
+        handler=agent_token,
+    ),
+    Op(
+        "post",
+        "/computer/agents/{agent_id}/unread",
+        "claimUnread",
+        "Unread messages by room (after the read position); marks them delivered.",
+        "computer",
+        answer=m.UnreadAnswer,
+        handler=claim_unread,
+    ),
+    Op(
+        "post",
+        "/computer/agents/{agent_id}/turns",
+        "registerTurn",
+        "Record a new running turn → its id and fence.",
+        "computer",
+        m.TurnRegister,
+        status=201,
+        answer=m.TurnRegistered,
+        handler=register_turn,
+    ),
+    Op(
+        "post",
+        "/computer/agents/{agent_id}/ack",
+        "ack",
+        "The turn handled its messages: read := delivered.",
+        "computer",
+        m.Ack,
+        status=204,
+        handler=ack,
+    ),
+    Op(
+        "post",
+        "/computer/turns/{turn_id}/events",
+        "turnEvents",
+        "A batch of engine events from `first_index`; a jump leaves a recorded gap.",
+        "computer",
+        m.EventsBatch,
+        status=204,
+        handler=turn_events,
+    ),
+    Op(
+        "post",
+        "/computer/turns/{turn_id}/finish",
+        "finishTurn",
+        "The turn's result and usage.",
+        "computer",
+        m.TurnFinish,
+        status=204,
+        handler=finish_turn,
+    ),
+]

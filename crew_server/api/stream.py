@@ -1,0 +1,124 @@
+"""The Computer's event stream (SSE): the hub that wakes open streams, replay, pings.
+
+A Computer holds `GET /computer/events` open. The store tells the hub which
+Computers got new events after each commit; the hub wakes their streams, which
+read the events after their cursor. A stream idle for `ping_seconds` sends a
+`ping`; `Last-Event-ID` resumes after what the Computer already saw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import anyio
+import orjson
+from starlette.responses import StreamingResponse
+
+from crew_server.errors import Invalid
+from crew_server.store import Store
+
+PING_SECONDS = 15.0
+
+
+class EventHub:
+    """Wakes the SSE streams of a Computer when the store committed events for it."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[str, set[asyncio.Event]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.closed = False
+
+    def close(self) -> None:
+        """The server is stopping: end every stream (they would hold the shutdown forever).
+
+        Safe to call from a signal handler or another thread.
+        """
+        self.closed = True
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._set, set(self._waiting))
+
+    def subscribe(self, computer_id: str) -> asyncio.Event:
+        """A flag set whenever this Computer gets new events."""
+        self._loop = asyncio.get_running_loop()
+        flag = asyncio.Event()
+        self._waiting.setdefault(computer_id, set()).add(flag)
+        return flag
+
+    def unsubscribe(self, computer_id: str, flag: asyncio.Event) -> None:
+        """Forget a stream's flag (the stream ended)."""
+        flags = self._waiting.get(computer_id)
+        if flags is not None:
+            flags.discard(flag)
+            if not flags:
+                del self._waiting[computer_id]
+
+    def notify(self, computer_ids: set[str]) -> None:
+        """Called by the store after a commit, possibly from another thread."""
+        loop = self._loop
+        if loop is None:
+            return
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            self._set(computer_ids)
+        elif not loop.is_closed():
+            loop.call_soon_threadsafe(self._set, computer_ids)
+
+    def _set(self, computer_ids: set[str]) -> None:
+        for computer_id in computer_ids:
+            for flag in self._waiting.get(computer_id, ()):
+                flag.set()
+
+
+def event_stream(
+    store: Store, hub: EventHub, computer_id: str, last_event_id: str | None, ping_seconds: float
+) -> StreamingResponse:
+    """The open SSE answer for a Computer, resuming after `last_event_id` (the header's value)."""
+    raw = (last_event_id or "").strip()
+    if raw and not (raw.isascii() and raw.isdigit()):
+        raise Invalid("Last-Event-ID must be an id this server sent (an integer)")
+    # An id from before a database reset would hide every new event: start afresh.
+    # One older than the replay log: wake every agent of this Computer first.
+    cursor, lost = store.replay_start(computer_id, int(raw) if raw else None)
+    flag = hub.subscribe(computer_id)
+
+    async def stream() -> AsyncIterator[bytes]:
+        nonlocal cursor
+        # A comment opens the stream at once (clients see the 200 without waiting for
+        # an event); the reconnect delay rides on the first real event.
+        retry = "retry: 2000\n"
+        try:
+            yield b": connected\n\n"
+            if lost is not None:
+                # The agent list may have changed too: `agents` (agent_id null) first.
+                resync = [("agents", None), *(("wake", a) for a in lost)]
+                for event, agent_id in resync:
+                    data = orjson.dumps({"agent_id": agent_id}).decode()
+                    yield f"{retry}id: {cursor}\nevent: {event}\ndata: {data}\n\n".encode()
+                    retry = ""
+            while not hub.closed:
+                flag.clear()
+                rows = store.events_after(computer_id, cursor)
+                for event_id, event, data in rows:
+                    cursor = event_id
+                    yield f"{retry}id: {event_id}\nevent: {event}\ndata: {data}\n\n".encode()
+                    retry = ""
+                if rows:
+                    continue
+                with anyio.move_on_after(ping_seconds) as waited:
+                    await flag.wait()
+                if waited.cancelled_caught:
+                    yield f"{retry}id: {cursor}\nevent: ping\ndata: {{}}\n\n".encode()
+                    retry = ""
+        finally:
+            hub.unsubscribe(computer_id, flag)
+
+    return StreamingResponse(
+        stream(),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )

@@ -1,0 +1,390 @@
+"""What the user calls (`/api/...`, user token; none with --dev): Computers, agents,
+rooms and messages, turns, tasks, and the dev clock."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from crew_server import models as m
+from crew_server.api.http import (
+    Context,
+    int_param,
+    json_response,
+    no_content,
+    read_body,
+    task_number,
+    uuid_param,
+)
+from crew_server.api.operation import SEQ, UUID, Op
+from crew_server.clock import iso
+from crew_server.errors import NotFound, Refused
+
+
+async def create_computer(ctx: Context, request: Request) -> Response:
+    """A Computer credential (token shown once)."""
+    ctx.user(request)
+    body = await read_body(request, m.ComputerCreate)
+    computer_id, token = ctx.store.create_computer(body.name)
+    return json_response({"computer_id": computer_id, "token": token}, 201)
+
+
+async def list_computers(ctx: Context, request: Request) -> Response:
+    """Computers and what they reported."""
+    ctx.user(request)
+    return json_response(ctx.store.list_computers())
+
+
+async def create_agent(ctx: Context, request: Request) -> Response:
+    """A new agent."""
+    ctx.user(request)
+    body = await read_body(request, m.AgentCreate)
+    created = ctx.store.create_agent(
+        body.handle, body.name, body.persona, body.model, body.engine, body.computer_id
+    )
+    return json_response(created, 201)
+
+
+async def patch_agent(ctx: Context, request: Request) -> Response:
+    """Change an agent's settings."""
+    ctx.user(request)
+    body = await read_body(request, m.AgentPatch)
+    # null means "no change", except computer_id: null takes the agent off its Computer
+    changes = {
+        k: v
+        for k, v in body.model_dump(exclude_unset=True).items()
+        if v is not None or k == "computer_id"
+    }
+    return json_response(ctx.store.update_agent(request.path_params["agent_id"], changes))
+
+
+async def list_agents(ctx: Context, request: Request) -> Response:
+    """Agents with status and problem."""
+    ctx.user(request)
+    return json_response(ctx.store.list_agents())
+
+
+async def positions(ctx: Context, request: Request) -> Response:
+    """An agent's delivered and read positions per room."""
+    ctx.user(request)
+    return json_response(ctx.store.positions(request.path_params["agent_id"]))
+
+
+async def unmute(ctx: Context, request: Request) -> Response:
+    """The user unmutes an agent."""
+    ctx.user(request)
+    ctx.store.unmute(request.path_params["agent_id"], request.path_params["room_id"])
+    return no_content()
+
+
+async def create_room(ctx: Context, request: Request) -> Response:
+    """A dm (200 with the existing one) or a group."""
+    ctx.user(request)
+    body = await read_body(request, m.RoomCreate)
+    room, created = ctx.store.create_room(body.kind, body.title, body.agent_ids)
+    return json_response(room, 201 if created else 200)
+
+
+async def list_rooms(ctx: Context, request: Request) -> Response:
+    """Dms and groups."""
+    ctx.user(request)
+    return json_response(ctx.store.list_rooms())
+
+
+async def get_room(ctx: Context, request: Request) -> Response:
+    """One room."""
+    ctx.user(request)
+    return json_response(ctx.store.get_room(request.path_params["room_id"]))
+
+
+async def post_message(ctx: Context, request: Request) -> Response:
+    """The user posts."""
+    ctx.user(request)
+    body = await read_body(request, m.MessageCreate)
+    message = ctx.store.user_post(request.path_params["room_id"], body.body, body.thread_of)
+    return json_response(message, 201)
+
+
+async def list_messages(ctx: Context, request: Request) -> Response:
+    """Messages after `after_seq`."""
+    ctx.user(request)
+    after = int_param(request, "after_seq", 0, 0, 2**53)
+    limit = int_param(request, "limit", 500, 1, 1000)
+    return json_response(ctx.store.list_messages(request.path_params["room_id"], after, limit))
+
+
+async def list_turns(ctx: Context, request: Request) -> Response:
+    """Turns without events, newest first."""
+    ctx.user(request)
+    limit = int_param(request, "limit", 100, 1, 1000)
+    return json_response(ctx.store.list_turns(uuid_param(request, "agent_id"), limit))
+
+
+async def get_turn(ctx: Context, request: Request) -> Response:
+    """A turn with its events."""
+    ctx.user(request)
+    return json_response(ctx.store.get_turn(request.path_params["turn_id"]))
+
+
+async def list_tasks(ctx: Context, request: Request) -> Response:
+    """Tasks (of a room when given)."""
+    actor = ctx.user(request)
+    return json_response(ctx.store.list_tasks(actor, uuid_param(request, "room_id")))
+
+
+async def create_task(ctx: Context, request: Request) -> Response:
+    """A task, as the user."""
+    actor = ctx.user(request)
+    body = await read_body(request, m.TaskCreate)
+    return json_response(ctx.store.create_task(actor, body.room_id, body.title, body.assignee), 201)
+
+
+async def convert_task(ctx: Context, request: Request) -> Response:
+    """Make a message a task, as the user."""
+    actor = ctx.user(request)
+    body = await read_body(request, m.TaskConvert)
+    return json_response(ctx.store.convert_task(actor, body.message_id, body.assignee), 201)
+
+
+async def task_status(ctx: Context, request: Request) -> Response:
+    """Move a task, as the user."""
+    actor = ctx.user(request)
+    body = await read_body(request, m.TaskStatusSet)
+    return json_response(
+        ctx.store.set_task_status(actor, task_number(request), body.status, body.note, body.room_id)
+    )
+
+
+async def assign_task(ctx: Context, request: Request) -> Response:
+    """Assign a task, as the user."""
+    actor = ctx.user(request)
+    body = await read_body(request, m.TaskAssign)
+    return json_response(
+        ctx.store.assign_task(actor, task_number(request), body.assignee, body.room_id)
+    )
+
+
+async def dev_clock(ctx: Context, request: Request) -> Response:
+    """--dev only: move the clock forward and fire what is due."""
+    ctx.user(request)
+    if not ctx.dev:
+        raise NotFound("the clock hook exists only on a server started with --dev")
+    body = await read_body(request, m.DevClock)
+    try:
+        now = ctx.clock.advance(body.advance_seconds)
+    except (ValueError, OverflowError) as exc:
+        raise Refused(str(exc)) from exc
+    fired = ctx.scheduler.run_due()
+    ctx.scheduler.poke()
+    return json_response({"now": iso(now), "fired": fired})
+
+
+OPS: list[Op] = [
+    Op(
+        "post",
+        "/api/computers",
+        "createComputer",
+        "A Computer credential (token shown once).",
+        "user",
+        m.ComputerCreate,
+        status=201,
+        answer=m.ComputerCreated,
+        handler=create_computer,
+    ),
+    Op(
+        "get",
+        "/api/computers",
+        "listComputers",
+        "Computers and what they reported.",
+        "user",
+        answer=m.ComputerInfo,
+        many=True,
+        handler=list_computers,
+    ),
+    Op(
+        "post",
+        "/api/agents",
+        "createAgent",
+        "A new agent (its Computer gets `agents`).",
+        "user",
+        m.AgentCreate,
+        status=201,
+        answer=m.Agent,
+        handler=create_agent,
+    ),
+    Op(
+        "get",
+        "/api/agents",
+        "listAgents",
+        "Agents with status (from turns) and problem.",
+        "user",
+        answer=m.AgentWithStatus,
+        many=True,
+        handler=list_agents,
+    ),
+    Op(
+        "patch",
+        "/api/agents/{agent_id}",
+        "patchAgent",
+        "Change settings (its Computer, old and new, gets `agents`).",
+        "user",
+        m.AgentPatch,
+        answer=m.Agent,
+        handler=patch_agent,
+    ),
+    Op(
+        "get",
+        "/api/agents/{agent_id}/positions",
+        "agentPositions",
+        "Delivered and read positions per room.",
+        "user",
+        answer=m.Position,
+        many=True,
+        handler=positions,
+    ),
+    Op(
+        "delete",
+        "/api/agents/{agent_id}/mutes/{room_id}",
+        "userUnmute",
+        "The user unmutes an agent (wakes nobody).",
+        "user",
+        status=204,
+        handler=unmute,
+    ),
+    Op(
+        "post",
+        "/api/rooms",
+        "createRoom",
+        "A dm (one agent; 200 with the existing one) or a group.",
+        "user",
+        m.RoomCreate,
+        status=201,
+        answer=m.Room,
+        extra={"200": m.Room},
+        handler=create_room,
+    ),
+    Op(
+        "get",
+        "/api/rooms",
+        "listRooms",
+        "Dms and groups.",
+        "user",
+        answer=m.Room,
+        many=True,
+        handler=list_rooms,
+    ),
+    Op(
+        "get",
+        "/api/rooms/{room_id}",
+        "getRoom",
+        "One room (threads too).",
+        "user",
+        answer=m.Room,
+        handler=get_room,
+    ),
+    Op(
+        "post",
+        "/api/rooms/{room_id}/messages",
+        "postMessage",
+        "The user posts (in the thread of `thread_of`, created when missing).",
+        "user",
+        m.MessageCreate,
+        status=201,
+        answer=m.Message,
+        handler=post_message,
+    ),
+    Op(
+        "get",
+        "/api/rooms/{room_id}/messages",
+        "listMessages",
+        "Messages after `after_seq`.",
+        "user",
+        answer=m.Message,
+        many=True,
+        query=(("after_seq", SEQ), ("limit", {"type": "integer", "minimum": 1, "maximum": 1000})),
+        handler=list_messages,
+    ),
+    Op(
+        "get",
+        "/api/turns",
+        "listTurns",
+        "Turns without events, newest first.",
+        "user",
+        answer=m.Turn,
+        many=True,
+        query=(("agent_id", UUID), ("limit", {"type": "integer", "minimum": 1, "maximum": 1000})),
+        handler=list_turns,
+    ),
+    Op(
+        "get",
+        "/api/turns/{turn_id}",
+        "getTurn",
+        "A turn with its events.",
+        "user",
+        answer=m.TurnWithEvents,
+        handler=get_turn,
+    ),
+    Op(
+        "get",
+        "/api/tasks",
+        "listTasks",
+        "Tasks (of a room when given).",
+        "user",
+        answer=m.Task,
+        many=True,
+        query=(("room_id", UUID),),
+        handler=list_tasks,
+    ),
+    Op(
+        "post",
+        "/api/tasks",
+        "createTask",
+        "As the agent endpoint, acting as the user.",
+        "user",
+        m.TaskCreate,
+        status=201,
+        answer=m.Task,
+        handler=create_task,
+    ),
+    Op(
+        "post",
+        "/api/tasks/convert",
+        "convertTask",
+        "As the agent endpoint, acting as the user.",
+        "user",
+        m.TaskConvert,
+        status=201,
+        answer=m.Task,
+        handler=convert_task,
+    ),
+    Op(
+        "post",
+        "/api/tasks/{number}/status",
+        "taskStatus",
+        "Move a task as the user.",
+        "user",
+        m.TaskStatusSet,
+        answer=m.Task,
+        handler=task_status,
+    ),
+    Op(
+        "post",
+        "/api/tasks/{number}/assign",
+        "assignTask",
+        "Assign a task as the user.",
+        "user",
+        m.TaskAssign,
+        answer=m.Task,
+        handler=assign_task,
+    ),
+    Op(
+        "post",
+        "/api/dev/clock",
+        "devClock",
+        "--dev only: move the server clock forward and fire due reminders.",
+        "user",
+        m.DevClock,
+        answer=m.ClockAnswer,
+        handler=dev_clock,
+    ),
+]
