@@ -130,6 +130,8 @@ async def unmute(ctx: Context, request: Request) -> Response:
     return no_content()
 
 
+# This caller's rows of the route table (`routes.OPS` joins them): the app serves them,
+# `crew_server.openapi` documents them.
 OPS: list[Op] = [
     Op(
         "post",

@@ -133,6 +133,8 @@ async def ack(ctx: Context, request: Request) -> Response:
     return no_content()
 
 
+# This caller's rows of the route table (`routes.OPS` joins them): the app serves them,
+# `crew_server.openapi` documents them.
 OPS: list[Op] = [
     Op(
         "post",

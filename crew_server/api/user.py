@@ -179,6 +179,8 @@ async def dev_clock(ctx: Context, request: Request) -> Response:
     return json_response({"now": iso(now), "fired": fired})
 
 
+# This caller's rows of the route table (`routes.OPS` joins them): the app serves them,
+# `crew_server.openapi` documents them.
 OPS: list[Op] = [
     Op(
         "post",
