@@ -328,6 +328,7 @@ class IntrospectionServer:
         config.load()
         server = uvicorn.Server(config)
         # We drive startup/shutdown ourselves: uvicorn's serve() would take over the signals.
+        # Not public API: tests/common/test_uvicorn_pin.py checks it for the pinned uvicorn.
         server.lifespan = config.lifespan_class(config)
         await server.startup(sockets=[self._sock])
         self._server = server

@@ -64,6 +64,7 @@ class LauncherServer(uvicorn.Server):
     async def main_loop(self) -> None:
         # uvicorn looks at should_exit every 100 ms; an idle launcher should not
         # wake up at all, so it sleeps until request_exit() says otherwise.
+        # Not public API: tests/common/test_uvicorn_pin.py checks it for the pinned uvicorn.
         self._exit_requested = asyncio.Event()
         self._loop = asyncio.get_running_loop()
         await self.on_tick(0)  # the default headers, once (no Date header to keep fresh)
