@@ -43,7 +43,6 @@ import orjson  # noqa: E402
 from computer_service.__main__ import read_bootstrap_line  # noqa: E402
 from computer_service.bootstrap import Bootstrap, parse_bootstrap  # noqa: E402
 from computer_service.engine.base import (  # noqa: E402
-    AgentPaths,
     EngineEvent,
     SessionPlan,
     TurnRequest,
@@ -53,6 +52,7 @@ from computer_service.home import AgentHome, RunDirectory  # noqa: E402
 from computer_service.parts import LocalParts  # noqa: E402
 from computer_service.service import ComputerService, LauncherStatus  # noqa: E402
 from computer_service.upstream import AgentRecord  # noqa: E402
+from crew_common.layout import AgentPaths  # noqa: E402
 from tests.computer.computer_proc import (  # noqa: E402
     FAKE_OPENCODE,
     Machine,

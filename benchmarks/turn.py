@@ -59,7 +59,6 @@ import orjson
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from computer_service.engine.base import AgentPaths  # noqa: E402
 from computer_service.engine.opencode import (  # noqa: E402
     UserOpenCode,
     engine_env,
@@ -67,6 +66,7 @@ from computer_service.engine.opencode import (  # noqa: E402
     read_auth,
     read_user_providers,
 )
+from crew_common.layout import AgentPaths  # noqa: E402
 from crew_server.demo import LocalStack, local_stack, wait_for  # noqa: E402
 from crew_server.scripted_model import scenario  # noqa: E402
 from sandbox_launcher.backend import open_backend  # noqa: E402

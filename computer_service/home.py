@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 from computer_service import safe_fs
-from computer_service.engine.base import AgentPaths, SessionPlan
+from computer_service.engine.base import SessionPlan
 from computer_service.safe_fs import UnsafePath
 from computer_service.texts import (
     MEMORY_TEMPLATE,
@@ -33,6 +33,7 @@ from computer_service.texts import (
     render_agents_md,
     render_turn_input,
 )
+from crew_common.layout import NPM_STUB_LOCK, AgentPaths, bin_dir, run_dir
 
 log = logging.getLogger(__name__)
 
@@ -42,12 +43,6 @@ SESSION_FILE_LIMIT = 64 * 1024
 # edit session.json, and an id the launcher refuses would fail every turn from then on.
 SESSION_ID = re.compile(r"ses_[A-Za-z0-9]{1,100}")
 PRICE_TABLE_LIMIT = 32 * 1024 * 1024
-
-# Without this stub OpenCode forks `npm install @opencode-ai/plugin` into its
-# config dir on every run (samples/opencode/REPORT.md §1).
-NPM_STUB_LOCK = (
-    b'{"lockfileVersion":3,"packages":{"":{"dependencies":{"@opencode-ai/plugin":"*"}}}}\n'
-)
 
 
 class AgentHomeError(Exception):
@@ -188,17 +183,6 @@ class AgentHome:
                 f"cannot prepare the directories of agent @{self.agent.handle}: {_relative(exc, p)}"
             ) from exc
 
-    def write_token(self, token: str) -> None:
-        """Replace the token file (e.g. after a reconnect issued a new token)."""
-        try:
-            safe_fs.write_file_atomic(
-                self.paths.crew_home, self.paths.token_file, token.encode("utf-8")
-            )
-        except (UnsafePath, OSError) as exc:
-            raise AgentHomeError(
-                f"cannot write the token of agent @{self.agent.handle}: {_relative(exc, self.paths)}"
-            ) from exc
-
     def memory_size(self) -> int | None:
         """MEMORY.md's size in bytes; None when missing or not a regular file."""
         try:
@@ -263,8 +247,8 @@ class RunDirectory:
         self.crew_home = crew_home
         self.run_id = run_id
         self.interpreter = interpreter or sys.executable
-        self.path = crew_home / "runtime" / run_id
-        self.bin_dir = self.path / "bin"
+        self.path = run_dir(crew_home, run_id)
+        self.bin_dir = bin_dir(crew_home, run_id)
 
     def prepare(self) -> None:
         """Delete what earlier runs left in `runtime/`, create this run's dir and `bin/crew`.

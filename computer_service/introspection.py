@@ -8,14 +8,10 @@ another uid. `openapi/computer.yaml` documents the routes (a test checks).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
 import socket
-import stat
-import struct
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -31,9 +27,9 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from computer_service.metrics import Metrics
+from crew_common.unix_socket import bind_private_socket, peer_checked_h11
 
 log = logging.getLogger(__name__)
 
@@ -308,87 +304,6 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
 # --- serving on the Unix socket ----------------------------------------------
 
 
-class SocketInUse(Exception):
-    """Another Computer already answers on this crew home's socket."""
-
-
-def peer_uid(sock: socket.socket) -> int | None:
-    """The uid of the process on the other end of a Unix socket (None if unknown)."""
-    if sys.platform.startswith("linux"):
-        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        _pid, uid, _gid = struct.unpack("3i", creds)
-        return int(uid)
-    if sys.platform == "darwin":
-        # LOCAL_PEERCRED (SOL_LOCAL=0, 0x001) gives a struct xucred: version, uid, …
-        creds = sock.getsockopt(0, 0x001, struct.calcsize("IIh16I"))
-        _version, uid = struct.unpack_from("Ii", creds)
-        return int(uid)
-    return None
-
-
-def peer_checked_h11(allowed_uid: int) -> type[H11Protocol]:
-    """uvicorn's h11 protocol, closing connections from any uid but `allowed_uid` unanswered."""
-
-    class PeerCheckedH11Protocol(H11Protocol):
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            sock = transport.get_extra_info("socket")
-            uid = None
-            try:
-                uid = peer_uid(sock) if sock is not None else None
-            except OSError as exc:
-                log.warning("introspection: cannot read the peer's credentials: %s", exc)
-            if uid != allowed_uid:
-                log.warning("introspection: refused a connection from uid %s", uid)
-                self.transport = transport
-                transport.close()
-                return
-            super().connection_made(transport)
-
-    return PeerCheckedH11Protocol
-
-
-def bind_private_socket(path: Path) -> socket.socket:
-    """Bind a listening Unix socket at `path`: 0600, in a 0700 directory we own."""
-    directory = path.parent
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    info = os.lstat(directory)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-        raise OSError(f"{directory} is not a directory owned by this user: remove it and restart")
-    os.chmod(directory, 0o700)
-    if os.path.lexists(path):
-        if _answers(path):
-            raise SocketInUse(f"another Computer is already running on {path}: stop it first")
-        # A leftover of a Computer that did not stop cleanly.
-        os.unlink(path)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        # No window in which the socket exists with looser permissions.
-        old_umask = os.umask(0o177)
-        try:
-            sock.bind(str(path))
-        finally:
-            os.umask(old_umask)
-        os.chmod(path, 0o600)
-        sock.listen(128)
-        sock.setblocking(False)
-    except OSError:
-        sock.close()
-        raise
-    return sock
-
-
-def _answers(path: Path) -> bool:
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    probe.settimeout(1.0)
-    try:
-        probe.connect(str(path))
-    except OSError:
-        return False
-    finally:
-        probe.close()
-    return True
-
-
 class IntrospectionServer:
     """uvicorn serving the introspection app on the private socket; start, then stop."""
 
@@ -413,6 +328,7 @@ class IntrospectionServer:
         config.load()
         server = uvicorn.Server(config)
         # We drive startup/shutdown ourselves: uvicorn's serve() would take over the signals.
+        # Not public API: tests/common/test_uvicorn_pin.py checks it for the pinned uvicorn.
         server.lifespan = config.lifespan_class(config)
         await server.startup(sockets=[self._sock])
         self._server = server

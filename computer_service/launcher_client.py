@@ -87,6 +87,15 @@ class RunRequest(BaseModel):
     engine_args: EngineArgs
 
 
+class ModelsRequest(BaseModel):
+    """`POST /models` body: the OpenCode variables and the price table of `opencode models`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    env: dict[str, str]
+    price_table: str | None = None
+
+
 class StartedFrame(BaseModel):
     model_config = ConfigDict(extra="ignore")
     t: Literal["started"]
@@ -210,9 +219,10 @@ class LauncherClient:
             raise LauncherError("the launcher's /runs answer is not a list")
         return runs
 
-    async def models(self, timeout_s: float = 40.0) -> list[str]:
+    async def models(self, request: ModelsRequest, timeout_s: float = 40.0) -> list[str]:
         """`POST /models`: the `provider/model` lines of `opencode models`."""
-        answer = await self._request("POST", "/models", timeout=timeout_s)
+        body = orjson.dumps(request.model_dump(mode="json"))
+        answer = await self._request("POST", "/models", timeout=timeout_s, content=body)
         models = answer.get("models") if isinstance(answer, dict) else answer
         if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
             raise LauncherError("the launcher's /models answer is not a list of names")
@@ -264,10 +274,17 @@ class LauncherClient:
         except httpx.TransportError as exc:
             raise LauncherUnavailable(f"lost the launcher during a run: {exc}") from exc
 
-    async def _request(self, method: str, path: str, timeout: float | None = None) -> Any:
+    async def _request(
+        self, method: str, path: str, timeout: float | None = None, content: bytes | None = None
+    ) -> Any:
+        headers = {"Content-Type": "application/json"} if content is not None else None
         try:
             response = await self._client.request(
-                method, path, timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT
+                method,
+                path,
+                content=content,
+                headers=headers,
+                timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
             )
         except httpx.TransportError as exc:
             raise LauncherUnavailable(

@@ -8,24 +8,28 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 
 import anyio
 
+from computer_service import safe_fs
 from computer_service.bootstrap import Bootstrap
-from computer_service.engine.base import AgentPaths, Engine
-from computer_service.engine.opencode import OpenCodeEngine
-from computer_service.home import AgentHome, AgentHomeError, RunDirectory
+from computer_service.engine.base import Engine
+from computer_service.engine.opencode import OpenCodeEngine, UserOpenCode, model_listing_env
+from computer_service.home import PRICE_TABLE_LIMIT, AgentHome, AgentHomeError, RunDirectory
 from computer_service.launcher_client import (
     Frame,
     LauncherClient,
     LauncherError,
     LauncherProcess,
     LauncherUnavailable,
+    ModelsRequest,
     RunRequest,
     launcher_argv,
 )
+from computer_service.safe_fs import UnsafePath
 from computer_service.service import (
     AgentPreparationFailed,
     LauncherStatus,
@@ -33,8 +37,33 @@ from computer_service.service import (
     StartupFailed,
 )
 from computer_service.upstream import AgentRecord
+from crew_common.layout import AgentPaths
 
 log = logging.getLogger(__name__)
+
+
+def models_request(environ: Mapping[str, str]) -> ModelsRequest:
+    """What `opencode models` needs of the user's OpenCode setup, read here, not by the launcher.
+
+    The login and `provider` section exactly as a turn gets them, and the
+    user's price table (the model catalog); a table that cannot be read is
+    left out (logged): the listing then shows fewer models, it does not fail.
+    """
+    user = UserOpenCode.from_env(environ)
+    try:
+        prices = safe_fs.read_trusted_file(user.price_table, PRICE_TABLE_LIMIT)
+    except UnsafePath as exc:
+        log.warning("opencode models without your price table: %s", exc)
+        prices = None
+    price_table = None
+    if prices is not None:
+        try:
+            price_table = prices.decode("utf-8")
+        except UnicodeDecodeError:
+            log.warning(
+                "opencode models without your price table: %s is not UTF-8", user.price_table
+            )
+    return ModelsRequest(env=model_listing_env(user), price_table=price_table)
 
 
 class CurrentLauncher:
@@ -135,8 +164,9 @@ class LocalParts:
         """
         if self.client is None:
             raise LauncherUnavailable("the sandbox launcher is not running (it is being restarted)")
+        request = await anyio.to_thread.run_sync(models_request, os.environ)
         try:
-            return await self.client.models()
+            return await self.client.models(request)
         except LauncherUnavailable:
             raise
         except LauncherError as exc:

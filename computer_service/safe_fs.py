@@ -138,18 +138,6 @@ def ensure_dir(root: Path, path: PurePath | str, mode: int = 0o700) -> None:
         os.fchmod(fd, mode)
 
 
-def check_dir(root: Path, path: PurePath | str) -> bool:
-    """True when every level of `path` is a real directory; False when missing.
-
-    Raises `UnsafePath` for a symlink or a non-directory on the way.
-    """
-    try:
-        with open_dir(root, path):
-            return True
-    except FileNotFoundError:
-        return False
-
-
 def _split_file(root: Path, path: PurePath | str) -> tuple[tuple[str, ...], str]:
     parts = _parts(root, path)
     if not parts:

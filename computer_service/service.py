@@ -39,7 +39,6 @@ from computer_service.introspection import (
     Health,
     IntrospectionServer,
     SandboxHealth,
-    SocketInUse,
     TurnSummary,
     create_app,
 )
@@ -53,6 +52,7 @@ from computer_service.upstream import (
     UpstreamRejected,
     UpstreamUnavailable,
 )
+from crew_common.unix_socket import SocketInUse
 
 log = logging.getLogger(__name__)
 

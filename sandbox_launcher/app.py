@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from sandbox_launcher.engine_run import EngineRun
 from sandbox_launcher.launcher import Launcher, RequestRefused
 from sandbox_launcher.models import ModelsFailed, list_models
-from sandbox_launcher.schema import ModelList, RunList, RunRequest, StopResult
+from sandbox_launcher.schema import ModelList, ModelsRequest, RunList, RunRequest, StopResult
 
 log = logging.getLogger(__name__)
 
@@ -130,15 +130,13 @@ def create_app(launcher: Launcher, secret: str) -> ASGIApp:
         return JSONResponse(launcher.health())
 
     async def start_run(request: Request) -> Response:
-        body = bytearray()
-        async for chunk in request.stream():  # capped as it arrives, not after
-            body += chunk
-            if len(body) > MAX_BODY:
-                return error(413, "too_large", f"the request body is over {MAX_BODY} bytes")
+        body = await _capped_body(request)
+        if body is None:
+            return error(413, "too_large", f"the request body is over {MAX_BODY} bytes")
         try:
             run_request = RunRequest.model_validate_json(body)
         except ValidationError as exc:
-            return error(400, "invalid_request", _validation_message(exc))
+            return error(400, "invalid_request", _validation_message(exc, "run request"))
         try:
             run = launcher.prepare(run_request)
         except RequestRefused as exc:
@@ -160,10 +158,17 @@ def create_app(launcher: Launcher, secret: str) -> ASGIApp:
         return await (start_run if request.method == "POST" else list_runs)(request)
 
     async def models(request: Request) -> Response:
+        body = await _capped_body(request)
+        if body is None:
+            return error(413, "too_large", f"the request body is over {MAX_BODY} bytes")
+        try:
+            models_request = ModelsRequest.model_validate_json(body)
+        except ValidationError as exc:
+            return error(400, "invalid_request", _validation_message(exc, "models request"))
         if launcher.config.opencode is None:
             return error(503, "engine_missing", "opencode was not found when the launcher started")
         try:
-            found = await list_models(str(launcher.config.opencode))
+            found = await list_models(str(launcher.config.opencode), models_request)
         except ModelsFailed as exc:
             return error(exc.status, exc.code, str(exc))
         return JSONResponse(ModelList(models=found))
@@ -192,10 +197,20 @@ async def _not_allowed(request: Request, exc: Exception) -> Response:
     return answer
 
 
-def _validation_message(exc: ValidationError) -> str:
+async def _capped_body(request: Request) -> bytes | None:
+    """The request body, or None once it grows over `MAX_BODY` (capped as it arrives)."""
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY:
+            return None
+    return bytes(body)
+
+
+def _validation_message(exc: ValidationError, what: str) -> str:
     # Never echo the input: env values carry credentials.
     parts = []
     for err in exc.errors()[:5]:
         where = ".".join(str(p) for p in err["loc"]) or "body"
         parts.append(f"{where}: {err['msg']}")
-    return "invalid run request: " + "; ".join(parts)
+    return f"invalid {what}: " + "; ".join(parts)

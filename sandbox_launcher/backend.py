@@ -73,11 +73,6 @@ class SeatbeltBackend:
         return seatbelt_argv(policy, command)
 
 
-def backend_name() -> Literal["bwrap", "seatbelt"]:
-    """The backend this platform uses."""
-    return "seatbelt" if sys.platform == "darwin" else "bwrap"
-
-
 def open_backend(requested: LinuxMode | None) -> tuple[Backend | None, SandboxHealth]:
     """Find and preflight this platform's backend. The health is not final: the self-test follows."""
     if sys.platform == "darwin":

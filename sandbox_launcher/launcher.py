@@ -14,6 +14,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from crew_common.layout import AgentPaths
 from sandbox_launcher.backend import Backend
 from sandbox_launcher.engine_run import EngineRun
 from sandbox_launcher.paths import PathRefused, dir_below, is_inside
@@ -179,11 +180,11 @@ class Launcher:
 
     def _policy(self, request: RunRequest) -> SandboxPolicy:
         crew, agent_id = self.config.crew_home, request.agent_id
-        run_dir = crew / "runtime" / self.config.run_id
+        layout = AgentPaths(crew_home=crew, run_id=self.config.run_id, agent_id=agent_id)
         expected = {
-            "agent_dir": crew / "agents" / agent_id,
-            "runtime_dir": run_dir / "agents" / agent_id,
-            "bin_dir": run_dir / "bin",
+            "agent_dir": layout.agent_dir,
+            "runtime_dir": layout.runtime_dir,
+            "bin_dir": layout.bin_dir,
         }
         checked: dict[str, Path] = {}
         for name, want in expected.items():
@@ -192,9 +193,9 @@ class Launcher:
                 raise PathRefused(f"{name} must be {want} for agent {agent_id}, got {got!r}")
             checked[name] = dir_below(crew, got, name)
         agent_dir, runtime_dir = checked["agent_dir"], checked["runtime_dir"]
-        tmp_dir = dir_below(crew, str(runtime_dir / "tmp"), "the runtime temp dir")
+        tmp_dir = dir_below(crew, str(layout.tmp_dir), "the runtime temp dir")
         work_text = (request.engine_args.dir if request.engine_args else None) or str(
-            agent_dir / "work"
+            layout.work_dir
         )
         work_dir = dir_below(crew, work_text, "engine_args.dir")
         if not is_inside(work_dir, agent_dir):

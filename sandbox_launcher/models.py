@@ -7,11 +7,12 @@ its XDG data/state dirs, a `.gitignore` in its config dir, a background
 all landed in the user's real directories. So it runs here with scratch XDG
 data/state/cache/config directories (the config one with the npm stub the
 turns get) and a scratch working directory, all removed afterwards. What it
-needs of the user's OpenCode setup goes in the way a turn gets it, derived by
-the engine's own code: credentials as `OPENCODE_AUTH_CONTENT`, the `provider`
-section in `OPENCODE_CONFIG_CONTENT`, and a copy of the price table (the
-model catalog) in the scratch cache. The rest of the user's environment
-(API keys in variables, proxies) stays as it is.
+needs of the user's OpenCode setup the Computer reads and sends in the
+request (`ModelsRequest`), the way a turn gets it: credentials as
+`OPENCODE_AUTH_CONTENT`, the `provider` section in `OPENCODE_CONFIG_CONTENT`,
+and the price table (the model catalog), written into the scratch cache. The
+launcher reads none of the user's files itself. The rest of the user's
+environment (API keys in variables, proxies) stays as it is.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ from typing import Any
 
 import anyio
 
+from crew_common.layout import NPM_STUB_LOCK
 from sandbox_launcher.engine_run import reap_group
+from sandbox_launcher.schema import ModelsRequest
 
 log = logging.getLogger(__name__)
 
@@ -53,37 +56,32 @@ class ModelsFailed(Exception):
         self.code = code
 
 
-def listing_env(scratch: Path, environ: Mapping[str, str]) -> dict[str, str]:
-    """Prepare `scratch` (XDG dirs, npm stub, price table copy) and return the run's environment."""
-    # The Computer's modules, imported only here: the launcher itself never needs them.
-    from computer_service import safe_fs
-    from computer_service.engine.opencode import UserOpenCode, model_listing_env
-    from computer_service.home import NPM_STUB_LOCK, PRICE_TABLE_LIMIT
-
-    user = UserOpenCode.from_env(environ)
-    env = {**environ, **model_listing_env(user), "PWD": str(scratch / "work")}
+def listing_env(
+    scratch: Path, request: ModelsRequest, environ: Mapping[str, str]
+) -> dict[str, str]:
+    """Prepare `scratch` (XDG dirs, npm stub, the price table) and return the run's environment."""
+    env = {**environ, **request.env, "PWD": str(scratch / "work")}
     for name, sub in _XDG.items():
         env[name] = str(scratch / sub)
         (scratch / sub / "opencode").mkdir(parents=True)
     (scratch / "work").mkdir()
     (scratch / "config" / "opencode" / "node_modules").mkdir()
     (scratch / "config" / "opencode" / "package-lock.json").write_bytes(NPM_STUB_LOCK)
-    try:
-        prices = safe_fs.read_trusted_file(user.price_table, PRICE_TABLE_LIMIT)
-    except safe_fs.UnsafePath as exc:
-        log.warning("opencode models without your price table: %s", exc)
-        prices = None
-    if prices is not None:
-        (scratch / "cache" / "opencode" / "models.json").write_bytes(prices)
+    if request.price_table is not None:
+        (scratch / "cache" / "opencode" / "models.json").write_text(
+            request.price_table, encoding="utf-8"
+        )
     return env
 
 
-async def list_models(opencode: str, environ: Mapping[str, str] | None = None) -> list[str]:
+async def list_models(
+    opencode: str, request: ModelsRequest, environ: Mapping[str, str] | None = None
+) -> list[str]:
     """Run `opencode models` (30 s cap) as the module doc says; keep the `provider/model` lines."""
     with tempfile.TemporaryDirectory(prefix="crew-models-") as scratch:
         try:
             env = await anyio.to_thread.run_sync(
-                listing_env, Path(scratch), os.environ if environ is None else environ
+                listing_env, Path(scratch), request, os.environ if environ is None else environ
             )
         except OSError as exc:
             raise ModelsFailed(

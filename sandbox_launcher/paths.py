@@ -72,13 +72,3 @@ def resolved_dir(text: str, what: str) -> Path:
         level = level / part
         _check_level(level, what, want_dir=True)
     return path
-
-
-def resolved_file(text: str, what: str) -> Path:
-    """`text` as an existing non-directory reached without any symlink."""
-    path = _plain_absolute(text, what)
-    resolved_dir(str(path.parent), what)
-    st = _check_level(path, what, want_dir=False)
-    if stat.S_ISDIR(st.st_mode):
-        raise PathRefused(f"{what}: {path} is a directory, expected a file")
-    return path

@@ -44,11 +44,39 @@ ALLOWED_ENV_KEYS = frozenset(
     }
 )
 _XDG_HOME_KEY = re.compile(r"^XDG_[A-Z]+_HOME$")
+# `POST /models`: only OpenCode's own variables; the launcher sets the scratch XDG dirs and PWD.
+MODELS_ENV_KEYS = frozenset(
+    {
+        "OPENCODE_DISABLE_PROJECT_CONFIG",
+        "OPENCODE_AUTH_CONTENT",
+        "OPENCODE_CONFIG_CONTENT",
+        "OPENCODE_DISABLE_MODELS_FETCH",
+    }
+)
+MAX_PRICE_TABLE = 32 * MIB
 
 
 def env_key_allowed(key: str) -> bool:
     """True for the keys computer.md §3 lists (and every `XDG_*_HOME`)."""
     return key in ALLOWED_ENV_KEYS or bool(_XDG_HOME_KEY.match(key))
+
+
+def check_env(env: dict[str, str], refused: list[str], what: str) -> dict[str, str]:
+    """`env` when its values fit an environment; raises `ValueError` naming `refused` keys."""
+    if refused:
+        raise ValueError(
+            f"environment keys not allowed: {', '.join(sorted(refused))[:300]} ({what})"
+        )
+    total = 0
+    for key, value in env.items():
+        if "\x00" in value:
+            raise ValueError(f"environment value of {key} contains a NUL byte")
+        if len(value) > MAX_ENV_VALUE:
+            raise ValueError(f"environment value of {key} is over {MAX_ENV_VALUE} characters")
+        total += len(key) + len(value)
+    if total > MAX_ENV_TOTAL:
+        raise ValueError(f"the environment is over {MAX_ENV_TOTAL} characters in total")
+    return env
 
 
 class _Strict(BaseModel):
@@ -83,22 +111,8 @@ class RunRequest(_Strict):
     @field_validator("env")
     @classmethod
     def _env_allowed(cls, env: dict[str, str]) -> dict[str, str]:
-        refused = sorted(k for k in env if not env_key_allowed(k))
-        if refused:
-            raise ValueError(
-                f"environment keys not allowed: {', '.join(refused)[:300]} "
-                "(only the keys of computer.md §3 reach the engine)"
-            )
-        total = 0
-        for key, value in env.items():
-            if "\x00" in value:
-                raise ValueError(f"environment value of {key} contains a NUL byte")
-            if len(value) > MAX_ENV_VALUE:
-                raise ValueError(f"environment value of {key} is over {MAX_ENV_VALUE} characters")
-            total += len(key) + len(value)
-        if total > MAX_ENV_TOTAL:
-            raise ValueError(f"the environment is over {MAX_ENV_TOTAL} characters in total")
-        return env
+        refused = [k for k in env if not env_key_allowed(k)]
+        return check_env(env, refused, "only the keys of computer.md §3 reach the engine")
 
     @field_validator("stdin")
     @classmethod
@@ -125,6 +139,31 @@ class RunRequest(_Strict):
     @property
     def effective_session(self) -> str | None:
         return self.session_id or (self.engine_args.session_id if self.engine_args else None)
+
+
+class ModelsRequest(_Strict):
+    """`POST /models`: what `opencode models` needs of the user's OpenCode setup.
+
+    The Computer reads the user's files and sends them; the launcher only
+    checks them and runs `opencode models` in scratch directories.
+    `price_table` is the user's model catalog (OpenCode's `models.json`).
+    """
+
+    env: dict[str, str] = Field(default_factory=dict)
+    price_table: str | None = Field(default=None, max_length=MAX_PRICE_TABLE)
+
+    @field_validator("env")
+    @classmethod
+    def _env_allowed(cls, env: dict[str, str]) -> dict[str, str]:
+        refused = [k for k in env if k not in MODELS_ENV_KEYS]
+        return check_env(env, refused, "only OpenCode's login and config variables")
+
+    @field_validator("price_table")
+    @classmethod
+    def _price_table_plain(cls, text: str | None) -> str | None:
+        if text is not None and "\x00" in text:
+            raise ValueError("price_table contains a NUL byte")
+        return text
 
 
 class StartedFrame(BaseModel):

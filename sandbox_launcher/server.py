@@ -16,15 +16,13 @@ import logging
 import os
 import signal
 import socket
-import stat
-import struct
 import sys
 from pathlib import Path
 from types import FrameType
 
 import uvicorn
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from crew_common.unix_socket import bind_private_socket, peer_checked_h11, private_dir
 from sandbox_launcher.app import create_app
 from sandbox_launcher.backend import open_backend
 from sandbox_launcher.bwrap import LinuxMode
@@ -41,43 +39,11 @@ from sandbox_launcher.selftest import self_test
 log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
-_SOL_LOCAL = 0  # macOS getsockopt level for LOCAL_PEERCRED
-_LOCAL_PEERCRED = 1
 SHUTDOWN_GRACE_S = 6.0  # a stop takes ≤ 2 s, the group clean-up ≤ 2 s more
 
 
 class LauncherExit(Exception):
     """The launcher cannot start; the message goes to stderr and the exit status is 2."""
-
-
-def peer_uid(sock: socket.socket) -> int | None:
-    """The uid of the process at the other end of a Unix socket (None if unknown)."""
-    try:
-        if sys.platform.startswith("linux"):
-            creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-            return int(struct.unpack("3i", creds)[1])
-        if sys.platform == "darwin":
-            # struct xucred { u_int cr_version; uid_t cr_uid; short cr_ngroups; gid_t cr_groups[16]; }
-            creds = sock.getsockopt(_SOL_LOCAL, _LOCAL_PEERCRED, 4 + 4 + 2 + 2 + 16 * 4)
-            return int(struct.unpack_from("=II", creds)[1])
-    except OSError as exc:
-        log.warning("cannot read the peer credentials of a connection: %s", exc)
-    return None
-
-
-def peer_checked_protocol(allowed_uid: int) -> type[H11Protocol]:
-    """An HTTP protocol that closes every connection whose peer is another user."""
-
-    class PeerCheckedH11(H11Protocol):
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            sock = transport.get_extra_info("socket")
-            uid = peer_uid(sock) if sock is not None else None
-            if uid != allowed_uid:
-                log.warning("refused a connection from uid %s (only uid %s)", uid, allowed_uid)
-                transport.close()
-
-    return PeerCheckedH11
 
 
 class LauncherServer(uvicorn.Server):
@@ -98,6 +64,7 @@ class LauncherServer(uvicorn.Server):
     async def main_loop(self) -> None:
         # uvicorn looks at should_exit every 100 ms; an idle launcher should not
         # wake up at all, so it sleeps until request_exit() says otherwise.
+        # Not public API: tests/common/test_uvicorn_pin.py checks it for the pinned uvicorn.
         self._exit_requested = asyncio.Event()
         self._loop = asyncio.get_running_loop()
         await self.on_tick(0)  # the default headers, once (no Date header to keep fresh)
@@ -154,35 +121,12 @@ def set_parent_death_signal() -> None:
         raise LauncherExit("the parent process is already gone; not starting")
 
 
-def private_dir(path: Path) -> None:
-    """Create `path` 0700 or check an existing one: a real directory of ours, made 0700."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode):
-        raise LauncherExit(f"{path} must be a directory (not a symlink or file)")
-    if st.st_uid != os.getuid():
-        raise LauncherExit(f"{path} belongs to uid {st.st_uid}, not to us; refusing to use it")
-    os.chmod(path, 0o700)
-
-
 def listen(path: Path) -> socket.socket:
-    """A listening Unix socket at `path`, 0600, in a 0700 directory."""
-    private_dir(path.parent)
-    with contextlib.suppress(FileNotFoundError):
-        if stat.S_ISSOCK(os.lstat(path).st_mode):
-            os.unlink(path)  # a stale socket from a launcher that died
-        else:
-            raise LauncherExit(f"{path} exists and is not a socket; refusing to replace it")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old_umask = os.umask(0o177)
+    """The private socket at `path` (0600 in a 0700 dir); `LauncherExit` when it is unusable."""
     try:
-        sock.bind(str(path))
-    finally:
-        os.umask(old_umask)
-    os.chmod(path, 0o600)
-    sock.listen(64)
-    sock.setblocking(False)
-    return sock
+        return bind_private_socket(path)
+    except OSError as exc:  # UnsafeSocketPath, SocketInUse, or the bind itself
+        raise LauncherExit(f"cannot listen on {path}: {exc}") from exc
 
 
 def build_launcher(
@@ -191,8 +135,11 @@ def build_launcher(
     """Find the backend, run the self-test and `opencode --version` (side by side)."""
     home = Path(os.path.realpath(os.path.expanduser("~")))
     crew_home = Path(os.path.realpath(crew_home))  # a symlinked crew home is the user's choice
-    private_dir(crew_home)
-    private_dir(crew_home / "sockets")
+    try:
+        private_dir(crew_home)
+        private_dir(crew_home / "sockets")
+    except OSError as exc:
+        raise LauncherExit(str(exc)) from exc
     engine_path = find_opencode(opencode)
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
         version = pool.submit(engine_version, engine_path) if engine_path else None
@@ -212,7 +159,7 @@ def build_launcher(
 async def _serve(launcher: Launcher, secret: str, sock: socket.socket) -> None:
     config = uvicorn.Config(
         create_app(launcher, secret),
-        http=peer_checked_protocol(os.getuid()),
+        http=peer_checked_h11(os.getuid()),
         lifespan="off",
         log_config=None,
         access_log=False,

@@ -10,8 +10,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from pathlib import Path
 from typing import Any, Literal, Protocol
+
+# The layout is shared with the launcher; re-exported so engine code keeps one import.
+from crew_common.layout import AgentPaths as AgentPaths
 
 
 class FailureClass(StrEnum):
@@ -144,72 +146,3 @@ class Engine(Protocol):
     ) -> TurnResult:
         """Run one turn; report each event through `on_event`, in order."""
         ...
-
-
-@dataclass(frozen=True)
-class AgentPaths:
-    """Where one agent's files live (computer.md §4). Pure: computing, not creating."""
-
-    crew_home: Path
-    run_id: str
-    agent_id: str
-
-    @property
-    def agent_dir(self) -> Path:
-        return self.crew_home / "agents" / self.agent_id
-
-    @property
-    def agents_md(self) -> Path:
-        return self.agent_dir / "AGENTS.md"
-
-    @property
-    def work_dir(self) -> Path:
-        return self.agent_dir / "work"
-
-    @property
-    def memory_md(self) -> Path:
-        return self.work_dir / "MEMORY.md"
-
-    @property
-    def engine_dir(self) -> Path:
-        return self.agent_dir / "engines" / "opencode"
-
-    @property
-    def data_dir(self) -> Path:
-        return self.engine_dir / "data"
-
-    @property
-    def session_file(self) -> Path:
-        return self.engine_dir / "session.json"
-
-    @property
-    def run_dir(self) -> Path:
-        return self.crew_home / "runtime" / self.run_id
-
-    @property
-    def bin_dir(self) -> Path:
-        return self.run_dir / "bin"
-
-    @property
-    def runtime_dir(self) -> Path:
-        return self.run_dir / "agents" / self.agent_id
-
-    @property
-    def token_file(self) -> Path:
-        return self.runtime_dir / "token"
-
-    @property
-    def config_dir(self) -> Path:
-        return self.runtime_dir / "config"
-
-    @property
-    def cache_dir(self) -> Path:
-        return self.runtime_dir / "cache"
-
-    @property
-    def state_dir(self) -> Path:
-        return self.runtime_dir / "state"
-
-    @property
-    def tmp_dir(self) -> Path:
-        return self.runtime_dir / "tmp"

@@ -25,7 +25,6 @@ import orjson
 
 from computer_service import safe_fs
 from computer_service.engine.base import (
-    AgentPaths,
     EngineEvent,
     EventSink,
     Failure,
@@ -52,6 +51,7 @@ from computer_service.launcher_client import (
     StartedFrame,
 )
 from computer_service.safe_fs import UnsafePath
+from crew_common.layout import AgentPaths
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ import anyio
 import httpx
 import orjson
 
-from computer_service.engine.base import AgentPaths, Engine
+from computer_service.engine.base import Engine
 from computer_service.home import AgentHome, AgentHomeError, RunDirectory
 from computer_service.service import (
     AgentPreparationFailed,
@@ -27,6 +27,7 @@ from computer_service.service import (
     StartupFailed,
 )
 from computer_service.upstream import AgentRecord
+from crew_common.layout import AgentPaths
 
 USABLE = LauncherStatus(True, "bwrap", None, True, "test")
 UNUSABLE = LauncherStatus(False, None, "bwrap not found (looked in /usr/bin)", True, "test")

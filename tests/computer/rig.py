@@ -12,11 +12,11 @@ from typing import Any
 import anyio
 import httpx
 
-from computer_service.engine.base import AgentPaths
 from computer_service.home import AgentHome
 from computer_service.metrics import Metrics
 from computer_service.runner import Runner, TurnGate
 from computer_service.upstream import Upstream
+from crew_common.layout import AgentPaths
 from tests.computer.scripted import ScriptedEngine
 
 MODEL = "local/scripted"

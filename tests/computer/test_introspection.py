@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
-import stat
 import sys
 import tempfile
 from pathlib import Path
@@ -24,11 +22,8 @@ from computer_service.introspection import (
     Health,
     IntrospectionServer,
     SandboxHealth,
-    SocketInUse,
     TurnSummary,
-    bind_private_socket,
     create_app,
-    peer_uid,
 )
 from computer_service.metrics import Metrics
 
@@ -231,37 +226,6 @@ def test_a_full_reader_loses_events_instead_of_blocking() -> None:
             assert first == ("state", {"n": 0})
 
     anyio.run(main)
-
-
-def test_socket_is_private_and_refuses_a_second_computer(tmp_path: Path) -> None:
-    path = tmp_path / "crew" / "sockets" / "computer.sock"
-    sock = bind_private_socket(path)
-    try:
-        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-        assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
-        with pytest.raises(SocketInUse):
-            bind_private_socket(path)
-    finally:
-        sock.close()
-    # A leftover socket of a Computer that died is replaced.
-    again = bind_private_socket(path)
-    again.close()
-
-
-def test_socket_directory_must_not_be_a_symlink(tmp_path: Path) -> None:
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    home = tmp_path / "crew"
-    home.mkdir()
-    (home / "sockets").symlink_to(elsewhere)
-    with pytest.raises(OSError, match="not a directory owned by this user"):
-        bind_private_socket(home / "sockets" / "computer.sock")
-
-
-def test_peer_uid_is_read_from_the_connection() -> None:
-    left, right = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    with left, right:
-        assert peer_uid(left) == os.getuid()
 
 
 @pytest.mark.anyio

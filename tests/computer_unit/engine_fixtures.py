@@ -15,7 +15,6 @@ from typing import Any
 import anyio
 
 from computer_service.engine.base import (
-    AgentPaths,
     EngineEvent,
     SessionPlan,
     TurnRequest,
@@ -23,6 +22,7 @@ from computer_service.engine.base import (
 )
 from computer_service.engine.opencode import Launcher, OpenCodeEngine, UserOpenCode
 from computer_service.home import AgentHome, RunDirectory
+from crew_common.layout import AgentPaths
 
 FAKE_OPENCODE = str(Path(__file__).resolve().parent.parent / "support" / "fake_opencode.py")
 AGENT_TOKEN = "agent-token-0123456789abcdef"

@@ -46,6 +46,7 @@ class StandinState:
     models: list[str] = field(default_factory=lambda: ["local/scripted", "local/other"])
     running: dict[str, dict[str, Any]] = field(default_factory=dict)
     requests: list[dict[str, Any]] = field(default_factory=list)
+    models_requests: list[Any] = field(default_factory=list)
     stops: list[str] = field(default_factory=list)
 
 
@@ -65,6 +66,7 @@ def make_app(state: StandinState) -> Starlette:
     async def models(request: Request) -> Response:
         if not authorized(request):
             return _error(401, "unauthorized", "bad secret")
+        state.models_requests.append(await request.json())
         return JSONResponse({"models": state.models})
 
     async def list_runs(request: Request) -> Response:

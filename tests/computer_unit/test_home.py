@@ -14,7 +14,6 @@ from pathlib import Path
 import orjson
 import pytest
 
-from computer_service.engine.base import AgentPaths
 from computer_service.home import (
     NPM_STUB_LOCK,
     AgentHome,
@@ -26,6 +25,7 @@ from computer_service.home import (
     read_session_record,
 )
 from computer_service.texts import MEMORY_TEMPLATE, render_agents_md
+from crew_common.layout import AgentPaths
 
 
 @dataclass(frozen=True)

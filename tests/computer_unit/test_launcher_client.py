@@ -23,6 +23,7 @@ from computer_service.launcher_client import (
     LauncherRefused,
     LauncherUnavailable,
     LineFrame,
+    ModelsRequest,
     RunRequest,
     StartedFrame,
     frame_of,
@@ -91,7 +92,9 @@ async def test_client_against_standin(tmp_path: Path, sock: Path) -> None:
     async with serve_standin(sock, state), LauncherClient(sock, "s3cret") as client:
         health = await client.health()
         assert health.sandbox.ok and health.engine is not None
-        assert await client.models() == ["local/scripted", "local/other"]
+        listing = ModelsRequest(env={"OPENCODE_DISABLE_MODELS_FETCH": "1"}, price_table="{}")
+        assert await client.models(listing) == ["local/scripted", "local/other"]
+        assert state.models_requests == [listing.model_dump()]
         assert await client.runs() == []
         await client.stop("no-such-run")  # 404 is fine
         frames = [f async for f in client.run(run_request(tmp_path, "FAKE:LONGLINE"))]

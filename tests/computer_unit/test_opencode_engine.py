@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from computer_service.engine.base import AgentPaths, FailureClass, SessionPlan
+from computer_service.engine.base import FailureClass, SessionPlan
 from computer_service.engine.opencode import (
     NotLoggedIn,
     UserOpenCode,
@@ -31,6 +31,7 @@ from computer_service.engine.opencode import (
     strip_jsonc,
 )
 from computer_service.launcher_client import LauncherClient
+from crew_common.layout import AgentPaths
 from tests.computer_unit.engine_fixtures import (
     AGENT_TOKEN,
     AUTH,

@@ -1,4 +1,8 @@
-"""`POST /models` leaves the user's home alone: scratch XDG dirs, credentials and providers passed in."""
+"""`POST /models` leaves the user's home alone: scratch XDG dirs, credentials and providers passed in.
+
+The Computer reads the user's OpenCode setup (`models_request`) and sends it;
+the launcher checks it, writes it into scratch directories and runs.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +12,15 @@ import sys
 import tempfile
 from pathlib import Path
 
+import httpx
 import pytest
 
+from computer_service.parts import models_request
 from crew_server.demo import scripted_price_table
 from sandbox_launcher.models import list_models
-from tests.launcher.helpers import LauncherProcess, make_layout
+from sandbox_launcher.schema import ModelsRequest
+from tests.launcher.helpers import CrewLayout, LauncherProcess, make_layout
+from tests.launcher.inprocess import SECRET, inprocess_app, inprocess_launcher
 from tests.support.ci import required_in_ci
 
 OPENCODE = Path(__file__).resolve().parents[2] / "tools" / "opencode" / "node_modules" / ".bin"
@@ -94,7 +102,9 @@ async def test_models_run_in_scratch_dirs_with_the_users_setup_passed_in(
     wrapper = tmp_path / "bin" / "opencode-recording"
     wrapper.write_text(f"#!/bin/sh\nexec {fake} {record_file}\n")
     wrapper.chmod(0o755)
-    found = await list_models(str(wrapper))
+    # What the Computer sends, as the launcher parses it.
+    sent = models_request(os.environ).model_dump_json()
+    found = await list_models(str(wrapper), ModelsRequest.model_validate_json(sent))
     assert found == ["local/scripted"]
 
     record = json.loads(record_file.read_text())
@@ -132,7 +142,7 @@ def test_real_opencode_models_write_nothing_into_the_users_home(isolated_home: P
     try:
         before = tree(isolated_home)
         with launcher.client(timeout=45) as client:
-            answer = client.post("/models")
+            answer = client.post("/models", json=models_request(os.environ).model_dump())
         after = tree(isolated_home)
     finally:
         launcher.stop()
@@ -144,3 +154,35 @@ def test_real_opencode_models_write_nothing_into_the_users_home(isolated_home: P
     for xdg in (".local/share", ".local/state", ".config", ".cache"):
         assert not [p for p in after if p.startswith(xdg + "/opencode/") and p not in before]
     assert scratch_dirs() == before_scratch
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        ({"env": {"HOME": "/elsewhere"}}, "environment keys not allowed: HOME"),
+        ({"env": {"XDG_CACHE_HOME": "/x"}}, "environment keys not allowed: XDG_CACHE_HOME"),
+        ({"env": {"OPENCODE_AUTH_CONTENT": "a\x00b"}}, "contains a NUL byte"),
+        ({"env": {}, "price_table": "{\x00}"}, "contains a NUL byte"),
+        ({"env": {}, "argv": ["--rm"]}, "argv: Extra inputs are not permitted"),
+        ("not json", "invalid models request"),
+    ],
+)
+async def test_models_request_is_checked_before_anything_runs(
+    layout: CrewLayout, tmp_path: Path, body: object, reason: str
+) -> None:
+    ran = tmp_path / "ran"
+    fake = tmp_path / "opencode"
+    fake.write_text(f"#!/bin/sh\ntouch {ran}\n")
+    fake.chmod(0o755)
+    transport = httpx.ASGITransport(app=inprocess_app(inprocess_launcher(layout, fake)))
+    async with httpx.AsyncClient(transport=transport, base_url="http://launcher") as client:
+        headers = {"Authorization": f"Bearer {SECRET}"}
+        if isinstance(body, str):
+            answer = await client.post("/models", content=body, headers=headers)
+        else:
+            answer = await client.post("/models", json=body, headers=headers)
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["code"] == "invalid_request"
+    assert reason in answer.json()["error"]["message"]
+    assert not ran.exists()

@@ -35,6 +35,7 @@ MODELS: dict[str, type[BaseModel]] = {
     "RunInfo": models.RunInfo,
     "RunList": models.RunList,
     "StopResult": models.StopResult,
+    "ModelsRequest": models.ModelsRequest,
     "ModelList": models.ModelList,
     "Error": models.ErrorResponse,
 }
@@ -72,6 +73,12 @@ def test_env_key_pattern_is_the_allowlist() -> None:
     pattern = COMPONENTS["RunRequest"]["properties"]["env"]["propertyNames"]["pattern"]
     for key in models.ALLOWED_ENV_KEYS:
         assert f"|{key}|" in pattern.replace("^(", "|").replace(")$", "|")
+
+
+def test_models_env_key_pattern_is_the_allowlist() -> None:
+    pattern = COMPONENTS["ModelsRequest"]["properties"]["env"]["propertyNames"]["pattern"]
+    documented = set(pattern.removeprefix("^(").removesuffix(")$").split("|"))
+    assert documented == models.MODELS_ENV_KEYS
 
 
 def _fuzz_app() -> Any:

@@ -218,7 +218,7 @@ def test_a_client_that_disconnects_stops_its_run(
 @pytest.mark.timeout(60)
 def test_models_keeps_only_provider_model_lines(launcher: LauncherProcess) -> None:
     with launcher.client() as client:
-        answer = client.post("/models")
+        answer = client.post("/models", json={})
         health = client.get("/health").json()
     assert answer.json() == {"models": ["local/scripted", "opencode/big-pickle"]}
     assert health["engine"]["version"] == "0.0.0-fake"

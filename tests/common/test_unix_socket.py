@@ -1,10 +1,11 @@
-"""The socket layer refuses connections from other users (SO_PEERCRED), before any HTTP."""
+"""The private socket of both services: 0600 in a 0700 dir, other users cut off before any HTTP."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -16,7 +17,13 @@ import pytest
 import uvicorn
 from starlette.types import Receive, Scope, Send
 
-from sandbox_launcher.server import peer_checked_protocol, peer_uid
+from crew_common.unix_socket import (
+    SocketInUse,
+    UnsafeSocketPath,
+    bind_private_socket,
+    peer_checked_h11,
+    peer_uid,
+)
 from tests.support.ci import required_in_ci
 
 RAW_GET = (
@@ -68,7 +75,7 @@ async def _serve_and_get(sock_path: Path, allowed_uid: int, user: int | None) ->
     sock_path.chmod(0o666)
     sock.listen(8)
     config = uvicorn.Config(
-        hello, http=peer_checked_protocol(allowed_uid), lifespan="off", log_config=None
+        hello, http=peer_checked_h11(allowed_uid), lifespan="off", log_config=None
     )
     server = uvicorn.Server(config)
     async with anyio.create_task_group() as tg:
@@ -100,3 +107,43 @@ async def test_a_real_other_user_is_cut_off(open_dir: Path) -> None:
         required_in_ci("root and /usr/bin/python3 (to act as another user)")
     refused = await _serve_and_get(open_dir / "c.sock", 0, 65534)
     assert refused == "connected\n"  # the socket was reached, then closed without a byte
+
+
+def test_socket_is_private_and_refuses_a_second_server(tmp_path: Path) -> None:
+    path = tmp_path / "crew" / "sockets" / "computer.sock"
+    sock = bind_private_socket(path)
+    try:
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
+        with pytest.raises(SocketInUse):
+            bind_private_socket(path)
+    finally:
+        sock.close()
+    # A leftover socket of a process that died is replaced.
+    again = bind_private_socket(path)
+    again.close()
+
+
+def test_an_existing_directory_is_made_private(tmp_path: Path) -> None:
+    (tmp_path / "sockets").mkdir(mode=0o755)
+    bind_private_socket(tmp_path / "sockets" / "s.sock").close()
+    assert stat.S_IMODE(os.stat(tmp_path / "sockets").st_mode) == 0o700
+
+
+def test_socket_directory_must_not_be_a_symlink(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    home = tmp_path / "crew"
+    home.mkdir()
+    (home / "sockets").symlink_to(elsewhere)
+    with pytest.raises(UnsafeSocketPath, match="not a directory owned by this user"):
+        bind_private_socket(home / "sockets" / "computer.sock")
+
+
+def test_a_file_in_the_sockets_place_is_never_replaced(tmp_path: Path) -> None:
+    path = tmp_path / "sockets" / "launcher.sock"
+    path.parent.mkdir()
+    path.write_text("not a socket")
+    with pytest.raises(UnsafeSocketPath, match="not a socket"):
+        bind_private_socket(path)
+    assert path.read_text() == "not a socket"
