@@ -26,7 +26,7 @@ from computer_service.launcher_client import (
     RunRequest,
     launcher_argv,
 )
-from computer_service.service import (
+from computer_service.parts_protocol import (
     AgentPreparationFailed,
     LauncherStatus,
     ModelsFailed,

@@ -9,7 +9,7 @@ import pytest
 from computer_service.bootstrap import Bootstrap
 from computer_service.launcher_client import LauncherError, LauncherRefused, LauncherUnavailable
 from computer_service.parts import LocalParts
-from computer_service.service import ModelsFailed
+from computer_service.parts_protocol import ModelsFailed
 
 pytestmark = pytest.mark.anyio
 
