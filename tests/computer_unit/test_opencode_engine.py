@@ -20,12 +20,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from computer_service.engine.base import AgentPaths, FailureClass, SessionPlan
-from computer_service.engine.opencode import (
+from computer_service.engine.opencode_env import engine_env, model_listing_env, opencode_config
+from computer_service.engine.user_opencode import (
     NotLoggedIn,
     UserOpenCode,
-    engine_env,
-    model_listing_env,
-    opencode_config,
     read_auth,
     read_user_providers,
     strip_jsonc,
