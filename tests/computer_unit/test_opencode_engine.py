@@ -54,6 +54,10 @@ from tests.computer_unit.engine_fixtures import (
             '{"q": "say \\"hi\\" // still string", "e": "a,}"}',
             {"q": 'say "hi" // still string', "e": "a,}"},
         ),
+        ("[1, /* a comment between the comma and the bracket */ ]", [1]),
+        ('{"a": 1, // a comma, then a comment\n /* and another */ }', {"a": 1}),
+        ('{"a":/**/1}', {"a": 1}),
+        ('{"a": "x,"}', {"a": "x,"}),
         ('{"a": 1 /* unterminated', None),
     ],
 )
