@@ -32,7 +32,8 @@ import orjson  # noqa: E402
 
 from computer_service.engine.base import EngineEvent, SessionPlan, TurnRequest  # noqa: E402
 from computer_service.engine.events import engine_event_of  # noqa: E402
-from computer_service.engine.opencode import OpenCodeEngine, UserOpenCode  # noqa: E402
+from computer_service.engine.opencode import OpenCodeEngine  # noqa: E402
+from computer_service.engine.user_opencode import UserOpenCode  # noqa: E402
 from computer_service.launcher_client import (  # noqa: E402
     FRAME_LIMIT,
     Frame,

@@ -50,7 +50,8 @@ from computer_service.engine.base import (  # noqa: E402
 )
 from computer_service.home import AgentHome, RunDirectory  # noqa: E402
 from computer_service.parts import LocalParts  # noqa: E402
-from computer_service.service import ComputerService, LauncherStatus  # noqa: E402
+from computer_service.parts_protocol import LauncherStatus  # noqa: E402
+from computer_service.service import ComputerService  # noqa: E402
 from computer_service.upstream import AgentRecord  # noqa: E402
 from crew_common.layout import AgentPaths  # noqa: E402
 from tests.computer.computer_proc import (  # noqa: E402

@@ -59,10 +59,9 @@ import orjson
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from computer_service.engine.opencode import (  # noqa: E402
+from computer_service.engine.opencode_env import engine_env, opencode_config  # noqa: E402
+from computer_service.engine.user_opencode import (  # noqa: E402
     UserOpenCode,
-    engine_env,
-    opencode_config,
     read_auth,
     read_user_providers,
 )

@@ -17,7 +17,9 @@ import anyio
 from computer_service import safe_fs
 from computer_service.bootstrap import Bootstrap
 from computer_service.engine.base import Engine
-from computer_service.engine.opencode import OpenCodeEngine, UserOpenCode, model_listing_env
+from computer_service.engine.opencode import OpenCodeEngine
+from computer_service.engine.opencode_env import model_listing_env
+from computer_service.engine.user_opencode import UserOpenCode
 from computer_service.home import PRICE_TABLE_LIMIT, AgentHome, AgentHomeError, RunDirectory
 from computer_service.launcher_client import (
     Frame,
@@ -29,13 +31,13 @@ from computer_service.launcher_client import (
     RunRequest,
     launcher_argv,
 )
-from computer_service.safe_fs import UnsafePath
-from computer_service.service import (
+from computer_service.parts_protocol import (
     AgentPreparationFailed,
     LauncherStatus,
     ModelsFailed,
     StartupFailed,
 )
+from computer_service.safe_fs import UnsafePath
 from computer_service.upstream import AgentRecord
 from crew_common.layout import AgentPaths
 

@@ -12,9 +12,6 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal, Protocol
 
-# The layout is shared with the launcher; re-exported so engine code keeps one import.
-from crew_common.layout import AgentPaths as AgentPaths
-
 
 class FailureClass(StrEnum):
     """Why a turn failed: a fixed set a user (and the UI) can act on."""

@@ -15,13 +15,12 @@ import contextlib
 import logging
 import os
 import uuid
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import anyio
-import orjson
 
 from computer_service import safe_fs
 from computer_service.engine.base import (
@@ -37,6 +36,14 @@ from computer_service.engine.base import (
 )
 from computer_service.engine.events import engine_event_of
 from computer_service.engine.failures import RunOutcome, classify, redact
+from computer_service.engine.opencode_env import engine_env, opencode_config
+from computer_service.engine.user_opencode import (
+    NotLoggedIn,
+    UserOpenCode,
+    auth_secrets,
+    read_auth,
+    read_user_providers,
+)
 from computer_service.home import ENGINE_NAME, copy_price_table, plan_session, read_session_record
 from computer_service.launcher_client import (
     DEFAULT_STDOUT_LIMIT,
@@ -55,8 +62,6 @@ from crew_common.layout import AgentPaths
 
 log = logging.getLogger(__name__)
 
-AUTH_LIMIT = 64 * 1024
-USER_CONFIG_LIMIT = 1024 * 1024
 TURN_TITLE = "crew turn"
 UNKNOWN_STEP_LIMIT = 3
 # After asking the launcher to stop a run, how long to wait for its exit frame
@@ -70,255 +75,6 @@ class Launcher(Protocol):
     def run(self, request: RunRequest) -> AsyncGenerator[Frame, None]: ...
 
     async def stop(self, run_id: str) -> None: ...
-
-
-class NotLoggedIn(Exception):
-    """The user's OpenCode credentials cannot be used; the message says why."""
-
-
-# ---- the user's own OpenCode files (read outside the sandbox) ----
-
-
-@dataclass(frozen=True)
-class UserOpenCode:
-    """Where the user's own OpenCode credentials, config and price table are."""
-
-    auth_file: Path
-    config_files: tuple[Path, ...]
-    price_table: Path
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> UserOpenCode:
-        """Resolve with the XDG defaults (`~/.local/share`, `~/.config`, `~/.cache`)."""
-        home = Path(env.get("HOME") or os.path.expanduser("~"))
-        data = Path(env.get("XDG_DATA_HOME") or home / ".local" / "share")
-        config = Path(env.get("XDG_CONFIG_HOME") or home / ".config")
-        cache = Path(env.get("XDG_CACHE_HOME") or home / ".cache")
-        return cls(
-            auth_file=data / "opencode" / "auth.json",
-            config_files=(
-                config / "opencode" / "opencode.json",
-                config / "opencode" / "opencode.jsonc",
-            ),
-            price_table=cache / "opencode" / "models.json",
-        )
-
-
-def read_auth(auth_file: Path) -> str:
-    """The user's auth.json as text for `OPENCODE_AUTH_CONTENT`; raises `NotLoggedIn`."""
-    where = _tilde(auth_file)
-    try:
-        data = safe_fs.read_trusted_file(auth_file, AUTH_LIMIT)
-    except UnsafePath:
-        raise NotLoggedIn(
-            f"not logged in: {where} is over 64 KiB, which is not an OpenCode credentials file. "
-            "Check it, or log in again with `opencode auth login`."
-        ) from None
-    if data is None:
-        raise NotLoggedIn(
-            f"not logged in: no OpenCode credentials at {where}. "
-            "Run `opencode auth login` (outside crew) and wake the agent again."
-        )
-    try:
-        obj = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        raise NotLoggedIn(
-            f"not logged in: {where} is not valid JSON. Log in again with `opencode auth login`."
-        ) from None
-    if not isinstance(obj, dict):
-        raise NotLoggedIn(f"not logged in: {where} is not a JSON object. Log in again.")
-    return data.decode("utf-8")
-
-
-def strip_jsonc(text: str) -> str:
-    """JSONC → JSON: drop `//` and `/* */` comments and trailing commas, never inside strings."""
-    return _drop_trailing_commas(_drop_comments(text))
-
-
-def _scan_strings(text: str, i: int) -> int:
-    """Index just past the JSON string that starts at `text[i]` (a quote)."""
-    n = len(text)
-    j = i + 1
-    while j < n:
-        if text[j] == "\\":
-            j += 2
-            continue
-        if text[j] == '"':
-            return j + 1
-        j += 1
-    return n
-
-
-def _drop_comments(text: str) -> str:
-    out: list[str] = []
-    i, n = 0, len(text)
-    while i < n:
-        c = text[i]
-        if c == '"':
-            j = _scan_strings(text, i)
-            out.append(text[i:j])
-            i = j
-        elif text.startswith("//", i):
-            nl = text.find("\n", i)
-            i = n if nl < 0 else nl
-        elif text.startswith("/*", i):
-            end = text.find("*/", i + 2)
-            i = n if end < 0 else end + 2
-            out.append(" ")
-        else:
-            out.append(c)
-            i += 1
-    return "".join(out)
-
-
-def _drop_trailing_commas(text: str) -> str:
-    out: list[str] = []
-    i, n = 0, len(text)
-    while i < n:
-        c = text[i]
-        if c == '"':
-            j = _scan_strings(text, i)
-            out.append(text[i:j])
-            i = j
-            continue
-        if c == ",":
-            j = i + 1
-            while j < n and text[j] in " \t\r\n":
-                j += 1
-            if j < n and text[j] in "}]":
-                i += 1
-                continue
-        out.append(c)
-        i += 1
-    return "".join(out)
-
-
-def read_user_providers(config_files: tuple[Path, ...]) -> dict[str, Any] | None:
-    """The `provider` section of the user's opencode.json / .jsonc (first found), or None.
-
-    A malformed file is logged and ignored: the turn may still work with the
-    built-in providers, and a missing custom provider shows up as
-    `model_unavailable` with its own reason.
-    """
-    for path in config_files:
-        try:
-            data = safe_fs.read_trusted_file(path, USER_CONFIG_LIMIT)
-        except UnsafePath as exc:
-            log.warning("ignoring your OpenCode config: %s", exc)
-            continue
-        if data is None:
-            continue
-        try:
-            obj = orjson.loads(strip_jsonc(data.decode("utf-8")))
-        except (orjson.JSONDecodeError, UnicodeDecodeError) as exc:
-            log.warning("ignoring %s: not valid JSON(C): %s", path, exc)
-            continue
-        provider = obj.get("provider") if isinstance(obj, dict) else None
-        return provider if isinstance(provider, dict) else None
-    return None
-
-
-def _config(providers: dict[str, Any] | None, **settings: Any) -> str:
-    config: dict[str, Any] = {
-        "$schema": "https://opencode.ai/config.json",
-        "autoupdate": False,
-        "share": "disabled",
-        **settings,
-    }
-    if providers:
-        config["provider"] = providers
-    return orjson.dumps(config).decode()
-
-
-def opencode_config(agents_md: Path, model: str, providers: dict[str, Any] | None) -> str:
-    """`OPENCODE_CONFIG_CONTENT`: instructions, all permissions, this turn's model, providers."""
-    return _config(
-        providers,
-        instructions=[str(agents_md)],
-        # The sandbox is the boundary; inside it the agent may do anything.
-        permission={"*": "allow"},
-        model=model,
-        small_model=model,
-    )
-
-
-def model_listing_env(user: UserOpenCode) -> dict[str, str]:
-    """The OpenCode variables of `opencode models`, so it lists what a turn can use.
-
-    The user's credentials and `provider` section exactly as a turn gets them
-    (no instructions, no model), no project config, no catalog download. Not
-    logged in: no `OPENCODE_AUTH_CONTENT` (OpenCode then lists the providers
-    the config and the environment enable).
-    """
-    env = {
-        "OPENCODE_DISABLE_PROJECT_CONFIG": "1",
-        "OPENCODE_DISABLE_MODELS_FETCH": "1",
-        "OPENCODE_CONFIG_CONTENT": _config(read_user_providers(user.config_files)),
-    }
-    try:
-        env["OPENCODE_AUTH_CONTENT"] = read_auth(user.auth_file)
-    except NotLoggedIn as exc:
-        log.info("listing models without OpenCode credentials: %s", exc)
-    return env
-
-
-def engine_env(
-    paths: AgentPaths,
-    *,
-    bin_dir: Path,
-    server_url: str,
-    auth_content: str,
-    config_content: str,
-    base_path: str,
-    lang: str,
-) -> dict[str, str]:
-    """The engine's whole environment (computer.md §3): nothing else, nothing inherited."""
-    return {
-        "PATH": f"{bin_dir}:{base_path}" if base_path else str(bin_dir),
-        "LANG": lang,
-        "TMPDIR": str(paths.tmp_dir),
-        "TMPPREFIX": str(paths.tmp_dir / "zsh"),
-        "HOME": str(paths.agent_dir),
-        "XDG_DATA_HOME": str(paths.data_dir),
-        "XDG_CONFIG_HOME": str(paths.config_dir),
-        "XDG_CACHE_HOME": str(paths.cache_dir),
-        "XDG_STATE_HOME": str(paths.state_dir),
-        "OPENCODE_DISABLE_PROJECT_CONFIG": "1",
-        "OPENCODE_DISABLE_MODELS_FETCH": "1",
-        "OPENCODE_AUTH_CONTENT": auth_content,
-        "OPENCODE_CONFIG_CONTENT": config_content,
-        "PWD": str(paths.work_dir),
-        "CREW_SERVER_URL": server_url,
-        "CREW_TOKEN_FILE": str(paths.token_file),
-    }
-
-
-def _tilde(path: Path) -> str:
-    home = os.environ.get("HOME")
-    text = str(path)
-    if home and text.startswith(home.rstrip("/") + "/"):
-        return "~" + text[len(home.rstrip("/")) :]
-    return text
-
-
-def _auth_secrets(auth_content: str) -> list[str]:
-    """String values of the auth file (API keys, OAuth tokens), to redact from reasons."""
-    found: list[str] = []
-
-    def walk(v: Any) -> None:
-        if isinstance(v, str) and len(v) >= 8:
-            found.append(v)
-        elif isinstance(v, dict):
-            for x in v.values():
-                walk(x)
-        elif isinstance(v, list):
-            for x in v:
-                walk(x)
-
-    # The content was validated as JSON when read; a failure here only means no redaction.
-    with contextlib.suppress(orjson.JSONDecodeError):
-        walk(orjson.loads(auth_content))
-    return found
 
 
 # ---- one run ----
@@ -440,7 +196,7 @@ class OpenCodeEngine:
             auth = await anyio.to_thread.run_sync(read_auth, self.user.auth_file)
         except NotLoggedIn as exc:
             return TurnResult("failed", Failure(FailureClass.NOT_LOGGED_IN, str(exc)))
-        secrets += _auth_secrets(auth)
+        secrets += auth_secrets(auth)
         try:
             token = safe_fs.read_regular_file(self.crew_home, paths.token_file, 4096)
         except UnsafePath as exc:

@@ -19,10 +19,10 @@ import httpx
 import orjson
 
 from computer_service.engine.base import Engine
+from computer_service.event_stream import Backoff
 from computer_service.home import AgentHome, AgentHomeError, RunDirectory
-from computer_service.service import (
+from computer_service.parts_protocol import (
     AgentPreparationFailed,
-    Backoff,
     LauncherStatus,
     StartupFailed,
 )

@@ -15,7 +15,7 @@ from computer_service.launcher_client import (
     ModelsRequest,
 )
 from computer_service.parts import LocalParts, models_request
-from computer_service.service import ModelsFailed
+from computer_service.parts_protocol import ModelsFailed
 
 pytestmark = pytest.mark.anyio
 

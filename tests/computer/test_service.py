@@ -11,7 +11,8 @@ import httpx
 import pytest
 
 from computer_service.bootstrap import Bootstrap
-from computer_service.service import Backoff, ComputerService, _agent_id_of
+from computer_service.event_stream import Backoff, agent_id_of
+from computer_service.service import ComputerService
 from computer_service.upstream import Upstream
 from tests.computer.fakes import FakeParts
 from tests.computer.scripted import ScriptedEngine, blocking
@@ -49,13 +50,13 @@ async def test_reconnects_after_a_server_restart_and_handles_what_came_meanwhile
         async with anyio.create_task_group() as tg:
             tg.start_soon(service.serve)
             with anyio.fail_after(20):
-                await service.synced.wait()
+                await service.roster.synced.wait()
             server.post(room["id"], "before the restart")
             await finished(server, agent["id"], 1)
 
             server.stop()
             with anyio.fail_after(20):
-                while service.connected:
+                while service.events.connected:
                     await anyio.sleep(0.05)
             server = start_crew_server(tmp_path / "srv", db=server.db, port=port)
             server.post(room["id"], "while the Computer was away")
@@ -63,7 +64,7 @@ async def test_reconnects_after_a_server_restart_and_handles_what_came_meanwhile
             assert [t["status"] for t in turns] == ["succeeded", "succeeded"]
             assert "while the Computer was away" in engine.inputs[1]
             assert "before the restart" not in engine.inputs[1]  # acked, not handled twice
-            assert service.connected
+            assert service.events.connected
 
             # The introspection socket serves while running.
             transport = httpx.AsyncHTTPTransport(uds=str(crew_home / "sockets" / "computer.sock"))
@@ -96,14 +97,14 @@ async def test_agent_changes_replace_and_drop_runners(tmp_path: Path) -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(service.serve)
             with anyio.fail_after(20):
-                while agent["id"] not in service.runners:
+                while agent["id"] not in service.roster.runners:
                     await anyio.sleep(0.05)
-            first = service.runners[agent["id"]]
+            first = service.roster.runners[agent["id"]]
             server.client().patch(f"/api/agents/{agent['id']}", json={"model": "local/other"})
             with anyio.fail_after(20):
-                while service.runners.get(agent["id"]) in (None, first):
+                while service.roster.runners.get(agent["id"]) in (None, first):
                     await anyio.sleep(0.05)
-            assert service.runners[agent["id"]].agent.model == "local/other"
+            assert service.roster.runners[agent["id"]].agent.model == "local/other"
             assert first.finished.is_set()
             agents_md = (crew_home / "agents" / agent["id"] / "AGENTS.md").read_text()
             assert "@chg" in agents_md
@@ -113,7 +114,7 @@ async def test_agent_changes_replace_and_drop_runners(tmp_path: Path) -> None:
                 f"/api/agents/{agent['id']}", json={"computer_id": other["computer_id"]}
             )
             with anyio.fail_after(20):
-                while agent["id"] in service.runners:
+                while agent["id"] in service.roster.runners:
                     await anyio.sleep(0.05)
             service.request_stop()
     finally:
@@ -197,14 +198,14 @@ async def test_a_fenced_out_runner_stays_dropped_until_the_next_sync(tmp_path: P
             await newer.aclose()
             release.set()
             with anyio.fail_after(20):
-                while agent["id"] in service.runners:
+                while agent["id"] in service.roster.runners:
                     await anyio.sleep(0.05)
-            assert agent["id"] in service.fenced
+            assert agent["id"] in service.roster.fenced
             server.post(room["id"], "a wake-up does not bring it back")
             await anyio.sleep(1.0)
-            assert agent["id"] not in service.runners
-            await service.sync_agents()  # what the next `agents` event or reconnect does
-            assert agent["id"] in service.runners and not service.fenced
+            assert agent["id"] not in service.roster.runners
+            await service.roster.sync_agents()  # what the next `agents` event or reconnect does
+            assert agent["id"] in service.roster.runners and not service.roster.fenced
             service.request_stop()
     finally:
         server.stop()
@@ -222,4 +223,4 @@ async def test_a_fenced_out_runner_stays_dropped_until_the_next_sync(tmp_path: P
     ],
 )
 def test_malformed_wake_events_are_recognised(data: str, expected: str | None) -> None:
-    assert _agent_id_of(data) == expected
+    assert agent_id_of(data) == expected

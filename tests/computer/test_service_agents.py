@@ -47,7 +47,7 @@ async def serving(
     async with anyio.create_task_group() as tg:
         tg.start_soon(service.serve)
         with anyio.fail_after(20):
-            await service.synced.wait()
+            await service.roster.synced.wait()
         transport = httpx.AsyncHTTPTransport(uds=str(crew_home / "sockets" / "computer.sock"))
         async with httpx.AsyncClient(transport=transport, base_url="http://computer") as local:
             yield service, local
@@ -69,7 +69,7 @@ async def test_sandbox_unusable_no_runner_and_every_agent_told_also_later_ones(
         # An agent that appears later is told too (an `agents` event, then a sync).
         later = crew_server.create_agent("later2", computer_id=comp["computer_id"])
         assert await until("the later problem", lambda: problem_of(crew_server, later["id"]))
-        assert service.runners == {}
+        assert service.roster.runners == {}
         rows = (await local.get("/agents")).json()
         assert [(r["handle"], r["state"], r["problem"]) for r in rows] == [
             ("early2", "problem", reason),
@@ -100,7 +100,7 @@ async def test_a_failed_preparation_is_that_agents_problem_until_a_later_one_suc
     async with serving(crew_server, crew_home, parts, comp["token"]) as (service, local):
         reason = await until("the problem", lambda: problem_of(crew_server, broken["id"]))
         assert "work" in reason and str(crew_home) not in reason
-        assert fine["id"] in service.runners and broken["id"] not in service.runners
+        assert fine["id"] in service.roster.runners and broken["id"] not in service.roster.runners
         # The runner that was created got its token file and AGENTS.md.
         runtime = crew_home / "runtime" / "testrun" / "agents" / fine["id"]
         assert (runtime / "token").read_text().strip()
@@ -113,9 +113,9 @@ async def test_a_failed_preparation_is_that_agents_problem_until_a_later_one_suc
         crew_server.client().patch(
             f"/api/agents/{broken['id']}", json={"persona": "Fixed."}
         ).raise_for_status()
-        await until("a runner", lambda: broken["id"] in service.runners)
+        await until("a runner", lambda: broken["id"] in service.roster.runners)
         await until("the problem cleared", lambda: problem_of(crew_server, broken["id"]) is None)
-        assert broken["id"] not in service.problems
+        assert broken["id"] not in service.roster.problems
 
 
 async def test_a_settings_change_mid_turn_stops_the_old_runner_and_the_new_one_takes_over(
@@ -128,7 +128,7 @@ async def test_a_settings_change_mid_turn_stops_the_old_runner_and_the_new_one_t
     engine = ScriptedEngine(script=[wait_for_stop])
     parts = FakeParts(crew_home, engine)
     async with serving(crew_server, crew_home, parts, comp["token"]) as (service, _local):
-        old = service.runners[agent["id"]]
+        old = service.roster.runners[agent["id"]]
         crew_server.post(room["id"], "a long job")
         with anyio.fail_after(20):
             await engine.started.wait()
@@ -142,8 +142,8 @@ async def test_a_settings_change_mid_turn_stops_the_old_runner_and_the_new_one_t
 
         newest, first = await until("two finished turns", two_turns)
         assert first["status"] == "cancelled"  # the old runner's turn was stopped
-        assert old.finished.is_set() and service.runners[agent["id"]] is not old
-        assert service.runners[agent["id"]].agent.name == "Renamed"
+        assert old.finished.is_set() and service.roster.runners[agent["id"]] is not old
+        assert service.roster.runners[agent["id"]].agent.name == "Renamed"
         # Not acked: the new runner, woken as new, handles the same message again.
         assert newest["status"] == "succeeded"
         assert "a long job" in engine.inputs[1]

@@ -19,7 +19,8 @@ import httpx
 import pytest
 
 from computer_service.bootstrap import Bootstrap
-from computer_service.service import ComputerService, ModelsFailed, StartupFailed
+from computer_service.parts_protocol import ModelsFailed, StartupFailed
+from computer_service.service import ComputerService
 from computer_service.upstream import Upstream
 from tests.computer.fakes import FakeCrewServer, FakeParts, RecordingBackoff
 from tests.computer.scripted import ScriptedEngine
@@ -60,7 +61,7 @@ async def computer(
     upstream = Upstream(boot.server_url, boot.token, transport=server.transport())
     service = ComputerService(boot, made, upstream=upstream, stdout=stdout, handle_signals=False)
     if backoff is not None:
-        service.event_backoff = backoff
+        service.events.backoff = backoff
     running = Running(service, server, made, stdout, [])
 
     async def serve() -> None:
@@ -106,7 +107,7 @@ async def test_reconnects_back_off_honour_retry_resend_the_last_id_and_sync_then
     backoff = RecordingBackoff(initial_s=0.01, cap_s=0.08)
     async with computer(tmp_path, server, backoff=backoff) as c:
         await server.until(lambda: server.unread_claims("agent-bob") >= 1)
-        assert c.service.connected
+        assert c.service.events.connected
         # Every reconnect sends the id of the last event it saw.
         assert server.last_event_ids == [None] * 6 + ["7", "9"]
         # Five refusals: doubling from 0.01 s up to the 0.08 s cap, each jittered into its
@@ -137,7 +138,7 @@ async def test_a_refused_last_event_id_reconnects_afresh(tmp_path: Path) -> None
     server.events_answers = [[events("id: 5", "event: ping", "data: {}")], 422]
     async with computer(tmp_path, server, backoff=RecordingBackoff(0.01, 0.02)) as c:
         await server.until(lambda: len(server.last_event_ids) == 3)
-        await server.until(lambda: c.service.connected)
+        await server.until(lambda: c.service.events.connected)
         assert server.last_event_ids == [None, "5", None]
     assert c.outcome == [0]
 
@@ -146,7 +147,7 @@ async def test_a_busy_server_is_retried_not_fatal(tmp_path: Path) -> None:
     server = FakeCrewServer()
     server.events_answers = [429, 408, 503]
     async with computer(tmp_path, server, backoff=RecordingBackoff(0.01, 0.02)) as c:
-        await server.until(lambda: c.service.connected)
+        await server.until(lambda: c.service.events.connected)
         assert len(server.last_event_ids) == 4
     assert c.outcome == [0]
 
@@ -254,7 +255,7 @@ async def test_ready_is_written_before_the_launcher_starts(tmp_path: Path) -> No
         assert health["sandbox"]["ok"] is None
         assert server.count("GET", "/computer/events") == 0
         release.set()
-        await server.until(lambda: c.service.connected)
+        await server.until(lambda: c.service.events.connected)
     assert c.outcome == [0]
 
 

@@ -20,7 +20,8 @@ from computer_service.engine.base import (
     TurnRequest,
     TurnResult,
 )
-from computer_service.engine.opencode import Launcher, OpenCodeEngine, UserOpenCode
+from computer_service.engine.opencode import Launcher, OpenCodeEngine
+from computer_service.engine.user_opencode import UserOpenCode
 from computer_service.home import AgentHome, RunDirectory
 from crew_common.layout import AgentPaths
 

@@ -20,12 +20,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from computer_service.engine.base import FailureClass, SessionPlan
-from computer_service.engine.opencode import (
+from computer_service.engine.opencode_env import engine_env, model_listing_env, opencode_config
+from computer_service.engine.user_opencode import (
     NotLoggedIn,
     UserOpenCode,
-    engine_env,
-    model_listing_env,
-    opencode_config,
     read_auth,
     read_user_providers,
     strip_jsonc,
@@ -57,6 +55,10 @@ from tests.computer_unit.engine_fixtures import (
             '{"q": "say \\"hi\\" // still string", "e": "a,}"}',
             {"q": 'say "hi" // still string', "e": "a,}"},
         ),
+        ("[1, /* a comment between the comma and the bracket */ ]", [1]),
+        ('{"a": 1, // a comma, then a comment\n /* and another */ }', {"a": 1}),
+        ('{"a":/**/1}', {"a": 1}),
+        ('{"a": "x,"}', {"a": "x,"}),
         ('{"a": 1 /* unterminated', None),
     ],
 )

@@ -1,0 +1,99 @@
+"""What an OpenCode process is given: its whole environment and its derived config.
+
+computer.md §3. Pure builders: `engine_env` (nothing inherited),
+`opencode_config` (`OPENCODE_CONFIG_CONTENT` for a turn) and
+`model_listing_env` (the same credentials and providers for `opencode models`).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from computer_service.engine.user_opencode import (
+    NotLoggedIn,
+    UserOpenCode,
+    read_auth,
+    read_user_providers,
+)
+from crew_common.layout import AgentPaths
+
+log = logging.getLogger(__name__)
+
+
+def _config(providers: dict[str, Any] | None, **settings: Any) -> str:
+    config: dict[str, Any] = {
+        "$schema": "https://opencode.ai/config.json",
+        "autoupdate": False,
+        "share": "disabled",
+        **settings,
+    }
+    if providers:
+        config["provider"] = providers
+    return orjson.dumps(config).decode()
+
+
+def opencode_config(agents_md: Path, model: str, providers: dict[str, Any] | None) -> str:
+    """`OPENCODE_CONFIG_CONTENT`: instructions, all permissions, this turn's model, providers."""
+    return _config(
+        providers,
+        instructions=[str(agents_md)],
+        # The sandbox is the boundary; inside it the agent may do anything.
+        permission={"*": "allow"},
+        model=model,
+        small_model=model,
+    )
+
+
+def model_listing_env(user: UserOpenCode) -> dict[str, str]:
+    """The OpenCode variables of `opencode models`, so it lists what a turn can use.
+
+    The user's credentials and `provider` section exactly as a turn gets them
+    (no instructions, no model), no project config, no catalog download. Not
+    logged in: no `OPENCODE_AUTH_CONTENT` (OpenCode then lists the providers
+    the config and the environment enable).
+    """
+    env = {
+        "OPENCODE_DISABLE_PROJECT_CONFIG": "1",
+        "OPENCODE_DISABLE_MODELS_FETCH": "1",
+        "OPENCODE_CONFIG_CONTENT": _config(read_user_providers(user.config_files)),
+    }
+    try:
+        env["OPENCODE_AUTH_CONTENT"] = read_auth(user.auth_file)
+    except NotLoggedIn as exc:
+        log.info("listing models without OpenCode credentials: %s", exc)
+    return env
+
+
+def engine_env(
+    paths: AgentPaths,
+    *,
+    bin_dir: Path,
+    server_url: str,
+    auth_content: str,
+    config_content: str,
+    base_path: str,
+    lang: str,
+) -> dict[str, str]:
+    """The engine's whole environment (computer.md §3): nothing else, nothing inherited."""
+    return {
+        "PATH": f"{bin_dir}:{base_path}" if base_path else str(bin_dir),
+        "LANG": lang,
+        "TMPDIR": str(paths.tmp_dir),
+        "TMPPREFIX": str(paths.tmp_dir / "zsh"),
+        "HOME": str(paths.agent_dir),
+        "XDG_DATA_HOME": str(paths.data_dir),
+        "XDG_CONFIG_HOME": str(paths.config_dir),
+        "XDG_CACHE_HOME": str(paths.cache_dir),
+        "XDG_STATE_HOME": str(paths.state_dir),
+        "OPENCODE_DISABLE_PROJECT_CONFIG": "1",
+        "OPENCODE_DISABLE_MODELS_FETCH": "1",
+        "OPENCODE_AUTH_CONTENT": auth_content,
+        "OPENCODE_CONFIG_CONTENT": config_content,
+        "PWD": str(paths.work_dir),
+        "CREW_SERVER_URL": server_url,
+        "CREW_TOKEN_FILE": str(paths.token_file),
+    }

@@ -1,0 +1,132 @@
+"""`EventStream`: follows the crew server's `GET /computer/events` (computer.md §1 step 6).
+
+After every (re)connect the roster syncs and every runner is woken: events
+missed while away may have brought messages. Reconnects wait with capped
+exponential backoff and jitter (`Backoff`), from the server's `retry:`, and
+send `Last-Event-ID` so missed events replay. A refused token ends the run:
+retrying cannot fix it.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import httpx
+import orjson
+from httpx_sse import ServerSentEvent, SSEError
+
+from computer_service.roster import Roster
+from computer_service.upstream import Unauthorized, Upstream, UpstreamError, UpstreamRejected
+
+log = logging.getLogger(__name__)
+
+BACKOFF_INITIAL_S = 0.5
+BACKOFF_CAP_S = 30.0
+
+
+class Backoff:
+    """Capped exponential backoff with jitter; the server's `retry:` sets the base."""
+
+    def __init__(self, initial_s: float = BACKOFF_INITIAL_S, cap_s: float = BACKOFF_CAP_S):
+        self.base_s = initial_s
+        self.cap_s = cap_s
+        self.attempt = 0
+
+    def reset(self) -> None:
+        """After a successful connect: start again from the base delay."""
+        self.attempt = 0
+
+    def server_retry(self, retry_ms: int) -> None:
+        """Take the server's `retry:` (milliseconds) as the base delay."""
+        self.base_s = min(max(retry_ms / 1000, 0.05), self.cap_s)
+
+    def next_delay(self) -> float:
+        """The next delay in seconds, doubled each time up to the cap, jittered."""
+        delay = min(self.cap_s, self.base_s * 2**self.attempt)
+        self.attempt = min(self.attempt + 1, 30)
+        # Full jitter on the upper half: many Computers do not reconnect in lockstep.
+        return delay * random.uniform(0.5, 1.0)
+
+
+class EventStream:
+    """The Computer's subscription to its server's events, reconnecting until cancelled."""
+
+    def __init__(self, upstream: Upstream, roster: Roster, *, fail: Callable[[str], None]) -> None:
+        self.upstream = upstream
+        self.roster = roster
+        # Called with the reason when following cannot go on (the run then exits 1).
+        self._fail = fail
+        self.connected = False
+        self.last_event_id: str | None = None
+        self.backoff = Backoff()
+
+    async def follow(self) -> None:
+        """Follow the stream until cancelled or refused for good (see module doc)."""
+        backoff = self.backoff
+        while True:
+            opened = False
+            try:
+                async with self.upstream.events(self.last_event_id) as source:
+                    opened = True
+                    self.connected = True
+                    await self.roster.sync_agents()
+                    self.roster.wake_all()
+                    delivered = False
+                    async for event in source.aiter_sse():
+                        if not delivered:
+                            # Back to the base delay only once the stream works: one that
+                            # a proxy closes right after the 200 still backs off.
+                            backoff.reset()
+                            delivered = True
+                        if event.retry is not None:
+                            backoff.server_retry(event.retry)
+                        await self._on_event(event)
+                        if event.id:
+                            self.last_event_id = event.id
+                log.warning("the event stream ended; reconnecting")
+            except Unauthorized as exc:
+                self._fail(f"the event stream stopped: {exc}")
+                return
+            except UpstreamRejected as exc:
+                if opened:
+                    log.warning("event stream: %s; reconnecting", exc)
+                elif self.last_event_id is not None:
+                    # Perhaps an id the server no longer takes: start afresh (the wake-all
+                    # after connecting covers what the replay would have brought).
+                    log.warning("event stream refused: %s; reconnecting without an id", exc)
+                    self.last_event_id = None
+                else:
+                    self._fail(f"cannot subscribe to the crew server's events: {exc}")
+                    return
+            except (UpstreamError, httpx.HTTPError, SSEError) as exc:
+                log.warning("event stream: %s; reconnecting", exc)
+            finally:
+                self.connected = False
+            await anyio.sleep(backoff.next_delay())
+
+    async def _on_event(self, event: ServerSentEvent) -> None:
+        if event.event == "wake":
+            agent_id = agent_id_of(event.data)
+            if agent_id is None:
+                log.warning("ignored a malformed wake event: %.200r", event.data)
+                return
+            await self.roster.wake_from_server(agent_id)
+        elif event.event == "agents":
+            await self.roster.agents_changed()
+        elif event.event not in ("ping", "message"):
+            log.info("ignored an unknown event %.50r", event.event)
+
+
+def agent_id_of(data: str) -> str | None:
+    """The `agent_id` of a `wake` event's data, or None when the data is malformed."""
+    try:
+        parsed: Any = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    if isinstance(parsed, dict) and isinstance(parsed.get("agent_id"), str):
+        return str(parsed["agent_id"])
+    return None

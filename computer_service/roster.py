@@ -1,0 +1,240 @@
+"""`Roster`: this Computer's agents — a runner each, or the problem that keeps it from running.
+
+computer.md §1 step 6 and §2. `sync_agents` makes the runners match the
+server's agent list: new agents get their directories, token and a runner;
+changed ones are replaced; agents moved away are dropped. An agent that
+cannot run (no sandbox, no engine, a directory that cannot be prepared) is
+kept as a problem, reported upstream once, and tried again at the next sync.
+A runner fenced out by a newer connection stays dropped until the next sync.
+
+The roster owns its runners' task group (`running`); leaving it stops every
+runner. It also answers the introspection API's agent questions.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+
+from computer_service.engine.base import Engine
+from computer_service.introspection import AgentDetail, AgentRow, TurnSummary
+from computer_service.metrics import Metrics
+from computer_service.parts_protocol import AgentPreparationFailed, Parts
+from computer_service.runner import Runner, TurnGate
+from computer_service.upstream import AgentRecord, Upstream, UpstreamError
+
+log = logging.getLogger(__name__)
+
+# Stopping a turn is SIGINT, then SIGKILL after 2 s, then a last report: give it room.
+RUNNER_STOP_TIMEOUT_S = 10.0
+
+
+class Roster:
+    """The runners and the agents with a problem, kept in step with the server's list."""
+
+    def __init__(
+        self,
+        upstream: Upstream,
+        parts: Parts,
+        *,
+        gate: TurnGate,
+        metrics: Metrics,
+        publish: Callable[[str, dict[str, Any]], None],
+    ) -> None:
+        self.upstream = upstream
+        self.parts = parts
+        self.gate = gate
+        self.metrics = metrics
+        self._publish = publish
+        self.runners: dict[str, Runner] = {}
+        self.problems: dict[str, tuple[AgentRecord, str]] = {}
+        # Agents whose turn was fenced out: no runner until the next full sync.
+        self.fenced: set[str] = set()
+        # Why no agent can run here (set at start-up from the launcher's health).
+        self.unavailable: str | None = "starting"
+        # The engine runners use; only set when the launcher is usable.
+        self.engine: Engine | None = None
+        # Set after the first complete sync.
+        self.synced = anyio.Event()
+        self._group: TaskGroup | None = None
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """Own the runners' task group; on leaving, stop every runner (turns end as cancelled)."""
+        async with anyio.create_task_group() as group:
+            self._group = group
+            yield
+            runners = list(self.runners.values())
+            for runner in runners:
+                runner.close()
+            with anyio.move_on_after(RUNNER_STOP_TIMEOUT_S) as waiting:
+                for runner in runners:
+                    await runner.finished.wait()
+            if waiting.cancelled_caught:
+                log.warning(
+                    "runners did not stop within %.0f s; cancelling them", RUNNER_STOP_TIMEOUT_S
+                )
+                group.cancel_scope.cancel()
+
+    # --- keeping in step with the server -------------------------------------
+
+    async def sync_agents(self) -> list[Runner]:
+        """Create, replace and drop runners to match the server's agent list; the new runners."""
+        agents = {agent.id: agent for agent in await self.upstream.agents()}
+        self.fenced.clear()
+        for agent_id in [a for a in self.runners if a not in agents]:
+            await self._drop_runner(agent_id)
+        for agent_id in [a for a in self.problems if a not in agents]:
+            del self.problems[agent_id]
+        created: list[Runner] = []
+        for agent in agents.values():
+            current = self.runners.get(agent.id)
+            if current is not None and current.agent.settings() == agent.settings():
+                continue
+            if current is not None:
+                await self._drop_runner(agent.id)
+            # Agents with a problem are tried again: a later success clears it.
+            if (runner := await self._add_runner(agent)) is not None:
+                created.append(runner)
+        self.synced.set()
+        return created
+
+    async def wake_from_server(self, agent_id: str) -> None:
+        """A `wake` event: wake its runner; an agent not known yet is synced first."""
+        runner = self.runners.get(agent_id)
+        if runner is not None:
+            runner.wake()
+        elif agent_id not in self.problems and agent_id not in self.fenced:
+            # Not known yet (e.g. just assigned): a sync creates it; then wake it.
+            await self.sync_agents()
+            if (runner := self.runners.get(agent_id)) is not None:
+                runner.wake()
+
+    async def agents_changed(self) -> None:
+        """An `agents` event: sync, and wake the new runners."""
+        # New runners may have messages waiting from before they existed.
+        for runner in await self.sync_agents():
+            runner.wake()
+
+    def wake_all(self) -> None:
+        """Wake every runner (after a (re)connect: messages may have arrived meanwhile)."""
+        for runner in self.runners.values():
+            runner.wake()
+
+    async def _drop_runner(self, agent_id: str) -> None:
+        runner = self.runners.pop(agent_id, None)
+        if runner is None:
+            return
+        runner.close()
+        with anyio.move_on_after(RUNNER_STOP_TIMEOUT_S):
+            await runner.finished.wait()
+
+    async def _add_runner(self, agent: AgentRecord) -> Runner | None:
+        if self.unavailable is not None or self.engine is None:
+            await self._report_problem(agent, self.unavailable or "engine unavailable")
+            return None
+        try:
+            token = await self.upstream.issue_token(agent.id)
+            workspace = self.parts.prepare_agent(agent, token)
+        except UpstreamError as exc:
+            log.warning("agent %s: issuing its token failed: %s", agent.handle, exc)
+            return None
+        except AgentPreparationFailed as exc:
+            await self._report_problem(agent, str(exc))
+            return None
+        runner = Runner(
+            agent,
+            upstream=self.upstream,
+            engine=self.engine,
+            workspace=workspace,
+            gate=self.gate,
+            metrics=self.metrics,
+            publish=self._publish,
+        )
+        self.runners[agent.id] = runner
+        assert self._group is not None, "runners are added only inside `running()`"
+        self._group.start_soon(self._run_runner, runner)
+        try:
+            # Cleared also when set by an earlier run: the server keeps problems.
+            await self.upstream.clear_problem(agent.id)
+        except UpstreamError as exc:
+            log.warning("agent %s: clearing its problem failed: %s", agent.handle, exc)
+        self.problems.pop(agent.id, None)
+        return runner
+
+    async def _run_runner(self, runner: Runner) -> None:
+        try:
+            await runner.run()
+        finally:
+            if self.runners.get(runner.agent.id) is runner:
+                # Fenced out: dropped until the next agent sync says otherwise.
+                del self.runners[runner.agent.id]
+                if runner.fenced_out:
+                    self.fenced.add(runner.agent.id)
+
+    async def _report_problem(self, agent: AgentRecord, reason: str) -> None:
+        known = self.problems.get(agent.id)
+        self.problems[agent.id] = (agent, reason)
+        if known is not None and known[1] == reason:
+            return
+        log.warning("agent %s cannot run: %s", agent.handle, reason)
+        try:
+            await self.upstream.set_problem(agent.id, reason)
+        except UpstreamError as exc:
+            log.warning("agent %s: reporting its problem failed: %s", agent.handle, exc)
+
+    # --- the introspection view ----------------------------------------------
+
+    @property
+    def agent_count(self) -> int:
+        """How many agents this Computer has: running or with a problem."""
+        return len(self.runners) + len(self.problems)
+
+    def agent_rows(self) -> list[AgentRow]:
+        """`GET /agents`: runners and agents with a problem, by handle."""
+        rows = [AgentRow.model_validate(runner.row()) for runner in self.runners.values()]
+        rows += [_problem_row(agent, reason) for agent, reason in self.problems.values()]
+        return sorted(rows, key=lambda row: row.handle)
+
+    def agent_detail(self, agent_id: str) -> AgentDetail | None:
+        """`GET /agents/{id}`; None for an unknown agent."""
+        if (runner := self.runners.get(agent_id)) is not None:
+            turns = [TurnSummary.model_validate(t) for t in runner.recent_turns()]
+            return AgentDetail.model_validate({**runner.row(), "recent_turns": turns})
+        if (problem := self.problems.get(agent_id)) is not None:
+            row = _problem_row(*problem)
+            return AgentDetail.model_validate({**row.model_dump(), "recent_turns": []})
+        return None
+
+    def wake_agent(self, agent_id: str) -> bool | None:
+        """`POST /agents/{id}/wake`: None unknown, False cannot run, True woken."""
+        if (runner := self.runners.get(agent_id)) is not None:
+            runner.wake()
+            return True
+        return False if agent_id in self.problems else None
+
+    def stop_agent(self, agent_id: str) -> bool | None:
+        """`POST /agents/{id}/stop`: None unknown, False nothing running, True stopping."""
+        if (runner := self.runners.get(agent_id)) is not None:
+            return runner.stop_turn()
+        return False if agent_id in self.problems else None
+
+
+def _problem_row(agent: AgentRecord, reason: str) -> AgentRow:
+    return AgentRow(
+        id=agent.id,
+        handle=agent.handle,
+        state="problem",
+        turn_id=None,
+        pending_wake=False,
+        last_result=None,
+        last_reason=None,
+        session_id=None,
+        model=agent.model,
+        problem=reason,
+    )
