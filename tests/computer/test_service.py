@@ -13,9 +13,9 @@ import pytest
 from computer_service.bootstrap import Bootstrap
 from computer_service.service import Backoff, ComputerService, _agent_id_of
 from computer_service.upstream import Upstream
+from crew_testkit.crew_server_proc import start_crew_server
+from crew_testkit.scripted import ScriptedEngine, blocking
 from tests.computer.fakes import FakeParts
-from tests.computer.scripted import ScriptedEngine, blocking
-from tests.support.crew_server_proc import start_crew_server
 
 
 async def finished(

@@ -21,8 +21,9 @@ import pytest
 from computer_service.bootstrap import Bootstrap
 from computer_service.service import ComputerService, ModelsFailed, StartupFailed
 from computer_service.upstream import Upstream
+from crew_testkit.scripted import ScriptedEngine
+from crew_testkit.waiting import wait_until_async
 from tests.computer.fakes import FakeCrewServer, FakeParts, RecordingBackoff
-from tests.computer.scripted import ScriptedEngine
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -90,7 +91,9 @@ async def test_reconnects_back_off_honour_retry_resend_the_last_id_and_sync_then
     bob_joined = anyio.Event()
 
     async def alice_claimed(times: int) -> None:
-        await server.until(lambda: server.unread_claims(alice["id"]) >= times)
+        await wait_until_async(
+            f"{times} unread claims", lambda: server.unread_claims(alice["id"]) >= times
+        )
 
     async def add_bob() -> None:
         await alice_claimed(2)
@@ -105,7 +108,7 @@ async def test_reconnects_back_off_honour_retry_resend_the_last_id_and_sync_then
     ]
     backoff = RecordingBackoff(initial_s=0.01, cap_s=0.08)
     async with computer(tmp_path, server, backoff=backoff) as c:
-        await server.until(lambda: server.unread_claims("agent-bob") >= 1)
+        await wait_until_async("bob's unread claim", lambda: server.unread_claims("agent-bob") >= 1)
         assert c.service.connected
         # Every reconnect sends the id of the last event it saw.
         assert server.last_event_ids == [None] * 6 + ["7", "9"]
@@ -136,8 +139,8 @@ async def test_a_refused_last_event_id_reconnects_afresh(tmp_path: Path) -> None
     server = FakeCrewServer()
     server.events_answers = [[events("id: 5", "event: ping", "data: {}")], 422]
     async with computer(tmp_path, server, backoff=RecordingBackoff(0.01, 0.02)) as c:
-        await server.until(lambda: len(server.last_event_ids) == 3)
-        await server.until(lambda: c.service.connected)
+        await wait_until_async("three event streams", lambda: len(server.last_event_ids) == 3)
+        await wait_until_async("connected", lambda: c.service.connected)
         assert server.last_event_ids == [None, "5", None]
     assert c.outcome == [0]
 
@@ -146,7 +149,7 @@ async def test_a_busy_server_is_retried_not_fatal(tmp_path: Path) -> None:
     server = FakeCrewServer()
     server.events_answers = [429, 408, 503]
     async with computer(tmp_path, server, backoff=RecordingBackoff(0.01, 0.02)) as c:
-        await server.until(lambda: c.service.connected)
+        await wait_until_async("connected", lambda: c.service.connected)
         assert len(server.last_event_ids) == 4
     assert c.outcome == [0]
 
@@ -214,7 +217,7 @@ async def test_models_are_retried_while_the_launcher_restarts_or_the_server_is_d
         return made
 
     async with computer(tmp_path, server, parts=parts, backoff=RecordingBackoff(0.01, 0.02)) as c:
-        await server.until(lambda: server.models is not None, timeout=20)
+        await wait_until_async("the models", lambda: server.models is not None, timeout=20)
         assert server.models == ["local/fake"]
         assert c.parts.models_calls == 2  # read again after the launcher error, not after a 503
         assert server.count("PUT", "/computer/models") == 3
@@ -254,7 +257,7 @@ async def test_ready_is_written_before_the_launcher_starts(tmp_path: Path) -> No
         assert health["sandbox"]["ok"] is None
         assert server.count("GET", "/computer/events") == 0
         release.set()
-        await server.until(lambda: c.service.connected)
+        await wait_until_async("connected", lambda: c.service.connected)
     assert c.outcome == [0]
 
 
@@ -294,7 +297,9 @@ async def test_a_stream_that_ends_before_any_event_still_backs_off(tmp_path: Pat
     ]
     backoff = RecordingBackoff(initial_s=0.01, cap_s=1.0)
     async with computer(tmp_path, server, backoff=backoff) as c:
-        await server.until(lambda: server.count("GET", "/computer/agents") == 5)
+        await wait_until_async(
+            "five agent lists", lambda: server.count("GET", "/computer/agents") == 5
+        )
         assert len(server.last_event_ids) == 5
         ceilings = [0.01, 0.02, 0.04, 0.01]  # doubling; back to the base after an event
         assert len(backoff.delays) == len(ceilings)

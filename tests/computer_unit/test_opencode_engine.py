@@ -1,6 +1,6 @@
 """OpenCodeEngine: pure parts (env, config, auth, JSONC) and whole turns through a launcher.
 
-Turns run the fake `opencode` (tests/support/fake_opencode.py) through the
+Turns run the fake `opencode` (crew_testkit/fake_opencode.py) through the
 in-test launcher stand-in (same HTTP API, no sandbox); test_engine_sandboxed.py
 repeats the key cases through the real `sandbox_launcher`.
 """

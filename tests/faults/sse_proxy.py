@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from tests.support.crew_server_proc import free_port
+from crew_testkit.crew_server_proc import free_port
 
 _CLOSE = b""
 

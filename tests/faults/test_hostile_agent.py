@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.computer.computer_proc import bootstrap_for, launch, machine
+from crew_testkit.computer_proc import bootstrap_for, launch, machine
 from tests.faults.chain import finished, need_sandbox, read_positions, usable
 from tests.launcher.helpers import processes_with
 

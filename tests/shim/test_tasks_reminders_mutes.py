@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.shim.conftest import World
+from tests.shim.world import World
 
 pytestmark = pytest.mark.timeout(60)
 
