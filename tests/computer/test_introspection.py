@@ -28,6 +28,7 @@ from computer_service.introspection import (
     create_app,
     peer_uid,
 )
+from crew_testkit.waiting import wait_until_async
 from tests.computer.static_view import StaticView
 
 OPENAPI = Path(__file__).resolve().parents[2] / "openapi" / "computer.yaml"
@@ -130,14 +131,10 @@ async def test_events_stream_state_changes_until_the_bus_closes(view: StaticView
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(reader)
-        with anyio.fail_after(5):
-            while not bus.has_subscribers:
-                await anyio.sleep(0.01)
+        await wait_until_async("a subscriber", lambda: bus.has_subscribers, 5)
         bus.publish("state", {"id": "a1", "state": "running"})
         bus.publish("engine", {"agent_id": "a1", "type": "text", "data": {"text": "hi"}})
-        with anyio.fail_after(5):
-            while len(received) < 3:
-                await anyio.sleep(0.01)
+        await wait_until_async("three chunks", lambda: len(received) >= 3, 5)
         bus.close()
     body = b"".join(received)
     assert b'event: state\ndata: {"id":"a1","state":"running"}\n\n' in body

@@ -50,10 +50,10 @@ async def test_success_reports_events_in_order_then_acks(crew_server: Any, crew_
         assert r.metrics.turns["succeeded"] == 1
         # Acked: a new wake-up finds nothing unread and starts no turn.
         r.runner.wake()
+        # Idle with no pending wake: that wake's claim is over (and found nothing).
         await wait_until_async(
             "runner idle", lambda: r.runner.state == "idle" and not r.runner.pending_wake
         )
-        await anyio.sleep(0.2)
         assert len(engine.inputs) == 1
         assert len(await r.user.turns(r.runner.agent.id)) == 1
 
@@ -91,8 +91,10 @@ async def test_wakes_during_a_turn_merge_into_exactly_one_more(
         assert r.runner.pending_wake
         release.set()
         turns = await r.user.finished(r.runner.agent.id, 2)
-        await wait_until_async("idle", lambda: r.runner.state == "idle")
-        await anyio.sleep(0.3)
+        # Idle with no pending wake: no third turn is coming.
+        await wait_until_async(
+            "idle", lambda: r.runner.state == "idle" and not r.runner.pending_wake
+        )
         assert len(engine.inputs) == 2
         assert [t["status"] for t in turns] == ["succeeded", "succeeded"]
         assert "first-batch-msg" in engine.inputs[0]
@@ -174,9 +176,10 @@ async def test_a_hundred_agents_never_exceed_the_cap(crew_server: Any, crew_home
             await r.user.post(room["id"], "hello all")
         for runner in r.runners:
             runner.wake()
-        await anyio.sleep(0.05)
-        assert r.gate.queued > 0
-        assert any(runner.state == "queued" for runner in r.runners)
+        await wait_until_async(
+            "a queue at the gate",
+            lambda: r.gate.queued > 0 and any(runner.state == "queued" for runner in r.runners),
+        )
         await wait_until_async(
             "all 100 turns", lambda: r.metrics.turns["succeeded"] == 100, timeout=60
         )

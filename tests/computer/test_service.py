@@ -15,18 +15,18 @@ from computer_service.service import Backoff, ComputerService, _agent_id_of
 from computer_service.upstream import Upstream
 from crew_testkit.crew_server_proc import start_crew_server
 from crew_testkit.scripted import ScriptedEngine, blocking
+from crew_testkit.waiting import wait_until_async
 from tests.computer.fakes import FakeParts
 
 
 async def finished(
     server: Any, agent_id: str, count: int, timeout: float = 20
 ) -> list[dict[str, Any]]:
-    with anyio.fail_after(timeout):
-        while True:
-            done = [t for t in reversed(server.turns(agent_id)) if t["status"] != "running"]
-            if len(done) >= count:
-                return done
-            await anyio.sleep(0.05)
+    def done() -> list[dict[str, Any]] | None:
+        turns = [t for t in reversed(server.turns(agent_id)) if t["status"] != "running"]
+        return turns if len(turns) >= count else None
+
+    return await wait_until_async(f"{count} finished turns", done, timeout)
 
 
 @pytest.mark.anyio
@@ -54,9 +54,7 @@ async def test_reconnects_after_a_server_restart_and_handles_what_came_meanwhile
             await finished(server, agent["id"], 1)
 
             server.stop()
-            with anyio.fail_after(20):
-                while service.connected:
-                    await anyio.sleep(0.05)
+            await wait_until_async("the Computer to notice", lambda: not service.connected, 20)
             server = start_crew_server(tmp_path / "srv", db=server.db, port=port)
             server.post(room["id"], "while the Computer was away")
             turns = await finished(server, agent["id"], 2, timeout=45)
@@ -95,14 +93,12 @@ async def test_agent_changes_replace_and_drop_runners(tmp_path: Path) -> None:
         service = ComputerService(boot, FakeParts(crew_home, engine), handle_signals=False)
         async with anyio.create_task_group() as tg:
             tg.start_soon(service.serve)
-            with anyio.fail_after(20):
-                while agent["id"] not in service.runners:
-                    await anyio.sleep(0.05)
+            await wait_until_async("a runner", lambda: agent["id"] in service.runners, 20)
             first = service.runners[agent["id"]]
             server.client().patch(f"/api/agents/{agent['id']}", json={"model": "local/other"})
-            with anyio.fail_after(20):
-                while service.runners.get(agent["id"]) in (None, first):
-                    await anyio.sleep(0.05)
+            await wait_until_async(
+                "a new runner", lambda: service.runners.get(agent["id"]) not in (None, first), 20
+            )
             assert service.runners[agent["id"]].agent.model == "local/other"
             assert first.finished.is_set()
             agents_md = (crew_home / "agents" / agent["id"] / "AGENTS.md").read_text()
@@ -112,9 +108,9 @@ async def test_agent_changes_replace_and_drop_runners(tmp_path: Path) -> None:
             server.client().patch(
                 f"/api/agents/{agent['id']}", json={"computer_id": other["computer_id"]}
             )
-            with anyio.fail_after(20):
-                while agent["id"] in service.runners:
-                    await anyio.sleep(0.05)
+            await wait_until_async(
+                "the runner dropped", lambda: agent["id"] not in service.runners, 20
+            )
             service.request_stop()
     finally:
         server.stop()
@@ -155,7 +151,7 @@ async def test_server_restart_during_a_turn_loses_nothing_and_acks_once(tmp_path
                 await engine.started.wait()
             server.stop()
             release.set()  # the engine's events go out while the server is down: dropped
-            await anyio.sleep(0.3)
+            await wait_until_async("a dropped report", lambda: service.metrics.batches_dropped)
             server = start_crew_server(tmp_path / "srv", db=server.db, port=port)
             [turn] = await finished(server, agent["id"], 1)
             assert turn["status"] == "succeeded"  # the ack and the finish waited for the server
@@ -196,9 +192,9 @@ async def test_a_fenced_out_runner_stays_dropped_until_the_next_sync(tmp_path: P
             await newer.connect("elsewhere", "linux", "0", 2)
             await newer.aclose()
             release.set()
-            with anyio.fail_after(20):
-                while agent["id"] in service.runners:
-                    await anyio.sleep(0.05)
+            await wait_until_async(
+                "the runner dropped", lambda: agent["id"] not in service.runners, 20
+            )
             assert agent["id"] in service.fenced
             server.post(room["id"], "a wake-up does not bring it back")
             await anyio.sleep(1.0)

@@ -161,9 +161,7 @@ async def test_a_refused_token_on_the_event_stream_exits_1_after_an_orderly_stop
     server.agent("alice")
     server.events_answers = [401]
     async with computer(tmp_path, server) as c:
-        with anyio.fail_after(10):
-            while not c.outcome:
-                await anyio.sleep(0.01)
+        await wait_until_async("the start-up outcome", lambda: c.outcome, 10)
     [failed] = c.outcome
     assert isinstance(failed, StartupFailed)
     assert "token was refused" in str(failed) and "tok-computer" not in str(failed)
@@ -176,9 +174,7 @@ async def test_an_event_stream_the_server_refuses_at_once_exits_1(tmp_path: Path
     server = FakeCrewServer()
     server.events_answers = [404]
     async with computer(tmp_path, server) as c:
-        with anyio.fail_after(10):
-            while not c.outcome:
-                await anyio.sleep(0.01)
+        await wait_until_async("the start-up outcome", lambda: c.outcome, 10)
     [failed] = c.outcome
     assert isinstance(failed, StartupFailed)
     assert str(failed).startswith("cannot subscribe to the crew server's events")
@@ -193,9 +189,7 @@ async def test_models_that_cannot_be_read_exit_1(tmp_path: Path) -> None:
         return made
 
     async with computer(tmp_path, server, parts=parts) as c:
-        with anyio.fail_after(10):
-            while not c.outcome:
-                await anyio.sleep(0.01)
+        await wait_until_async("the start-up outcome", lambda: c.outcome, 10)
     [failed] = c.outcome
     assert isinstance(failed, StartupFailed)
     assert str(failed) == (
@@ -229,9 +223,7 @@ async def test_a_refused_models_report_exits_1(tmp_path: Path) -> None:
     server = FakeCrewServer()
     server.models_statuses = [422]
     async with computer(tmp_path, server) as c:
-        with anyio.fail_after(10):
-            while not c.outcome:
-                await anyio.sleep(0.01)
+        await wait_until_async("the start-up outcome", lambda: c.outcome, 10)
     [failed] = c.outcome
     assert isinstance(failed, StartupFailed)
     assert str(failed).startswith("the crew server refused the list of models")
@@ -267,9 +259,7 @@ async def test_a_run_directory_that_cannot_be_prepared_exits_1(tmp_path: Path) -
     crew_home.mkdir()
     (crew_home / "runtime").write_text("a file where the run directories go")
     async with computer(tmp_path, server) as c:
-        with anyio.fail_after(10):
-            while not c.outcome:
-                await anyio.sleep(0.01)
+        await wait_until_async("the start-up outcome", lambda: c.outcome, 10)
     [failed] = c.outcome
     assert isinstance(failed, StartupFailed)
     assert "cannot prepare the run directory" in str(failed)
