@@ -273,7 +273,9 @@ def test_session_continues_then_restarts_and_memory_is_read(chain: Chain) -> Non
 
     # A changed persona changes AGENTS.md: the session is dropped.
     chain.expect_ok(chain.http.patch(f"/api/agents/{fay['id']}", json={"persona": "Terse."}))
-    time.sleep(1)  # the Computer replaces the runner on the `agents` event
+    # The Computer replaces the runner on the `agents` event, with the new AGENTS.md.
+    agents_md = chain.crew_home / "agents" / fay["id"] / "AGENTS.md"
+    wait_until("the new AGENTS.md", lambda: "Terse." in agents_md.read_text())
     chain.post(room["id"], "MEM-3 what do I like?")
     third = chain.finished_turns(fay["id"], 3)[-1]
     [session_3] = sessions_of(chain, "MEM-3")
