@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 
-from tests.support.crew_server_proc import CrewServer, start_crew_server  # noqa: E402
+from crew_testkit.crew_server_proc import CrewServer, start_crew_server  # noqa: E402
 
 PYTHON = sys.executable
 CREW = str(Path(PYTHON).with_name("crew"))

@@ -1,6 +1,6 @@
 """Pipeline overhead of the Computer (quality.md: ≤ 40 ms over the sandbox's own spawn time).
 
-Measured side by side in one run, with the fake engine (tests/support/fake_opencode.py)
+Measured side by side in one run, with the fake engine (crew_testkit/fake_opencode.py)
 in the real sandbox through the real launcher:
 
 - spawn: the sandbox's own cost — `OpenCodeEngine.run_turn` called directly
@@ -54,17 +54,17 @@ from computer_service.parts_protocol import LauncherStatus  # noqa: E402
 from computer_service.service import ComputerService  # noqa: E402
 from computer_service.upstream import AgentRecord  # noqa: E402
 from crew_common.layout import AgentPaths  # noqa: E402
-from tests.computer.computer_proc import (  # noqa: E402
+from crew_testkit.computer_proc import (  # noqa: E402
     FAKE_OPENCODE,
     Machine,
     bootstrap_for,
     launch,
     machine,
-    wait_for,
 )
-from tests.computer.rig import rig, wait_until  # noqa: E402
-from tests.computer.scripted import ScriptedEngine, sleeping  # noqa: E402
-from tests.support.crew_server_proc import CrewServer, start_crew_server  # noqa: E402
+from crew_testkit.crew_server_proc import CrewServer, start_crew_server  # noqa: E402
+from crew_testkit.rig import rig  # noqa: E402
+from crew_testkit.scripted import ScriptedEngine, sleeping  # noqa: E402
+from crew_testkit.waiting import wait_until, wait_until_async  # noqa: E402
 
 
 def dumps_of(work: Path) -> list[Path]:
@@ -133,7 +133,7 @@ class ComputerPipeline:
         self.agent = server.create_agent("bench", computer_id=comp["computer_id"])
         self.room = server.create_room("dm", [self.agent["id"]])
         self.computer = launch(m, bootstrap_for(server.url, comp["token"], m))
-        health = wait_for("the launcher's health", self.computer.health_known, 60)
+        health = wait_until("the launcher's health", self.computer.health_known, 60)
         if not health["sandbox"]["ok"]:
             raise SystemExit(f"the sandbox is not usable: {health['sandbox']['reason']}")
         self.work = m.crew_home / "agents" / self.agent["id"] / "work"
@@ -153,7 +153,7 @@ class ComputerPipeline:
             ]
             return done[n] if len(done) > n else None
 
-        turn = wait_for(f"turn {n}", nth_finished, 30)
+        turn = wait_until(f"turn {n}", nth_finished, 30)
         if turn["status"] != "succeeded":
             raise SystemExit(
                 f"turn {n} {turn['status']}: {turn['failure']}\n{self.computer.stderr()[-2000:]}"
@@ -225,7 +225,7 @@ def start_to_ready(runs: int) -> None:
                 t0 = time.perf_counter()
                 c = launch(m, bootstrap_for(server.url, comp["token"], m))
                 said_ready = time.perf_counter() - t0
-                wait_for("the launcher's health", c.health_known, 60)  # let it settle, then stop
+                wait_until("the launcher's health", c.health_known, 60)  # let it settle, then stop
                 c.stop()
                 if n:
                     ready.append(said_ready)
@@ -258,7 +258,9 @@ def event_reporting(count: int) -> None:
                     await r.user.post(r.room["id"], "flood please")
                     cpu0, wall0 = time.process_time(), time.perf_counter()
                     r.runner.wake()
-                    await wait_until("the flood turn", lambda: r.metrics.turns["succeeded"], 300)
+                    await wait_until_async(
+                        "the flood turn", lambda: r.metrics.turns["succeeded"], 300
+                    )
                     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
                     return cpu, wall, r.runner.recent[0].id
 
@@ -301,7 +303,7 @@ def many_agents(count: int, capacity: int) -> None:
                 transport=httpx.HTTPTransport(uds=str(m.crew_home / "sockets" / "computer.sock")),
                 base_url="http://computer",
             )
-            wait_for("all runners", lambda: len(local.get("/agents").json()) == count, 60)
+            wait_until("all runners", lambda: len(local.get("/agents").json()) == count, 60)
             t0 = time.perf_counter()
             for _, room_id in rooms:
                 server.post(room_id, "everyone, wake up")
@@ -314,7 +316,7 @@ def many_agents(count: int, capacity: int) -> None:
                 rows = local.get("/agents").json()
                 return sum(r["last_result"] == "succeeded" for r in rows) == count
 
-            wait_for(f"{count} turns", all_done, 600)
+            wait_until(f"{count} turns", all_done, 600)
             elapsed = time.perf_counter() - t0
             time.sleep(1)
             rss_mb = _proc_kib(child.pid, "VmHWM") / 1024

@@ -30,7 +30,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.support.crew_server_proc import CrewServer, start_crew_server
+from crew_testkit.crew_server_proc import CrewServer, start_crew_server
 
 GROUPS = 10
 PER_GROUP = 10

@@ -24,6 +24,7 @@ from crew_common.unix_socket import (
     peer_checked_h11,
     peer_uid,
 )
+from crew_testkit.waiting import wait_until_async
 from tests.support.ci import required_in_ci
 
 RAW_GET = (
@@ -80,8 +81,7 @@ async def _serve_and_get(sock_path: Path, allowed_uid: int, user: int | None) ->
     server = uvicorn.Server(config)
     async with anyio.create_task_group() as tg:
         tg.start_soon(server.serve, [sock])
-        while not server.started:
-            await anyio.sleep(0.01)
+        await wait_until_async("the server to start", lambda: server.started)
         answer = await anyio.to_thread.run_sync(_get, sock_path, user)
         server.should_exit = True
     return answer

@@ -148,11 +148,6 @@ class FakeCrewServer:
     def unread_claims(self, agent_id: str) -> int:
         return self.count("POST", f"/computer/agents/{agent_id}/unread")
 
-    async def until(self, probe: Callable[[], bool], timeout: float = 10.0) -> None:
-        with anyio.fail_after(timeout):
-            while not probe():
-                await anyio.sleep(0.01)
-
     async def handle(self, request: httpx.Request) -> httpx.Response:
         method, path = request.method, request.url.path
         self.calls.append((method, path))

@@ -17,89 +17,16 @@ import yaml
 from computer_service.introspection import (
     AgentDetail,
     AgentRow,
-    EngineHealth,
     EventBus,
     Health,
     IntrospectionServer,
-    SandboxHealth,
     TurnSummary,
     create_app,
 )
-from computer_service.metrics import Metrics
+from crew_testkit.waiting import wait_until_async
+from tests.computer.static_view import StaticView
 
 OPENAPI = Path(__file__).resolve().parents[2] / "openapi" / "computer.yaml"
-
-
-class StaticView:
-    """A ComputerView with two agents: one that can run, one with a problem."""
-
-    def __init__(self) -> None:
-        self.metrics = Metrics()
-        self.woken: list[str] = []
-        self.stopped: list[str] = []
-        self.running = {"a1": True}
-
-    def health(self) -> Health:
-        return Health(
-            ready=True,
-            connected=True,
-            sandbox=SandboxHealth(ok=True, backend="bwrap", reason=None),
-            engine=EngineHealth(found=True, version="1.18.33"),
-            agents=2,
-            running_turns=1,
-            queued=0,
-        )
-
-    def _row(self, agent_id: str) -> AgentRow:
-        problem = agent_id == "a2"
-        return AgentRow(
-            id=agent_id,
-            handle="alice" if agent_id == "a1" else "bob",
-            state="problem" if problem else "running",
-            turn_id=None if problem else "t1",
-            pending_wake=False,
-            last_result=None,
-            last_reason=None,
-            session_id=None,
-            model="p/m",
-            problem="cannot prepare" if problem else None,
-        )
-
-    def agent_rows(self) -> list[AgentRow]:
-        return [self._row("a1"), self._row("a2")]
-
-    def agent_detail(self, agent_id: str) -> AgentDetail | None:
-        if agent_id not in ("a1", "a2"):
-            return None
-        turns = [
-            TurnSummary(
-                id="t0",
-                status="failed",
-                duration_ms=5,
-                input_tokens=1,
-                output_tokens=2,
-                cost=0.5,
-                failure_class="engine_error",
-                reason="x",
-            )
-        ]
-        return AgentDetail(**self._row(agent_id).model_dump(), recent_turns=turns)
-
-    def wake_agent(self, agent_id: str) -> bool | None:
-        if agent_id == "a2":
-            return False
-        if agent_id != "a1":
-            return None
-        self.woken.append(agent_id)
-        return True
-
-    def stop_agent(self, agent_id: str) -> bool | None:
-        if agent_id not in ("a1", "a2"):
-            return None
-        stopping = self.running.pop(agent_id, False)
-        if stopping:
-            self.stopped.append(agent_id)
-        return stopping
 
 
 @pytest.fixture
@@ -199,14 +126,10 @@ async def test_events_stream_state_changes_until_the_bus_closes(view: StaticView
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(reader)
-        with anyio.fail_after(5):
-            while not bus.has_subscribers:
-                await anyio.sleep(0.01)
+        await wait_until_async("a subscriber", lambda: bus.has_subscribers, 5)
         bus.publish("state", {"id": "a1", "state": "running"})
         bus.publish("engine", {"agent_id": "a1", "type": "text", "data": {"text": "hi"}})
-        with anyio.fail_after(5):
-            while len(received) < 3:
-                await anyio.sleep(0.01)
+        await wait_until_async("three chunks", lambda: len(received) >= 3, 5)
         bus.close()
     body = b"".join(received)
     assert b'event: state\ndata: {"id":"a1","state":"running"}\n\n' in body

@@ -8,7 +8,7 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 
 from computer_service.introspection import EventBus, create_app
-from tests.computer.test_introspection import StaticView
+from tests.computer.static_view import StaticView
 
 OPENAPI = Path(__file__).resolve().parents[2] / "openapi" / "computer.yaml"
 

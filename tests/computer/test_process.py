@@ -14,15 +14,15 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.computer.computer_proc import (
+from crew_testkit.computer_proc import (
     FAKE_OPENCODE,
     ComputerProc,
     Machine,
     bootstrap_for,
     launch,
     machine,
-    wait_for,
 )
+from crew_testkit.waiting import wait_until
 from tests.support.ci import required_in_ci
 
 pytestmark = pytest.mark.timeout(120)
@@ -38,7 +38,7 @@ def finished(server: Any, agent_id: str, count: int, timeout: float = 30) -> lis
         done = [t for t in server.turns(agent_id) if t["status"] != "running"]
         return done if len(done) >= count else None
 
-    return wait_for(f"{count} finished turns", probe, timeout)
+    return wait_until(f"{count} finished turns", probe, timeout)
 
 
 def problem_of(server: Any, agent_id: str) -> str | None:
@@ -46,7 +46,7 @@ def problem_of(server: Any, agent_id: str) -> str | None:
 
 
 def usable(c: ComputerProc) -> dict[str, Any]:
-    health = wait_for("the launcher's health", c.health_known, 60)
+    health = wait_until("the launcher's health", c.health_known, 60)
     assert health["sandbox"]["ok"], f"sandbox not usable: {health}\n{c.stderr()[-2000:]}"
     return health
 
@@ -92,7 +92,7 @@ def test_messages_before_start_wakes_and_new_agents_then_a_clean_exit(crew_serve
                     ).fetchone()
                 return orjson.loads(row[0]) if row and row[0] else None
 
-            models = wait_for("the models", reported_models)
+            models = wait_until("the models", reported_models)
             assert models and all("/" in name for name in models)
 
             # A new agent appears while running.
@@ -150,8 +150,8 @@ def test_sigterm_during_a_turn_cancels_it_and_exits_cleanly(crew_server: Any) ->
         c = launch(m, bootstrap_for(crew_server.url, comp["token"], m))
         try:
             usable(c)
-            wait_for("a running turn", lambda: crew_server.turns(agent["id"]))
-            wait_for(
+            wait_until("a running turn", lambda: crew_server.turns(agent["id"]))
+            wait_until(
                 "the engine running",
                 lambda: any(r["state"] == "running" for r in c.get("/agents")),
             )
@@ -190,7 +190,7 @@ def test_planted_symlink_is_that_agents_problem_others_run(crew_server: Any) -> 
             assert finished(crew_server, agents["plain"]["id"], 1)[0]["status"] == "succeeded"
             # A FIFO session.json counts as no record: never blocks, the agent runs.
             assert finished(crew_server, agents["fifo"]["id"], 1)[0]["status"] == "succeeded"
-            reason = wait_for(
+            reason = wait_until(
                 "the problem", lambda: problem_of(crew_server, agents["linked"]["id"])
             )
             assert "work" in reason and str(m.crew_home) not in reason
@@ -231,14 +231,14 @@ def test_sandbox_unavailable_no_runner_and_every_agent_told(crew_server: Any) ->
             wrap=["unshare", "-rm", "sh", "-c", hide, "sh"],
         )
         try:
-            health = wait_for("the launcher's health", c.health_known, 60)
+            health = wait_until("the launcher's health", c.health_known, 60)
             assert health["sandbox"]["ok"] is False
             assert "bwrap" in health["sandbox"]["reason"]
-            reason = wait_for("the problem", lambda: problem_of(crew_server, first["id"]))
+            reason = wait_until("the problem", lambda: problem_of(crew_server, first["id"]))
             assert reason.startswith("sandbox unavailable:") and "bwrap" in reason
             # An agent that appears later is told too.
             later = crew_server.create_agent("late1", computer_id=comp["computer_id"])
-            assert "sandbox unavailable" in wait_for(
+            assert "sandbox unavailable" in wait_until(
                 "the later agent's problem", lambda: problem_of(crew_server, later["id"])
             )
             assert crew_server.turns(first["id"]) == []
@@ -318,7 +318,7 @@ def test_a_dead_launcher_fails_the_turn_and_is_replaced(crew_server: Any) -> Non
         c = launch(m, bootstrap_for(crew_server.url, comp["token"], m))
         try:
             usable(c)
-            wait_for(
+            wait_until(
                 "the engine running",
                 lambda: any(r["state"] == "running" for r in c.get("/agents")),
             )
@@ -328,7 +328,7 @@ def test_a_dead_launcher_fails_the_turn_and_is_replaced(crew_server: Any) -> Non
             assert crashed["status"] == "failed"
             assert crashed["failure"]["class"] == "process_crashed"
             # A new launcher takes over; the failed turn's message comes back with the next.
-            wait_for(
+            wait_until(
                 "a new launcher", lambda: [p for p in _launcher_pids(c.proc.pid) if p != launcher]
             )
             crew_server.post(dm["id"], "are you back?")
@@ -350,7 +350,7 @@ def test_kill_9_mid_turn_then_restart_handles_the_messages_again(crew_server: An
         first = launch(m, bootstrap_for(crew_server.url, comp["token"], m))
         try:
             usable(first)
-            wait_for(
+            wait_until(
                 "the engine running",
                 lambda: any(r["state"] == "running" for r in first.get("/agents")),
             )
@@ -358,7 +358,7 @@ def test_kill_9_mid_turn_then_restart_handles_the_messages_again(crew_server: An
             first.proc.kill()
             first.proc.wait(timeout=10)
             # The launcher dies with it (parent-death signal / stdin closed).
-            wait_for(
+            wait_until(
                 "the launcher gone",
                 lambda: not any(os.path.exists(f"/proc/{p}") for p in launchers),
                 15,
@@ -389,9 +389,9 @@ def test_engine_not_found_no_runner_and_every_agent_told(crew_server: Any) -> No
         boot["opencode_path"] = str(m.root / "no-such-opencode")
         c = launch(m, boot)
         try:
-            health = wait_for("the launcher's health", c.health_known, 60)
+            health = wait_until("the launcher's health", c.health_known, 60)
             assert health["engine"]["found"] is False
-            reason = wait_for("the problem", lambda: problem_of(crew_server, agent["id"]))
+            reason = wait_until("the problem", lambda: problem_of(crew_server, agent["id"]))
             assert reason.startswith("engine unavailable"), reason
             assert [r["state"] for r in c.get("/agents")] == ["problem"]
         finally:
@@ -420,7 +420,7 @@ def test_sigint_right_after_ready_stops_in_order(crew_server: Any) -> None:
         assert "SIGINT received: stopping" in c.stderr()
         assert run_dir_entries(m) == []
         assert not list((m.crew_home / "sockets").iterdir())
-        wait_for("no launcher left", lambda: not _launchers_of(m.crew_home), 10)
+        wait_until("no launcher left", lambda: not _launchers_of(m.crew_home), 10)
 
 
 def test_opencode_models_failing_ends_the_run_with_exit_1(crew_server: Any) -> None:
@@ -475,7 +475,7 @@ def test_a_hundred_agents_woken_at_once_never_run_more_engines_than_the_cap(
         c = launch(m, bootstrap_for(crew_server.url, comp["token"], m, max_concurrent_turns=cap))
         try:
             usable(c)
-            wait_for("100 runners", lambda: len(c.get("/agents")) == 100, 60)
+            wait_until("100 runners", lambda: len(c.get("/agents")) == 100, 60)
             for group in groups:
                 crew_server.post(
                     group["id"],

@@ -11,8 +11,8 @@ import pytest
 
 from computer_service.engine.base import SessionPlan
 from computer_service.upstream import RegisteredTurn, UnreadRoom, Upstream, UpstreamRejected
-from tests.computer.rig import rig, wait_until
-from tests.computer.scripted import (
+from crew_testkit.rig import rig
+from crew_testkit.scripted import (
     ScriptedEngine,
     blocking,
     fail,
@@ -20,6 +20,7 @@ from tests.computer.scripted import (
     succeed,
     wait_for_stop,
 )
+from crew_testkit.waiting import wait_until_async
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -49,10 +50,10 @@ async def test_success_reports_events_in_order_then_acks(crew_server: Any, crew_
         assert r.metrics.turns["succeeded"] == 1
         # Acked: a new wake-up finds nothing unread and starts no turn.
         r.runner.wake()
-        await wait_until(
+        # Idle with no pending wake: that wake's claim is over (and found nothing).
+        await wait_until_async(
             "runner idle", lambda: r.runner.state == "idle" and not r.runner.pending_wake
         )
-        await anyio.sleep(0.2)
         assert len(engine.inputs) == 1
         assert len(await r.user.turns(r.runner.agent.id)) == 1
 
@@ -90,8 +91,10 @@ async def test_wakes_during_a_turn_merge_into_exactly_one_more(
         assert r.runner.pending_wake
         release.set()
         turns = await r.user.finished(r.runner.agent.id, 2)
-        await wait_until("idle", lambda: r.runner.state == "idle")
-        await anyio.sleep(0.3)
+        # Idle with no pending wake: no third turn is coming.
+        await wait_until_async(
+            "idle", lambda: r.runner.state == "idle" and not r.runner.pending_wake
+        )
         assert len(engine.inputs) == 2
         assert [t["status"] for t in turns] == ["succeeded", "succeeded"]
         assert "first-batch-msg" in engine.inputs[0]
@@ -156,7 +159,7 @@ async def test_stale_turn_stops_without_ack_and_drops_the_runner(
         newer = Upstream(r.upstream.server_url, token)
         await newer.connect("test", "linux", "0", 2)
         release.set()
-        await wait_until("runner dropped", lambda: r.runner.finished.is_set())
+        await wait_until_async("runner dropped", lambda: r.runner.finished.is_set())
         assert r.runner.fenced_out
         [turn] = await r.user.turns(r.runner.agent.id)
         assert turn["status"] in ("interrupted", "running")
@@ -173,10 +176,13 @@ async def test_a_hundred_agents_never_exceed_the_cap(crew_server: Any, crew_home
             await r.user.post(room["id"], "hello all")
         for runner in r.runners:
             runner.wake()
-        await anyio.sleep(0.05)
-        assert r.gate.queued > 0
-        assert any(runner.state == "queued" for runner in r.runners)
-        await wait_until("all 100 turns", lambda: r.metrics.turns["succeeded"] == 100, timeout=60)
+        await wait_until_async(
+            "a queue at the gate",
+            lambda: r.gate.queued > 0 and any(runner.state == "queued" for runner in r.runners),
+        )
+        await wait_until_async(
+            "all 100 turns", lambda: r.metrics.turns["succeeded"] == 100, timeout=60
+        )
         assert engine.peak <= 3
         assert r.gate.peak <= 3
         assert sorted(engine.agents) == sorted(x.agent.id for x in r.runners)
@@ -207,7 +213,7 @@ async def test_stopped_while_claiming_the_turn_is_not_started(
         await upstream.claiming.wait()
         assert r.runner.stop_turn()
         upstream.release.set()
-        await wait_until("idle", lambda: r.runner.state == "idle")
+        await wait_until_async("idle", lambda: r.runner.state == "idle")
         assert engine.inputs == []
         assert await r.user.turns(r.runner.agent.id) == []
         # Nothing was acked: the next wake-up handles the message.
@@ -287,7 +293,7 @@ async def test_the_row_shows_the_session_a_turn_continues(
         release.set()
         [turn] = await r.user.finished(r.runner.agent.id, 1)
         assert turn["session_id"] == "ses-saved-earlier"
-        await wait_until("idle", lambda: r.runner.state == "idle")
+        await wait_until_async("idle", lambda: r.runner.state == "idle")
         # The engine's result names the session that was really used.
         assert r.runner.row()["session_id"] == f"ses-{r.runner.agent.id[:8]}"
 
@@ -304,10 +310,10 @@ async def test_a_queued_turn_that_is_stopped_leaves_the_line_at_once(
         first.wake()
         await engine.started.wait()
         second.wake()
-        await wait_until("queued", lambda: second.state == "queued")
+        await wait_until_async("queued", lambda: second.state == "queued")
         assert r.gate.queued == 1
         assert second.stop_turn()
-        await wait_until("out of the line", lambda: second.state == "idle")
+        await wait_until_async("out of the line", lambda: second.state == "idle")
         assert r.gate.queued == 0 and r.gate.running == 1
         assert engine.agents == [first.agent.id]
         assert await r.user.turns(second.agent.id) == []
@@ -347,8 +353,8 @@ async def test_a_turn_that_cannot_be_registered_is_only_logged_and_read_again(
         r.upstream.fail_register = 1
         await r.user.post(r.room["id"], "register me")
         r.runner.wake()
-        await wait_until("tried", lambda: r.upstream.fail_register == 0)
-        await wait_until("idle", lambda: r.runner.state == "idle")
+        await wait_until_async("tried", lambda: r.upstream.fail_register == 0)
+        await wait_until_async("idle", lambda: r.runner.state == "idle")
         assert engine.inputs == [] and await r.user.turns(r.runner.agent.id) == []
         assert r.runner.last_result is None
         r.runner.wake()

@@ -14,20 +14,20 @@ from computer_service.bootstrap import Bootstrap
 from computer_service.event_stream import Backoff, agent_id_of
 from computer_service.service import ComputerService
 from computer_service.upstream import Upstream
+from crew_testkit.crew_server_proc import start_crew_server
+from crew_testkit.scripted import ScriptedEngine, blocking
+from crew_testkit.waiting import wait_until_async
 from tests.computer.fakes import FakeParts
-from tests.computer.scripted import ScriptedEngine, blocking
-from tests.support.crew_server_proc import start_crew_server
 
 
 async def finished(
     server: Any, agent_id: str, count: int, timeout: float = 20
 ) -> list[dict[str, Any]]:
-    with anyio.fail_after(timeout):
-        while True:
-            done = [t for t in reversed(server.turns(agent_id)) if t["status"] != "running"]
-            if len(done) >= count:
-                return done
-            await anyio.sleep(0.05)
+    def done() -> list[dict[str, Any]] | None:
+        turns = [t for t in reversed(server.turns(agent_id)) if t["status"] != "running"]
+        return turns if len(turns) >= count else None
+
+    return await wait_until_async(f"{count} finished turns", done, timeout)
 
 
 @pytest.mark.anyio
@@ -55,9 +55,9 @@ async def test_reconnects_after_a_server_restart_and_handles_what_came_meanwhile
             await finished(server, agent["id"], 1)
 
             server.stop()
-            with anyio.fail_after(20):
-                while service.events.connected:
-                    await anyio.sleep(0.05)
+            await wait_until_async(
+                "the Computer to notice", lambda: not service.events.connected, 20
+            )
             server = start_crew_server(tmp_path / "srv", db=server.db, port=port)
             server.post(room["id"], "while the Computer was away")
             turns = await finished(server, agent["id"], 2, timeout=45)
@@ -96,14 +96,14 @@ async def test_agent_changes_replace_and_drop_runners(tmp_path: Path) -> None:
         service = ComputerService(boot, FakeParts(crew_home, engine), handle_signals=False)
         async with anyio.create_task_group() as tg:
             tg.start_soon(service.serve)
-            with anyio.fail_after(20):
-                while agent["id"] not in service.roster.runners:
-                    await anyio.sleep(0.05)
+            await wait_until_async("a runner", lambda: agent["id"] in service.roster.runners, 20)
             first = service.roster.runners[agent["id"]]
             server.client().patch(f"/api/agents/{agent['id']}", json={"model": "local/other"})
-            with anyio.fail_after(20):
-                while service.roster.runners.get(agent["id"]) in (None, first):
-                    await anyio.sleep(0.05)
+            await wait_until_async(
+                "a new runner",
+                lambda: service.roster.runners.get(agent["id"]) not in (None, first),
+                20,
+            )
             assert service.roster.runners[agent["id"]].agent.model == "local/other"
             assert first.finished.is_set()
             agents_md = (crew_home / "agents" / agent["id"] / "AGENTS.md").read_text()
@@ -113,9 +113,9 @@ async def test_agent_changes_replace_and_drop_runners(tmp_path: Path) -> None:
             server.client().patch(
                 f"/api/agents/{agent['id']}", json={"computer_id": other["computer_id"]}
             )
-            with anyio.fail_after(20):
-                while agent["id"] in service.roster.runners:
-                    await anyio.sleep(0.05)
+            await wait_until_async(
+                "the runner dropped", lambda: agent["id"] not in service.roster.runners, 20
+            )
             service.request_stop()
     finally:
         server.stop()
@@ -156,7 +156,7 @@ async def test_server_restart_during_a_turn_loses_nothing_and_acks_once(tmp_path
                 await engine.started.wait()
             server.stop()
             release.set()  # the engine's events go out while the server is down: dropped
-            await anyio.sleep(0.3)
+            await wait_until_async("a dropped report", lambda: service.metrics.batches_dropped)
             server = start_crew_server(tmp_path / "srv", db=server.db, port=port)
             [turn] = await finished(server, agent["id"], 1)
             assert turn["status"] == "succeeded"  # the ack and the finish waited for the server
@@ -197,9 +197,9 @@ async def test_a_fenced_out_runner_stays_dropped_until_the_next_sync(tmp_path: P
             await newer.connect("elsewhere", "linux", "0", 2)
             await newer.aclose()
             release.set()
-            with anyio.fail_after(20):
-                while agent["id"] in service.roster.runners:
-                    await anyio.sleep(0.05)
+            await wait_until_async(
+                "the runner dropped", lambda: agent["id"] not in service.roster.runners, 20
+            )
             assert agent["id"] in service.roster.fenced
             server.post(room["id"], "a wake-up does not bring it back")
             await anyio.sleep(1.0)

@@ -8,7 +8,7 @@ for the launcher; everything else is real, the socket included.
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -20,18 +20,11 @@ import pytest
 from computer_service.bootstrap import Bootstrap
 from computer_service.service import ComputerService
 from computer_service.upstream import AgentRecord
+from crew_testkit.scripted import ScriptedEngine, fail, succeed, wait_for_stop
+from crew_testkit.waiting import wait_until_async
 from tests.computer.fakes import UNUSABLE, FakeParts
-from tests.computer.scripted import ScriptedEngine, fail, succeed, wait_for_stop
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
-
-
-async def until(what: str, probe: Callable[[], Any], timeout: float = 20) -> Any:
-    with anyio.fail_after(timeout):
-        while not (value := probe()):
-            await anyio.sleep(0.03)
-    assert value, what
-    return value
 
 
 def problem_of(server: Any, agent_id: str) -> str | None:
@@ -64,11 +57,13 @@ async def test_sandbox_unusable_no_runner_and_every_agent_told_also_later_ones(
     crew_home = tmp_path / "crew"
     parts = FakeParts(crew_home, ScriptedEngine(), status=UNUSABLE)
     async with serving(crew_server, crew_home, parts, comp["token"]) as (service, local):
-        reason = await until("the problem", lambda: problem_of(crew_server, early["id"]))
+        reason = await wait_until_async("the problem", lambda: problem_of(crew_server, early["id"]))
         assert reason == "sandbox unavailable: bwrap not found (looked in /usr/bin)"
         # An agent that appears later is told too (an `agents` event, then a sync).
         later = crew_server.create_agent("later2", computer_id=comp["computer_id"])
-        assert await until("the later problem", lambda: problem_of(crew_server, later["id"]))
+        assert await wait_until_async(
+            "the later problem", lambda: problem_of(crew_server, later["id"])
+        )
         assert service.roster.runners == {}
         rows = (await local.get("/agents")).json()
         assert [(r["handle"], r["state"], r["problem"]) for r in rows] == [
@@ -98,7 +93,9 @@ async def test_a_failed_preparation_is_that_agents_problem_until_a_later_one_suc
     (agent_dir / "work").symlink_to(elsewhere)  # planted by the agent in an earlier run
     parts = FakeParts(crew_home, ScriptedEngine())
     async with serving(crew_server, crew_home, parts, comp["token"]) as (service, local):
-        reason = await until("the problem", lambda: problem_of(crew_server, broken["id"]))
+        reason = await wait_until_async(
+            "the problem", lambda: problem_of(crew_server, broken["id"])
+        )
         assert "work" in reason and str(crew_home) not in reason
         assert fine["id"] in service.roster.runners and broken["id"] not in service.roster.runners
         # The runner that was created got its token file and AGENTS.md.
@@ -113,9 +110,15 @@ async def test_a_failed_preparation_is_that_agents_problem_until_a_later_one_suc
         crew_server.client().patch(
             f"/api/agents/{broken['id']}", json={"persona": "Fixed."}
         ).raise_for_status()
-        await until("a runner", lambda: broken["id"] in service.roster.runners)
-        await until("the problem cleared", lambda: problem_of(crew_server, broken["id"]) is None)
-        assert broken["id"] not in service.roster.problems
+        await wait_until_async("a runner", lambda: broken["id"] in service.roster.runners)
+        # The service forgets the problem once the server has cleared it.
+        await wait_until_async(
+            "the problem cleared",
+            lambda: (
+                problem_of(crew_server, broken["id"]) is None
+                and broken["id"] not in service.roster.problems
+            ),
+        )
 
 
 async def test_a_settings_change_mid_turn_stops_the_old_runner_and_the_new_one_takes_over(
@@ -140,7 +143,7 @@ async def test_a_settings_change_mid_turn_stops_the_old_runner_and_the_new_one_t
             done = [t for t in crew_server.turns(agent["id"]) if t["status"] != "running"]
             return done if len(done) == 2 else None
 
-        newest, first = await until("two finished turns", two_turns)
+        newest, first = await wait_until_async("two finished turns", two_turns)
         assert first["status"] == "cancelled"  # the old runner's turn was stopped
         assert old.finished.is_set() and service.roster.runners[agent["id"]] is not old
         assert service.roster.runners[agent["id"]].agent.name == "Renamed"
@@ -175,11 +178,11 @@ async def test_introspection_of_the_running_service(crew_server: Any, tmp_path: 
         assert (health["ready"], health["agents"], health["queued"]) == (True, 1, 0)
 
         crew_server.post(room["id"], "first")
-        await until("one turn", lambda: service.metrics.turns["succeeded"] == 1)
+        await wait_until_async("one turn", lambda: service.metrics.turns["succeeded"] == 1)
         row = (await local.get("/agents")).json()[0]
         assert row["session_id"] == f"ses-{agent['id'][:8]}" and row["last_result"] == "succeeded"
         crew_server.post(room["id"], "second")
-        await until("two turns", lambda: service.metrics.turns["failed"] == 1)
+        await wait_until_async("two turns", lambda: service.metrics.turns["failed"] == 1)
         server_turns = [t["id"] for t in crew_server.turns(agent["id"])]  # newest first
         detail = (await local.get(f"/agents/{agent['id']}")).json()
         recent = detail["recent_turns"]
@@ -220,13 +223,13 @@ async def test_introspection_of_the_running_service(crew_server: Any, tmp_path: 
         assert (await local.get(f"/agents/{agent['id']}")).json()["pending_wake"] is True
         stopped = await local.post(f"/agents/{agent['id']}/stop")
         assert stopped.status_code == 202 and stopped.json()["accepted"] is True
-        await until("cancelled", lambda: service.metrics.turns["cancelled"] == 1)
+        await wait_until_async("cancelled", lambda: service.metrics.turns["cancelled"] == 1)
         after = (await local.get(f"/agents/{agent['id']}")).json()
         [cancelled] = [t for t in after["recent_turns"] if t["id"] == running["turn_id"]]
         assert (cancelled["status"], cancelled["failure_class"]) == ("cancelled", "stopped")
         assert crew_server.turn(running["turn_id"])["status"] == "cancelled"
         # The merged wake-up runs once more: the stopped turn's message was not acked.
-        await until("the next turn", lambda: service.metrics.turns["succeeded"] == 2)
+        await wait_until_async("the next turn", lambda: service.metrics.turns["succeeded"] == 2)
         assert "third" in engine.inputs[3]
 
         text = (await local.get("/metrics")).text

@@ -22,8 +22,9 @@ from computer_service.bootstrap import Bootstrap
 from computer_service.parts_protocol import ModelsFailed, StartupFailed
 from computer_service.service import ComputerService
 from computer_service.upstream import Upstream
+from crew_testkit.scripted import ScriptedEngine
+from crew_testkit.waiting import wait_until_async
 from tests.computer.fakes import FakeCrewServer, FakeParts, RecordingBackoff
-from tests.computer.scripted import ScriptedEngine
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -91,7 +92,9 @@ async def test_reconnects_back_off_honour_retry_resend_the_last_id_and_sync_then
     bob_joined = anyio.Event()
 
     async def alice_claimed(times: int) -> None:
-        await server.until(lambda: server.unread_claims(alice["id"]) >= times)
+        await wait_until_async(
+            f"{times} unread claims", lambda: server.unread_claims(alice["id"]) >= times
+        )
 
     async def add_bob() -> None:
         await alice_claimed(2)
@@ -106,7 +109,7 @@ async def test_reconnects_back_off_honour_retry_resend_the_last_id_and_sync_then
     ]
     backoff = RecordingBackoff(initial_s=0.01, cap_s=0.08)
     async with computer(tmp_path, server, backoff=backoff) as c:
-        await server.until(lambda: server.unread_claims("agent-bob") >= 1)
+        await wait_until_async("bob's unread claim", lambda: server.unread_claims("agent-bob") >= 1)
         assert c.service.events.connected
         # Every reconnect sends the id of the last event it saw.
         assert server.last_event_ids == [None] * 6 + ["7", "9"]
@@ -137,8 +140,8 @@ async def test_a_refused_last_event_id_reconnects_afresh(tmp_path: Path) -> None
     server = FakeCrewServer()
     server.events_answers = [[events("id: 5", "event: ping", "data: {}")], 422]
     async with computer(tmp_path, server, backoff=RecordingBackoff(0.01, 0.02)) as c:
-        await server.until(lambda: len(server.last_event_ids) == 3)
-        await server.until(lambda: c.service.events.connected)
+        await wait_until_async("three event streams", lambda: len(server.last_event_ids) == 3)
+        await wait_until_async("connected", lambda: c.service.events.connected)
         assert server.last_event_ids == [None, "5", None]
     assert c.outcome == [0]
 
@@ -147,7 +150,7 @@ async def test_a_busy_server_is_retried_not_fatal(tmp_path: Path) -> None:
     server = FakeCrewServer()
     server.events_answers = [429, 408, 503]
     async with computer(tmp_path, server, backoff=RecordingBackoff(0.01, 0.02)) as c:
-        await server.until(lambda: c.service.events.connected)
+        await wait_until_async("connected", lambda: c.service.events.connected)
         assert len(server.last_event_ids) == 4
     assert c.outcome == [0]
 
@@ -159,9 +162,7 @@ async def test_a_refused_token_on_the_event_stream_exits_1_after_an_orderly_stop
     server.agent("alice")
     server.events_answers = [401]
     async with computer(tmp_path, server) as c:
-        with anyio.fail_after(10):
-            while not c.outcome:
-                await anyio.sleep(0.01)
+        await wait_until_async("the start-up outcome", lambda: c.outcome, 10)
     [failed] = c.outcome
     assert isinstance(failed, StartupFailed)
     assert "token was refused" in str(failed) and "tok-computer" not in str(failed)
@@ -174,9 +175,7 @@ async def test_an_event_stream_the_server_refuses_at_once_exits_1(tmp_path: Path
     server = FakeCrewServer()
     server.events_answers = [404]
     async with computer(tmp_path, server) as c:
-        with anyio.fail_after(10):
-            while not c.outcome:
-                await anyio.sleep(0.01)
+        await wait_until_async("the start-up outcome", lambda: c.outcome, 10)
     [failed] = c.outcome
     assert isinstance(failed, StartupFailed)
     assert str(failed).startswith("cannot subscribe to the crew server's events")
@@ -191,9 +190,7 @@ async def test_models_that_cannot_be_read_exit_1(tmp_path: Path) -> None:
         return made
 
     async with computer(tmp_path, server, parts=parts) as c:
-        with anyio.fail_after(10):
-            while not c.outcome:
-                await anyio.sleep(0.01)
+        await wait_until_async("the start-up outcome", lambda: c.outcome, 10)
     [failed] = c.outcome
     assert isinstance(failed, StartupFailed)
     assert str(failed) == (
@@ -215,7 +212,7 @@ async def test_models_are_retried_while_the_launcher_restarts_or_the_server_is_d
         return made
 
     async with computer(tmp_path, server, parts=parts, backoff=RecordingBackoff(0.01, 0.02)) as c:
-        await server.until(lambda: server.models is not None, timeout=20)
+        await wait_until_async("the models", lambda: server.models is not None, timeout=20)
         assert server.models == ["local/fake"]
         assert c.parts.models_calls == 2  # read again after the launcher error, not after a 503
         assert server.count("PUT", "/computer/models") == 3
@@ -227,9 +224,7 @@ async def test_a_refused_models_report_exits_1(tmp_path: Path) -> None:
     server = FakeCrewServer()
     server.models_statuses = [422]
     async with computer(tmp_path, server) as c:
-        with anyio.fail_after(10):
-            while not c.outcome:
-                await anyio.sleep(0.01)
+        await wait_until_async("the start-up outcome", lambda: c.outcome, 10)
     [failed] = c.outcome
     assert isinstance(failed, StartupFailed)
     assert str(failed).startswith("the crew server refused the list of models")
@@ -255,7 +250,7 @@ async def test_ready_is_written_before_the_launcher_starts(tmp_path: Path) -> No
         assert health["sandbox"]["ok"] is None
         assert server.count("GET", "/computer/events") == 0
         release.set()
-        await server.until(lambda: c.service.events.connected)
+        await wait_until_async("connected", lambda: c.service.events.connected)
     assert c.outcome == [0]
 
 
@@ -265,9 +260,7 @@ async def test_a_run_directory_that_cannot_be_prepared_exits_1(tmp_path: Path) -
     crew_home.mkdir()
     (crew_home / "runtime").write_text("a file where the run directories go")
     async with computer(tmp_path, server) as c:
-        with anyio.fail_after(10):
-            while not c.outcome:
-                await anyio.sleep(0.01)
+        await wait_until_async("the start-up outcome", lambda: c.outcome, 10)
     [failed] = c.outcome
     assert isinstance(failed, StartupFailed)
     assert "cannot prepare the run directory" in str(failed)
@@ -295,7 +288,9 @@ async def test_a_stream_that_ends_before_any_event_still_backs_off(tmp_path: Pat
     ]
     backoff = RecordingBackoff(initial_s=0.01, cap_s=1.0)
     async with computer(tmp_path, server, backoff=backoff) as c:
-        await server.until(lambda: server.count("GET", "/computer/agents") == 5)
+        await wait_until_async(
+            "five agent lists", lambda: server.count("GET", "/computer/agents") == 5
+        )
         assert len(server.last_event_ids) == 5
         ceilings = [0.01, 0.02, 0.04, 0.01]  # doubling; back to the base after an event
         assert len(backoff.delays) == len(ceilings)

@@ -24,8 +24,9 @@ from computer_service.engine.opencode import Launcher, OpenCodeEngine
 from computer_service.engine.user_opencode import UserOpenCode
 from computer_service.home import AgentHome, RunDirectory
 from crew_common.layout import AgentPaths
+from crew_testkit.computer_proc import FAKE_OPENCODE as FAKE_OPENCODE_PATH
 
-FAKE_OPENCODE = str(Path(__file__).resolve().parent.parent / "support" / "fake_opencode.py")
+FAKE_OPENCODE = str(FAKE_OPENCODE_PATH)
 AGENT_TOKEN = "agent-token-0123456789abcdef"
 AUTH = {"local": {"type": "api", "key": "sk-user-secret-key-42"}}
 BASE_PATH = "/usr/local/bin:/usr/bin:/bin"

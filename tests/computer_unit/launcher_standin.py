@@ -30,6 +30,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from crew_testkit.waiting import wait_until_async
+
 STDERR_TAIL = 64 * 1024
 
 
@@ -230,8 +232,7 @@ async def serve_standin(socket_path: Path, state: StandinState) -> AsyncIterator
     server = uvicorn.Server(config)
     async with anyio.create_task_group() as tg:
         tg.start_soon(server.serve)
-        while not server.started:
-            await anyio.sleep(0.01)
+        await wait_until_async("the stand-in to serve", lambda: server.started)
         try:
             yield state
         finally:

@@ -10,6 +10,7 @@ hangs it.
 from __future__ import annotations
 
 import json
+import random
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,7 +19,9 @@ import anyio
 import pytest
 
 from computer_service.engine.base import FailureClass, SessionPlan
+from crew_testkit.waiting import wait_until_async
 from tests.computer_unit.engine_fixtures import AUTH, BASE_PATH, Rig, sandboxed_rig
+from tests.launcher.helpers import processes_with
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
@@ -88,9 +91,7 @@ async def test_stop_ends_the_turn(rig: Rig) -> None:
     stop = anyio.Event()
 
     async def stop_soon() -> None:
-        while not rig.dumps():
-            await anyio.sleep(0.05)
-        await anyio.sleep(0.3)
+        await wait_until_async("the engine to start", rig.dumps)
         stop.set()
 
     async with anyio.create_task_group() as tg:
@@ -110,9 +111,11 @@ async def test_output_cap(rig: Rig) -> None:
 
 async def test_background_process_neither_hangs_nor_outlives_the_turn(rig: Rig) -> None:
     t0 = time.monotonic()
-    result = await rig.turn("FAKE:BG 3")
+    seconds = f"{3 + random.random():.6f}"  # also marks the background process
+    result = await rig.turn(f"FAKE:BG {seconds}")
     took = time.monotonic() - t0
     assert result.status == "succeeded", result.failure
     assert took < 3, f"the turn waited for the background process ({took:.1f} s)"
-    await anyio.sleep(4)
+    # Gone either because the turn killed it or because it touched the file.
+    await wait_until_async("the background process gone", lambda: not processes_with(seconds))
     assert not (rig.paths.work_dir / "bg-survived").exists()

@@ -30,11 +30,12 @@ from computer_service.launcher_client import (
     launcher_argv,
     split_lines,
 )
+from crew_testkit.computer_proc import FAKE_OPENCODE
 from tests.computer_unit.launcher_standin import StandinState, serve_standin
 
 pytestmark = pytest.mark.anyio
 
-FAKE = str(Path(__file__).resolve().parent.parent / "support" / "fake_opencode.py")
+FAKE = str(FAKE_OPENCODE)
 STANDIN = str(Path(__file__).resolve().parent / "launcher_standin.py")
 
 

@@ -1,6 +1,6 @@
 """OpenCodeEngine: pure parts (env, config, auth, JSONC) and whole turns through a launcher.
 
-Turns run the fake `opencode` (tests/support/fake_opencode.py) through the
+Turns run the fake `opencode` (crew_testkit/fake_opencode.py) through the
 in-test launcher stand-in (same HTTP API, no sandbox); test_engine_sandboxed.py
 repeats the key cases through the real `sandbox_launcher`.
 """
@@ -30,6 +30,7 @@ from computer_service.engine.user_opencode import (
 )
 from computer_service.launcher_client import LauncherClient
 from crew_common.layout import AgentPaths
+from crew_testkit.waiting import wait_until_async
 from tests.computer_unit.engine_fixtures import (
     AGENT_TOKEN,
     AUTH,
@@ -340,9 +341,7 @@ async def test_stop_ends_a_hanging_turn_as_cancelled(tmp_path: Path) -> None:
         rig.use(client)
 
         async def stop_soon() -> None:
-            while not rig.dumps():
-                await anyio.sleep(0.02)
-            await anyio.sleep(0.2)
+            await wait_until_async("the engine to start", rig.dumps)
             stop.set()
 
         async with anyio.create_task_group() as tg:
@@ -493,17 +492,14 @@ async def test_cancelling_run_turn_leaves_no_engine(tmp_path: Path) -> None:
             async with anyio.create_task_group() as tg:
 
                 async def cancel_when_started() -> None:
-                    while not rig.dumps():
-                        await anyio.sleep(0.02)
+                    await wait_until_async("the engine to start", rig.dumps)
                     tg.cancel_scope.cancel()
 
                 tg.start_soon(cancel_when_started)
                 await rig.turn("FAKE:HANG")
         assert not scope.cancelled_caught, "the turn was not cancelled promptly"
         pid = rig.dumps()[0]["pid"]
-        with anyio.fail_after(10):
-            while state.running:
-                await anyio.sleep(0.05)
+        await wait_until_async("no engine running", lambda: not state.running, 10)
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
 
@@ -544,8 +540,7 @@ async def test_launcher_dying_mid_turn_fails_the_turn_as_crashed(tmp_path: Path)
                 rig.use(client)
 
                 async def kill_launcher_when_running() -> None:
-                    while not rig.dumps():
-                        await anyio.sleep(0.02)
+                    await wait_until_async("the engine to start", rig.dumps)
                     assert proc.pid is not None
                     os.kill(proc.pid, signal.SIGKILL)
 

@@ -16,7 +16,6 @@ from computer_service.texts import (
     render_agents_md,
     render_turn_input,
 )
-from tests.support.ci import required_in_ci
 
 SNAPSHOTS = Path(__file__).resolve().parent.parent / "snapshots"
 
@@ -250,21 +249,12 @@ def rooms() -> list[dict[str, Any]]:
     ]
 
 
-def shim_renderer() -> None:
-    try:
-        import crew_shim.rendering  # noqa: F401
-    except ImportError:
-        required_in_ci("crew_shim.rendering (the shared room renderer)")
-
-
 def test_turn_prompt_snapshot() -> None:
-    shim_renderer()
     text = render_turn_input(NOW, rooms(), ALICE, new_session=True, memory_size=20_000)
     check_snapshot("turn-prompt.md", text)
 
 
 def test_turn_prompt_facts() -> None:
-    shim_renderer()
     text = render_turn_input(NOW, rooms(), ALICE, new_session=True, memory_size=100)
     assert text.startswith(
         "It is Tuesday 2026-10-06 19:14 (+08:00).\nThis is a new session: read MEMORY.md first.\n\n"
@@ -357,7 +347,6 @@ def test_format_now(when: datetime, expected: str) -> None:
 
 def test_turn_input_from_upstream_models_matches_dicts() -> None:
     """The runner passes `UnreadRoom` models; they must render exactly like the JSON."""
-    shim_renderer()
     from computer_service.upstream import UnreadRoom
 
     models = [UnreadRoom.model_validate(r) for r in rooms()]

@@ -14,7 +14,8 @@ import httpx
 import pytest
 
 from crew_server.scripted_model import ROOM_ID, message_text
-from tests.e2e.conftest import Chain, wait_for
+from crew_testkit.waiting import wait_until
+from tests.e2e.chain import Chain
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -134,7 +135,7 @@ def test_group_held_reply_is_sent_again_with_the_news_and_the_other_agent_stays_
     alice, bob = chain.agent("alice"), chain.agent("bob")
     group = chain.group("launch", [alice["id"], bob["id"]])
     chain.post(group["id"], "GROUP-2: what is the plan?")
-    wait_for(
+    wait_until(
         "Alice's first model request",
         lambda: any("(@alice, you)" in r.last_text() for r in chain.model.requests()),
         timeout=60,
@@ -226,7 +227,7 @@ def test_task_is_claimed_worked_on_and_sent_to_review_with_a_note(chain: Chain) 
         [host] = [m for m in chain.messages(group["id"]) if m["id"] == message["id"]]
         return host if (host["task"] or {}).get("status") == "in_review" else None
 
-    host = wait_for("the task to reach in_review", reviewed, timeout=90)
+    host = wait_until("the task to reach in_review", reviewed, timeout=90)
     assert host["task"]["assignee"] == "erin"
     summary = chain.crew_home / "agents" / erin["id"] / "work" / "summary.md"
     assert summary.read_text() == "the summary\n"
@@ -272,7 +273,9 @@ def test_session_continues_then_restarts_and_memory_is_read(chain: Chain) -> Non
 
     # A changed persona changes AGENTS.md: the session is dropped.
     chain.expect_ok(chain.http.patch(f"/api/agents/{fay['id']}", json={"persona": "Terse."}))
-    time.sleep(1)  # the Computer replaces the runner on the `agents` event
+    # The Computer replaces the runner on the `agents` event, with the new AGENTS.md.
+    agents_md = chain.crew_home / "agents" / fay["id"] / "AGENTS.md"
+    wait_until("the new AGENTS.md", lambda: "Terse." in agents_md.read_text())
     chain.post(room["id"], "MEM-3 what do I like?")
     third = chain.finished_turns(fay["id"], 3)[-1]
     [session_3] = sessions_of(chain, "MEM-3")
@@ -367,7 +370,7 @@ def test_stop_mid_turn_cancels_without_ack_and_the_next_turn_gets_the_same_messa
     ivy = chain.agent("ivy")
     room = chain.dm(ivy["id"])
     sent = chain.post(room["id"], "STOP-9 this will hang")
-    wait_for(
+    wait_until(
         "the hanging model request",
         lambda: any("STOP-9" in r.last_text() for r in chain.model.requests()),
         timeout=60,

@@ -19,6 +19,7 @@ from crew_server.scripted_model import (
     scenario,
     stream_chunks,
 )
+from crew_testkit.waiting import wait_until
 from tests.e2e.opencode_by_hand import OPENCODE, OpenCodeHome, run_opencode, scripted_config
 from tests.support.ci import required_in_ci
 
@@ -369,18 +370,18 @@ def test_command_line_serves_a_script_file_and_refuses_a_bad_one(tmp_path: Path)
         stderr=subprocess.PIPE,
     )
     try:
-        deadline = time.monotonic() + 20
-        while True:
+
+        def answered() -> httpx.Response | None:
             try:
-                answer = httpx.post(
+                return httpx.post(
                     f"http://127.0.0.1:{port}/v1/chat/completions",
                     json={"model": "scripted", "messages": [user("ping")]},
                     timeout=2,
                 )
-                break
             except httpx.TransportError:
-                assert time.monotonic() < deadline, "the scripted model did not start"
-                time.sleep(0.1)
+                return None
+
+        answer = wait_until("the scripted model to answer", answered, 20)
         assert answer.json()["choices"][0]["message"]["content"] == "pong"
     finally:
         proc.terminate()

@@ -7,7 +7,8 @@ from typing import Any
 
 import orjson
 
-from tests.computer.computer_proc import ComputerProc, wait_for
+from crew_testkit.computer_proc import ComputerProc
+from crew_testkit.waiting import wait_until
 from tests.support.ci import required_in_ci
 
 
@@ -24,12 +25,12 @@ def finished(server: Any, agent_id: str, count: int, timeout: float = 30) -> lis
         done = [t for t in reversed(server.turns(agent_id)) if t["status"] != "running"]
         return done if len(done) >= count else None
 
-    return wait_for(f"{count} finished turns", probe, timeout)
+    return wait_until(f"{count} finished turns", probe, timeout)
 
 
 def usable(c: ComputerProc) -> dict[str, Any]:
     """`/health` once the launcher answered; the sandbox must be usable."""
-    health = wait_for("the launcher's health", c.health_known, 60)
+    health = wait_until("the launcher's health", c.health_known, 60)
     assert health["sandbox"]["ok"], f"sandbox not usable: {health}\n{c.stderr()[-2000:]}"
     return health
 

@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
-from tests.support.crew_server_proc import start_crew_server
+from crew_testkit.crew_server_proc import start_crew_server
 
 
 @pytest.fixture(scope="module")
 def crew_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """A real `crew-server --dev` subprocess (tests/support/crew_server_proc.py)."""
+    """A real `crew-server --dev` subprocess (crew_testkit/crew_server_proc.py)."""
     server = start_crew_server(tmp_path_factory.mktemp("crew-server"))
     try:
         yield server

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import AsyncIterator
 
 import httpx
@@ -21,7 +20,8 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from tests.support.crew_server_proc import free_port
+from crew_testkit.crew_server_proc import free_port
+from crew_testkit.waiting import wait_until
 
 _CLOSE = b""
 
@@ -58,11 +58,13 @@ class SSEProxy:
 
     def start(self) -> SSEProxy:
         self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
+
+        def started() -> bool:
+            if not self._thread.is_alive():
                 raise RuntimeError("the SSE proxy did not start")
-            time.sleep(0.02)
+            return self._server.started
+
+        wait_until("the SSE proxy to start", started, 10)
         return self
 
     def stop(self) -> None:

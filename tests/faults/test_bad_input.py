@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from tests.computer.computer_proc import bootstrap_for, launch, machine, wait_for
+from crew_testkit.computer_proc import bootstrap_for, launch, machine
+from crew_testkit.waiting import wait_until
 from tests.faults.chain import finished, need_sandbox, read_positions, usable, wake_event
 from tests.faults.sse_proxy import SSEProxy
 
@@ -121,7 +122,7 @@ def test_a_garbled_event_stream_is_logged_and_the_next_good_wake_handled(
         c = launch(m, bootstrap_for(proxy.url, comp["token"], m))
         try:
             usable(c)
-            wait_for("the event stream", lambda: proxy.streams)
+            wait_until("the event stream", lambda: proxy.streams)
             garbage = [
                 b"this line has no colon at all\n\n",
                 b"event: wake\ndata: not json\n\n",
@@ -137,7 +138,7 @@ def test_a_garbled_event_stream_is_logged_and_the_next_good_wake_handled(
             ]
             for raw in garbage:
                 proxy.inject(raw)
-            wait_for(
+            wait_until(
                 "the garbage to be logged",
                 lambda: (
                     c.stderr().count("ignored a malformed wake event") >= 5
@@ -166,7 +167,7 @@ def test_a_garbled_event_stream_is_logged_and_the_next_good_wake_handled(
             # A good id is sent back on the next reconnect; wakes keep working.
             proxy.inject(b"id: 77\nevent: ping\ndata: {}\n\n")
             proxy.close_stream()
-            wait_for("a third stream", lambda: len(proxy.streams) == 3)
+            wait_until("a third stream", lambda: len(proxy.streams) == 3)
             assert proxy.streams[2].get("last-event-id") == "77"
             crew_server.post(dm["id"], "the last one")
             proxy.inject(wake_event(agent["id"]))
@@ -177,7 +178,7 @@ def test_a_garbled_event_stream_is_logged_and_the_next_good_wake_handled(
             # once with it, then resumes without it instead of retrying it forever.
             proxy.inject(b"id: abc\nevent: ping\ndata: {}\n\n")
             proxy.close_stream()
-            wait_for("the stream resumed", lambda: len(proxy.streams) == 4)
+            wait_until("the stream resumed", lambda: len(proxy.streams) == 4)
             assert [r.get("last-event-id") for r in proxy.refused] == ["abc"]
             assert "last-event-id" not in proxy.streams[3]
             crew_server.post(dm["id"], "after a refused id")
@@ -205,12 +206,12 @@ def test_garbled_answers_from_the_server_are_logged_and_nothing_is_lost(crew_ser
         c = launch(m, bootstrap_for(proxy.url, comp["token"], m))
         try:
             usable(c)
-            wait_for("the event stream", lambda: proxy.streams)
+            wait_until("the event stream", lambda: proxy.streams)
             # The claim's answer is garbage: no turn; the messages stay unread.
             proxy.garble("POST", "/unread")
             first = crew_server.post(dm["id"], "claimed but garbled")
             proxy.inject(wake_event(agent["id"]))
-            wait_for(
+            wait_until(
                 "the failed claim logged", lambda: "claiming unread messages failed" in c.stderr()
             )
             assert crew_server.turns(agent["id"]) == []
@@ -223,7 +224,7 @@ def test_garbled_answers_from_the_server_are_logged_and_nothing_is_lost(crew_ser
             # The agent list's answer is garbage: the stream is opened again and synced.
             proxy.garble("GET", "/computer/agents")
             proxy.inject(b"event: agents\ndata: {}\n\n")
-            wait_for("a new stream", lambda: len(proxy.streams) == 2)
+            wait_until("a new stream", lambda: len(proxy.streams) == 2)
             second = crew_server.post(dm["id"], "after the garbled list")
             proxy.inject(wake_event(agent["id"]))
             turns = finished(crew_server, agent["id"], 2)

@@ -14,14 +14,14 @@ import errno
 import json
 import random
 import stat
-import time
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
-from tests.computer.computer_proc import bootstrap_for, launch, machine
+from crew_testkit.computer_proc import bootstrap_for, launch, machine
+from crew_testkit.waiting import wait_until
 from tests.faults.chain import finished, need_sandbox, read_positions, usable
 from tests.launcher.helpers import processes_with
 
@@ -133,10 +133,9 @@ def test_hostile_agent_is_contained_and_the_other_agent_carries_on(
             assert (m.home / ".bashrc").read_text() == BASHRC
             assert c.proc.poll() is None
             assert c.get("/health")["connected"] is True
-            deadline = time.monotonic() + 5
-            while processes_with(marker) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert processes_with(marker) == [], "a background process outlived the turn"
+            wait_until(
+                "the turn's background processes to end", lambda: not processes_with(marker), 5
+            )
             session_file = evil_dir / "engines" / "opencode" / "session.json"
             assert stat.S_ISFIFO(session_file.lstat().st_mode)
 

@@ -15,10 +15,11 @@ from typing import Any
 
 import pytest
 
-from tests.computer.computer_proc import bootstrap_for, launch, machine, wait_for
+from crew_testkit.computer_proc import bootstrap_for, launch, machine
+from crew_testkit.crew_server_proc import start_crew_server
+from crew_testkit.waiting import wait_until
 from tests.faults.chain import finished, need_sandbox, read_positions, usable, wake_event
 from tests.faults.sse_proxy import SSEProxy
-from tests.support.crew_server_proc import start_crew_server
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -38,20 +39,20 @@ def test_a_long_outage_at_the_end_of_a_turn_still_ends_the_turn(tmp_path: Path) 
                 usable(c)
                 work = m.crew_home / "agents" / agent["id"] / "work"
                 first = server.post(dm["id"], "slow:\nFAKE:RUN sleep 2; touch reached-the-end")
-                [running] = wait_for("the turn", lambda: server.turns(agent["id"]))
+                [running] = wait_until("the turn", lambda: server.turns(agent["id"]))
                 server.process.kill()
                 server.process.wait(timeout=10)
                 server.stop()
-                wait_for("the engine's end", lambda: (work / "reached-the-end").exists())
+                wait_until("the engine's end", lambda: (work / "reached-the-end").exists())
                 # Longer than the ack's and the finish's retry windows together.
-                wait_for(
+                wait_until(
                     "the runner to give up",
                     lambda: any(r["state"] == "idle" for r in c.get("/agents")),
                     60,
                 )
                 time.sleep(1)
                 server = start_crew_server(tmp_path / "srv", db=server.db, port=port)
-                wait_for("the reconnect", lambda: c.get("/health")["connected"], 60)
+                wait_until("the reconnect", lambda: c.get("/health")["connected"], 60)
                 # Nothing lost: the message comes back and is handled.
                 done = finished(server, agent["id"], 2, timeout=60)
                 assert [t["status"] for t in done] == ["interrupted", "succeeded"]
@@ -77,11 +78,13 @@ def test_a_garbled_turn_registration_does_not_leave_a_running_turn(crew_server: 
         c = launch(m, bootstrap_for(proxy.url, comp["token"], m))
         try:
             usable(c)
-            wait_for("the event stream", lambda: proxy.streams)
+            wait_until("the event stream", lambda: proxy.streams)
             proxy.garble("POST", "/turns")
             crew_server.post(dm["id"], "registered but garbled")
             proxy.inject(wake_event(agent["id"]))
-            wait_for("the failed registration", lambda: "registering the turn failed" in c.stderr())
+            wait_until(
+                "the failed registration", lambda: "registering the turn failed" in c.stderr()
+            )
             proxy.inject(wake_event(agent["id"]))
             turns = finished(crew_server, agent["id"], 2)
             assert [t["status"] for t in turns] == ["interrupted", "succeeded"]

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.computer.computer_proc import ComputerProc, bootstrap_for, launch, machine, wait_for
+from crew_testkit.computer_proc import ComputerProc, bootstrap_for, launch, machine
+from crew_testkit.crew_server_proc import start_crew_server
+from crew_testkit.waiting import wait_until
 from tests.faults.chain import finished, need_sandbox, read_positions, usable
-from tests.support.crew_server_proc import start_crew_server
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -46,20 +47,20 @@ def test_server_killed_and_restarted_mid_turn_reports_dropped_nothing_lost_or_ac
                 first = server.post(
                     dm["id"], "slow tool:\nFAKE:RUN sleep 4; touch reached-the-end; echo done"
                 )
-                wait_for(
+                wait_until(
                     "the engine running",
                     lambda: any(r["state"] == "running" for r in c.get("/agents")),
                 )
-                [running] = wait_for("the turn", lambda: server.turns(agent["id"]))
-                wait_for("its first event", lambda: server.turn(running["id"])["events"])
+                [running] = wait_until("the turn", lambda: server.turns(agent["id"]))
+                wait_until("its first event", lambda: server.turn(running["id"])["events"])
                 # The server dies (no goodbye) while the engine works.
                 server.process.kill()
                 server.process.wait(timeout=10)
                 server.stop()
-                wait_for("the Computer to notice", lambda: not c.get("/health")["connected"])
+                wait_until("the Computer to notice", lambda: not c.get("/health")["connected"])
                 # The engine finishes while the server is away: its reports are dropped.
-                wait_for("the engine's end", lambda: (work / "reached-the-end").exists())
-                wait_for("a dropped report", lambda: _dropped_batches(c) >= 1)
+                wait_until("the engine's end", lambda: (work / "reached-the-end").exists())
+                wait_until("a dropped report", lambda: _dropped_batches(c) >= 1)
                 server = start_crew_server(tmp_path / "srv", db=server.db, port=port)
 
                 # The ack and the finish waited for the server; the turn ends once.
@@ -73,7 +74,7 @@ def test_server_killed_and_restarted_mid_turn_reports_dropped_nothing_lost_or_ac
                 assert c.proc.poll() is None
 
                 # The event stream reconnects: a new message wakes the agent again.
-                wait_for("the reconnect", lambda: c.get("/health")["connected"])
+                wait_until("the reconnect", lambda: c.get("/health")["connected"])
                 second = server.post(dm["id"], "after the restart")
                 turns = finished(server, agent["id"], 2)
                 assert [t["status"] for t in turns] == ["succeeded", "succeeded"]

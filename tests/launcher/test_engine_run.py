@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 import pytest
 
+from crew_testkit.waiting import wait_until
 from sandbox_launcher.engine_run import DRAIN_GRACE_S, EngineRun
 from tests.launcher.helpers import processes_with
 
@@ -70,7 +71,4 @@ async def test_a_daemon_outside_the_group_cannot_hold_the_run_open() -> None:
 async def test_group_members_get_sigterm_after_the_leader_exits() -> None:
     marker = f"{300 + random.random():.6f}"
     await run(f"sleep {marker} & echo started")
-    deadline = time.monotonic() + 3
-    while processes_with(marker) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert processes_with(marker) == []
+    wait_until("the group's members to end", lambda: not processes_with(marker), 3)

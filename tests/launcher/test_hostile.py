@@ -13,7 +13,6 @@ import random
 import shutil
 import socket
 import tempfile
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from crew_testkit.waiting import wait_until
 from tests.launcher.helpers import (
     LauncherProcess,
     engine_lines,
@@ -143,10 +143,7 @@ def test_hostile_engine_is_contained(
         assert private_tmp.exists(), "the sandbox's /tmp must be the agent's own temp dir"
         assert not Path("/tmp/probe-slash-tmp.txt").exists()
         assert (layout.agent_dir("alice") / "probe.txt").read_text() == "a\n"
-        deadline = time.monotonic() + 3
-        while processes_with(marker) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert processes_with(marker) == [], "background processes outlived the run"
+        wait_until("the run's background processes to end", lambda: not processes_with(marker), 3)
     finally:
         launcher.stop()
         computer.close()

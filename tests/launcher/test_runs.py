@@ -16,6 +16,7 @@ import httpx
 import orjson
 import pytest
 
+from crew_testkit.waiting import wait_until
 from tests.launcher.helpers import (
     CrewLayout,
     LauncherProcess,
@@ -29,9 +30,8 @@ def _marker() -> str:
 
 
 def _wait_gone(marker: str, seconds: float = 3.0) -> list[int]:
-    deadline = time.monotonic() + seconds
-    while processes_with(marker) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    """Wait until no process carries `marker`; the ones left (none) for the callers' asserts."""
+    wait_until(f"the processes marked {marker} to end", lambda: not processes_with(marker), seconds)
     return processes_with(marker)
 
 
@@ -208,10 +208,7 @@ def test_a_client_that_disconnects_stops_its_run(
         received += chunk
     raw.close()  # the client goes away mid-run
     with launcher.client() as client:
-        deadline = time.monotonic() + 5
-        while client.get("/runs").json()["runs"] and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert client.get("/runs").json() == {"runs": []}
+        wait_until("no runs", lambda: client.get("/runs").json() == {"runs": []}, 5)
     assert _wait_gone(marker) == []
 
 
@@ -322,10 +319,7 @@ def test_launcher_dies_with_its_parent(needs_bwrap: None, layout: CrewLayout) ->
         assert not _dead(launcher_pid)
         parent.kill()
         parent.wait()
-        deadline = time.monotonic() + 15
-        while not _dead(launcher_pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert _dead(launcher_pid), "the launcher outlived the Computer"
+        wait_until("the launcher to die with the Computer", lambda: _dead(launcher_pid), 15)
         assert not sock.exists(), "the launcher did not remove its socket"
     finally:
         os.close(read_end)

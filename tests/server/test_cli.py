@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from crew_server.__main__ import is_loopback
-from tests.support.crew_server_proc import free_port
+from crew_testkit.crew_server_proc import free_port
+from crew_testkit.waiting import wait_until
 
 
 def run_until_healthy(db: Path, *extra: str) -> tuple[str, str]:
@@ -23,17 +23,16 @@ def run_until_healthy(db: Path, *extra: str) -> tuple[str, str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
+
+    def healthy() -> bool:
+        assert process.poll() is None, process.communicate()[0].decode()
+        try:
+            return httpx.get(f"{url}/health", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
     try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            assert process.poll() is None, process.communicate()[0].decode()
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.05)
-        else:
-            raise AssertionError("crew-server did not answer /health")
+        wait_until("crew-server to answer /health", healthy, 20)
         if not extra:
             # not --dev: the user API wants the token
             assert httpx.get(f"{url}/api/agents", timeout=5).status_code == 401
@@ -83,7 +82,7 @@ def test_dev_is_refused_off_loopback(tmp_path: Path) -> None:
 def test_sigterm_ends_open_event_streams_and_exits_0(tmp_path: Path) -> None:
     import threading
 
-    from tests.support.crew_server_proc import start_crew_server
+    from crew_testkit.crew_server_proc import start_crew_server
 
     server = start_crew_server(tmp_path)
     computer = server.create_computer()

@@ -18,7 +18,7 @@ import pytest
 from crew_server.clock import Clock
 from crew_server.errors import Held
 from crew_server.store import AgentIdentity, Store
-from tests.support.crew_server_proc import start_crew_server
+from crew_testkit.crew_server_proc import start_crew_server
 
 PER_WRITER = 25
 

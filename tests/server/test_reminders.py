@@ -5,10 +5,10 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-import anyio
 import pytest
 
 from crew_server.clock import iso, parse_iso
+from crew_testkit.waiting import wait_until_async
 from tests.server.world import Computer, World, bearer
 
 pytestmark = pytest.mark.anyio
@@ -37,9 +37,8 @@ async def test_a_reminder_due_in_the_past_fires_at_once(world: World) -> None:
         json={"room_id": room["id"], "title": "check the build", "at": at},
     )
     assert made["next_at"] == at
-    with anyio.fail_after(5):  # the scheduler task runs in the app's lifespan
-        while not await notices(world, room["id"]):
-            await anyio.sleep(0.01)
+    # the scheduler task runs in the app's lifespan
+    await wait_until_async("the reminder notice", lambda: notices(world, room["id"]), 5)
     assert await notices(world, room["id"]) == ["Reminder from @alice: check the build"]
     assert world.wakes(box, before) == [alice["id"]]
     assert await world.ok("GET", "/agent/reminders", headers=bearer(token)) == []

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.crew_server_proc import start_crew_server
+from crew_testkit.crew_server_proc import start_crew_server
 
 
 @pytest.mark.timeout(60)

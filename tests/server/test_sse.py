@@ -7,8 +7,7 @@ Streams need a real server: a `crew-server --dev` subprocess, or uvicorn in a th
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -22,13 +21,23 @@ from httpx_sse import ServerSentEvent, connect_sse
 from crew_server.app import create_app
 from crew_server.clock import Clock
 from crew_server.store import Store
-from tests.support.crew_server_proc import CrewServer, free_port, start_crew_server
+from crew_testkit.crew_server_proc import free_port, start_crew_server
+from crew_testkit.waiting import wait_until
 
 
 def read_events(
-    client: httpx.Client, url: str, token: str, count: int, last_id: str | None = None
+    client: httpx.Client,
+    url: str,
+    token: str,
+    count: int,
+    last_id: str | None = None,
+    on_open: Callable[[], object] | None = None,
 ) -> list[ServerSentEvent]:
-    """Open the stream, return the first `count` non-ping events, close it."""
+    """Open the stream, call `on_open`, return the first `count` non-ping events, close it.
+
+    The server fixes where the stream starts and subscribes it before it answers
+    (its first bytes are `: connected`), so whatever `on_open` causes is on the stream.
+    """
     headers = {"Authorization": f"Bearer {token}"}
     if last_id is not None:
         headers["Last-Event-ID"] = last_id
@@ -36,6 +45,8 @@ def read_events(
     with connect_sse(client, "GET", url, headers=headers, timeout=10.0) as source:
         assert source.response.status_code == 200
         assert source.response.headers["content-type"].startswith("text/event-stream")
+        if on_open is not None:
+            on_open()
         for sse in source.iter_sse():
             if sse.event == "ping":
                 continue
@@ -43,18 +54,6 @@ def read_events(
             if len(got) == count:
                 break
     return got
-
-
-def post_soon(server: CrewServer, room_id: str, body: str) -> threading.Thread:
-    """Post from another thread once the stream is (very likely) open."""
-
-    def post() -> None:
-        time.sleep(0.3)
-        server.post(room_id, body)
-
-    thread = threading.Thread(target=post)
-    thread.start()
-    return thread
 
 
 @pytest.mark.timeout(60)
@@ -66,9 +65,13 @@ def test_reconnect_with_last_event_id_replays_every_missed_wake_in_order(tmp_pat
         dm = server.create_room("dm", [alice["id"]])
         group = server.create_room("group", [alice["id"], bob["id"]], title="launch")
 
-        poster = post_soon(server, dm["id"], "first")
-        first = read_events(client, "/computer/events", box["token"], 1)
-        poster.join()
+        first = read_events(
+            client,
+            "/computer/events",
+            box["token"],
+            1,
+            on_open=lambda: server.post(dm["id"], "first"),
+        )
         assert first[0].event == "wake" and first[0].json() == {"agent_id": alice["id"]}
         assert first[0].id.isdigit()
 
@@ -99,14 +102,10 @@ def test_a_fresh_stream_starts_at_now_and_sees_only_its_own_computer(tmp_path: P
         alice_dm = server.create_room("dm", [alice["id"]])
 
         def post_both() -> None:
-            time.sleep(0.3)
             server.post(stranger_dm["id"], "not for box")
             server.post(alice_dm["id"], "for box")
 
-        thread = threading.Thread(target=post_both)
-        thread.start()
-        got = read_events(client, "/computer/events", box["token"], 1)
-        thread.join()
+        got = read_events(client, "/computer/events", box["token"], 1, on_open=post_both)
         assert [(e.event, e.json()) for e in got] == [("wake", {"agent_id": alice["id"]})]
 
 
@@ -118,13 +117,9 @@ def test_new_agent_on_a_computer_sends_agents_and_bad_token_is_401(tmp_path: Pat
         assert bad.status_code == 401 and bad.json()["error"]["code"] == "unauthorized"
 
         def create() -> None:
-            time.sleep(0.3)
             server.create_agent("newbie", computer_id=box["computer_id"])
 
-        thread = threading.Thread(target=create)
-        thread.start()
-        got = read_events(client, "/computer/events", box["token"], 1)
-        thread.join()
+        got = read_events(client, "/computer/events", box["token"], 1, on_open=create)
         assert got[0].event == "agents"
 
 
@@ -144,10 +139,7 @@ def serve_in_thread(store: Store, ping_seconds: float = 15.0) -> Iterator[str]:
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert server.started, "uvicorn did not start"
+    wait_until("uvicorn to start", lambda: server.started, 10)
     try:
         yield f"http://127.0.0.1:{port}"
     finally:

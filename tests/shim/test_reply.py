@@ -9,7 +9,7 @@ from datetime import datetime
 
 import pytest
 
-from tests.shim.conftest import EXAMPLE_ID, World
+from tests.shim.world import EXAMPLE_ID, World
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.shim.conftest import World
+from crew_testkit.waiting import wait_until
+from tests.shim.world import World
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -141,12 +141,11 @@ def test_reminders_set_list_fire_cancel(world: World) -> None:
 
     # The server fires it: a notice in the room.
     world.server.advance_clock(11 * 60)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        notices = [m["body"] for m in world.messages(group) if m["kind"] == "notice"]
-        if notices:
-            break
-        time.sleep(0.05)
+    notices = wait_until(
+        "the reminder notice",
+        lambda: [m["body"] for m in world.messages(group) if m["kind"] == "notice"],
+        5,
+    )
     assert notices == ["Reminder from @alice: check the build"]
 
     cancel = world.crew("remind", "cancel", stored["stretch"]["id"])

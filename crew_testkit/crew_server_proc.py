@@ -21,6 +21,8 @@ from typing import Any
 
 import httpx
 
+from crew_testkit.waiting import WaitTimeout, wait_until
+
 START_TIMEOUT = 20.0
 
 
@@ -190,12 +192,17 @@ def start_crew_server(
 
 
 def _wait_ready(server: CrewServer) -> bool:
-    deadline = time.monotonic() + START_TIMEOUT
-    while time.monotonic() < deadline:
+    """True once `/health` answers; False when the process exits first or never answers."""
+
+    def answered() -> str | None:
         if server.process.poll() is not None:
-            return False  # e.g. the port was taken between choosing and binding
+            return "exited"  # e.g. the port was taken between choosing and binding
         with contextlib.suppress(httpx.HTTPError):
             if httpx.get(f"{server.url}/health", timeout=1.0).status_code == 200:
-                return True
-        time.sleep(0.05)
-    return False
+                return "ready"
+        return None
+
+    try:
+        return wait_until("crew-server /health", answered, START_TIMEOUT) == "ready"
+    except WaitTimeout:
+        return False

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,22 +17,10 @@ from computer_service.metrics import Metrics
 from computer_service.runner import Runner, TurnGate
 from computer_service.upstream import Upstream
 from crew_common.layout import AgentPaths
-from tests.computer.scripted import ScriptedEngine
+from crew_testkit.scripted import ScriptedEngine
+from crew_testkit.waiting import wait_until_async
 
 MODEL = "local/scripted"
-
-
-async def wait_until(what: str, probe: Callable[[], Any], timeout: float = 15.0) -> Any:
-    """Poll an async or sync probe until it returns something truthy."""
-    with anyio.fail_after(timeout):
-        while True:
-            value = probe()
-            if hasattr(value, "__await__"):
-                value = await value
-            if value:
-                return value
-            await anyio.sleep(0.02)
-    raise AssertionError(what)  # pragma: no cover
 
 
 class UserApi:
@@ -90,7 +78,7 @@ class UserApi:
             done = [t for t in await self.turns(agent_id) if t["status"] != "running"]
             return done if len(done) >= count else None
 
-        done = await wait_until(f"{count} finished turns", probe, timeout)
+        done = await wait_until_async(f"{count} finished turns", probe, timeout)
         return [await self.turn(t["id"]) for t in done]
 
 

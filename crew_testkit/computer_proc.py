@@ -11,31 +11,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import orjson
 
-REPO = Path(__file__).resolve().parents[2]
-FAKE_OPENCODE = REPO / "tests" / "support" / "fake_opencode.py"
+FAKE_OPENCODE = Path(__file__).resolve().with_name("fake_opencode.py")
 READY_TIMEOUT_S = 30.0
-
-T = TypeVar("T")
-
-
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 30.0) -> T:
-    """Poll `probe` until it returns something truthy; raise saying `what` on timeout."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.05)
 
 
 @dataclass
