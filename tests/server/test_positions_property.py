@@ -133,7 +133,9 @@ class Positions(RuleBasedStateMachine):
             return
         # On a copy of the database, so the machine goes on from the same state.
         copy = Store(":memory:", self.store.clock, claim_max_messages=3, claim_max_chars=120)
-        self.store._db.backup(copy._db)  # a test-only snapshot of the store
+        self.store._database.connection.backup(
+            copy._database.connection
+        )  # a test-only snapshot of the store
         try:
             for agent in self.agents.values():
                 expected: dict[str, list[int]] = {}

@@ -1,0 +1,72 @@
+"""All durable state of the reference server, behind one class: `Store` (SQLite).
+
+`Store` is the sum of its parts, one module per aggregate: `identities` (user,
+Computers, agents, tokens), `rooms`, `messages`, `positions` (and the unread
+claim), `turns`, `tasks`, `reminders`, `mutes`; `db` holds the connection, the
+transactions, the migrations and the SSE event log. Each part runs its
+statements through a `db.Transaction`; what parts share (a room's row, posting
+a message, claiming a room) are plain functions of a transaction.
+
+A Postgres backend would be a second class with the same public methods; the
+rules that need no database live in `crew_server.rules`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from crew_server.clock import Clock
+from crew_server.store.db import EVENT_LOG_KEEP, PRUNE_EVERY, Database, EventLog
+from crew_server.store.identities import USER, Actor, AgentIdentity, Identities, hash_token
+from crew_server.store.messages import Messages
+from crew_server.store.mutes import Mutes
+from crew_server.store.positions import CLAIM_MAX_CHARS, CLAIM_MAX_MESSAGES, Positions
+from crew_server.store.reminders import Reminders
+from crew_server.store.rooms import Rooms
+from crew_server.store.tasks import Tasks
+from crew_server.store.turns import Turns
+
+__all__ = [
+    "CLAIM_MAX_CHARS",
+    "CLAIM_MAX_MESSAGES",
+    "EVENT_LOG_KEEP",
+    "USER",
+    "Actor",
+    "AgentIdentity",
+    "Store",
+    "hash_token",
+]
+
+
+class Store(Identities, Rooms, Messages, Positions, Turns, Tasks, Reminders, Mutes, EventLog):
+    """The server's durable state and the operations on it (see the package docstring)."""
+
+    def __init__(
+        self,
+        path: str,
+        clock: Clock,
+        *,
+        event_log_keep: int = EVENT_LOG_KEEP,
+        prune_every: int = PRUNE_EVERY,
+        claim_max_messages: int = CLAIM_MAX_MESSAGES,
+        claim_max_chars: int = CLAIM_MAX_CHARS,
+    ) -> None:
+        self.clock = clock
+        self._claim_max_messages = claim_max_messages
+        self._claim_max_chars = claim_max_chars
+        self._database = Database(
+            path, clock, event_log_keep=event_log_keep, prune_every=prune_every
+        )
+
+    @property
+    def listener(self) -> Callable[[set[str]], None] | None:
+        """Called after a commit with the ids of Computers that have new SSE events."""
+        return self._database.listener
+
+    @listener.setter
+    def listener(self, listener: Callable[[set[str]], None] | None) -> None:
+        self._database.listener = listener
+
+    def close(self) -> None:
+        """Close the database connection."""
+        self._database.close()

@@ -1,0 +1,229 @@
+"""The Store's database: one SQLite connection, its transactions, migrations, the SSE log.
+
+One connection guarded by a lock: every request's work is a few indexed
+statements, so callers run them inline instead of hopping to a thread pool.
+The file database runs in WAL mode; `:memory:` serves the tests. The schema
+comes from the numbered files in `crew_server/migrations/`, applied at open.
+Rows are `sqlite3.Row`: code reads columns by name.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from importlib import resources
+from typing import Any
+
+import orjson
+
+from crew_server.clock import Clock, iso
+
+log = logging.getLogger("crew_server.store")
+
+# How many SSE events are kept for replay after Last-Event-ID (all Computers together).
+EVENT_LOG_KEEP = 50_000
+PRUNE_EVERY = 1_000
+
+
+def new_id() -> str:
+    """A fresh UUID (text), the form of every id."""
+    return str(uuid.uuid4())
+
+
+class Database:
+    """The connection and its lock; hands out read and write transactions."""
+
+    def __init__(self, path: str, clock: Clock, *, event_log_keep: int, prune_every: int) -> None:
+        self.clock = clock
+        self.event_log_keep = event_log_keep
+        self.prune_every = prune_every
+        self.events_since_prune = 0
+        # Called after a commit with the ids of Computers that have new SSE events.
+        self.listener: Callable[[set[str]], None] | None = None
+        self._lock = threading.RLock()
+        self.connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self.connection.row_factory = sqlite3.Row
+        self.connection.execute("PRAGMA foreign_keys = ON")
+        self.connection.execute("PRAGMA busy_timeout = 5000")
+        if path != ":memory:":
+            self.connection.execute("PRAGMA journal_mode = WAL")
+            # WAL + NORMAL: a crash may lose the last commits but never corrupts the file.
+            self.connection.execute("PRAGMA synchronous = NORMAL")
+        self._migrate()
+
+    def close(self) -> None:
+        """Close the connection."""
+        with self._lock:
+            self.connection.close()
+
+    def _migrate(self) -> None:
+        with self._lock:
+            db = self.connection
+            db.execute("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY)")
+            done = {r["version"] for r in db.execute("SELECT version FROM schema_migrations")}
+            files = sorted(
+                (
+                    f
+                    for f in resources.files("crew_server.migrations").iterdir()
+                    if f.name.endswith(".sql")
+                ),
+                key=lambda f: f.name,
+            )
+            for file in files:
+                version = int(file.name.split("_", 1)[0])
+                if version in done:
+                    continue
+                script = file.read_text(encoding="utf-8")
+                # executescript commits on its own; the version row goes in the same script.
+                db.executescript(
+                    f"BEGIN;\n{script}\nINSERT INTO schema_migrations VALUES ({version});\nCOMMIT;"
+                )
+                log.info("applied migration %s", file.name)
+
+    @contextmanager
+    def write(self) -> Iterator[Transaction]:
+        """One write transaction; SSE listeners hear about new events after the commit."""
+        with self._lock:
+            tx = Transaction(self)
+            self.connection.execute("BEGIN IMMEDIATE")
+            try:
+                yield tx
+                self.connection.execute("COMMIT")
+            except BaseException:
+                self.connection.execute("ROLLBACK")
+                raise
+        if tx.touched and self.listener is not None:
+            self.listener(tx.touched)
+
+    @contextmanager
+    def read(self) -> Iterator[Transaction]:
+        """Reads under the lock (they see every committed write)."""
+        with self._lock:
+            yield Transaction(self)
+
+
+class Transaction:
+    """Statements run inside one `Database.write` (or `read`), and the SSE events they add."""
+
+    def __init__(self, database: Database) -> None:
+        self._database = database
+        self._db = database.connection
+        # Computers with new SSE events, told to the listener after the commit.
+        self.touched: set[str] = set()
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
+        """Run one statement."""
+        return self._db.execute(sql, params)
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> sqlite3.Cursor:
+        """Run one statement per row of parameters."""
+        return self._db.executemany(sql, rows)
+
+    def now(self) -> str:
+        """The clock's time as stored text."""
+        return iso(self._database.clock.now())
+
+    def emit(self, computer_id: str, event: str, data: dict[str, Any]) -> None:
+        """Append one SSE event for a Computer."""
+        self.emit_many([(computer_id, event, data)])
+
+    def emit_many(self, events: Sequence[tuple[str, str, dict[str, Any]]]) -> None:
+        """Append SSE events (computer id, event, data) to the log, in order."""
+        now = self.now()
+        self._db.executemany(
+            "INSERT INTO computer_events (computer_id, event, data, created_at) VALUES (?, ?, ?, ?)",
+            [(c, e, orjson.dumps(d).decode(), now) for c, e, d in events],
+        )
+        self.touched.update(c for c, _, _ in events)
+        database = self._database
+        database.events_since_prune += len(events)
+        if database.events_since_prune >= database.prune_every:
+            database.events_since_prune = 0
+            self._prune(database.event_log_keep)
+
+    def _prune(self, keep: int) -> None:
+        through = self._db.execute("SELECT MAX(id) AS newest FROM computer_events").fetchone()
+        through = through["newest"] - keep
+        if through > 0:
+            self._db.execute("DELETE FROM computer_events WHERE id <= ?", (through,))
+            # Remembered so a stream resuming from before it knows it missed events.
+            self._db.execute(
+                "INSERT INTO settings VALUES ('events_pruned_through', ?) ON CONFLICT (key) "
+                "DO UPDATE SET value = MAX(CAST(value AS INTEGER), excluded.value)",
+                (through,),
+            )
+
+    def wake(self, agent_ids: Iterable[str]) -> None:
+        """A `wake` to the Computer of each agent (agents on no Computer wait unread)."""
+        ids = list(agent_ids)
+        if not ids:
+            return
+        marks = ",".join("?" * len(ids))
+        rows = self._db.execute(
+            f"SELECT id, computer_id FROM agents WHERE id IN ({marks}) AND computer_id IS NOT NULL",
+            ids,
+        ).fetchall()
+        woken = sorted((r["id"], r["computer_id"]) for r in rows)
+        self.emit_many([(c, "wake", {"agent_id": a}) for a, c in woken])
+
+
+class StorePart:
+    """What every part of the `Store` shares: the database, the clock, the claim bound."""
+
+    clock: Clock
+    _database: Database
+    _claim_max_messages: int
+    _claim_max_chars: int
+
+
+class EventLog(StorePart):
+    """The bounded log of SSE events per Computer, replayed after Last-Event-ID."""
+
+    def events_after(
+        self, computer_id: str, after_id: int, limit: int = 500
+    ) -> list[tuple[int, str, str]]:
+        """(id, event, JSON data) of this Computer's events after `after_id`, oldest first."""
+        with self._database.read() as tx:
+            rows = tx.execute(
+                "SELECT id, event, data FROM computer_events WHERE computer_id = ? AND id > ? "
+                "ORDER BY id LIMIT ?",
+                (computer_id, after_id, limit),
+            ).fetchall()
+        return [(r["id"], r["event"], r["data"]) for r in rows]
+
+    def replay_start(self, computer_id: str, last_id: int | None) -> tuple[int, list[str] | None]:
+        """Where a stream resuming after `last_id` starts, and whom it must wake first.
+
+        Without `last_id` (or with one newer than any event: a reset database) the stream
+        starts at now. When the log was pruned past `last_id`, events of this Computer may
+        be gone: the answer then lists every agent of this Computer (maybe none), so the
+        stream resyncs and wakes them all (a spare wake costs one empty claim; a lost one
+        leaves messages unread). None: nothing was lost.
+        """
+        with self._database.read() as tx:
+            row = tx.execute("SELECT MAX(id) AS newest FROM computer_events").fetchone()
+            newest = int(row["newest"] or 0)
+            if last_id is None or last_id > newest:
+                return newest, None
+            row = tx.execute(
+                "SELECT value FROM settings WHERE key = 'events_pruned_through'"
+            ).fetchone()
+            if row is None or last_id >= int(row["value"]):
+                return last_id, None
+            agents = [
+                r["id"]
+                for r in tx.execute(
+                    "SELECT id FROM agents WHERE computer_id = ? ORDER BY handle", (computer_id,)
+                )
+            ]
+            return int(row["value"]), agents
+
+    def last_event_id(self) -> int:
+        """The newest SSE event id of all Computers (0 when none)."""
+        with self._database.read() as tx:
+            row = tx.execute("SELECT MAX(id) AS newest FROM computer_events").fetchone()
+        return int(row["newest"] or 0)

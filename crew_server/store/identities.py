@@ -1,0 +1,293 @@
+"""Who may act: the user token, Computers with their tokens, agents with theirs."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import secrets
+import sqlite3
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from crew_server import rules
+from crew_server.errors import Conflict, NotFound, Unauthorized
+from crew_server.store.db import StorePart, Transaction, new_id
+
+log = logging.getLogger("crew_server.store")
+
+
+def hash_token(token: str) -> str:
+    """Tokens are random 32-byte secrets, so a plain sha256 is a safe stored form."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_token(prefix: str) -> str:
+    """A fresh bearer token; the prefix tells a reader which kind it is."""
+    return f"{prefix}_{secrets.token_urlsafe(32)}"
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who acts on the agent/user API: the user, or an agent (with its handle)."""
+
+    kind: str  # "user" | "agent"
+    id: str
+    handle: str | None = None
+
+
+USER = Actor("user", "user")
+
+
+@dataclass(frozen=True)
+class AgentIdentity:
+    """What an agent token proves."""
+
+    agent_id: str
+    handle: str
+    computer_id: str
+
+
+AGENT_COLS = "id, handle, name, persona, engine, model, computer_id"
+
+
+def agent_of(row: sqlite3.Row) -> dict[str, Any]:
+    """An agent row (`AGENT_COLS`) as the API shows it."""
+    return {
+        "id": row["id"],
+        "handle": row["handle"],
+        "name": row["name"],
+        "persona": row["persona"],
+        "engine": row["engine"],
+        "model": row["model"],
+        "computer_id": row["computer_id"],
+    }
+
+
+def check_computer(tx: Transaction, computer_id: str | None) -> None:
+    """NotFound unless `computer_id` is None or names a Computer."""
+    if (
+        computer_id is not None
+        and tx.execute("SELECT 1 FROM computers WHERE id = ?", (computer_id,)).fetchone() is None
+    ):
+        raise NotFound(f"no computer {computer_id}; create it with POST /api/computers first")
+
+
+def own_agent(tx: Transaction, computer_id: str, agent_id: str) -> None:
+    """A Computer sees only its own agents: anything else is 'not found'."""
+    row = tx.execute("SELECT computer_id FROM agents WHERE id = ?", (agent_id,)).fetchone()
+    if row is None or row["computer_id"] != computer_id:
+        raise NotFound(f"no agent {agent_id} on this computer")
+
+
+class Identities(StorePart):
+    """The user token, Computers and agents, and the tokens that prove them."""
+
+    # ------------------------------------------------------------------ tokens
+
+    def ensure_user_token(self) -> str | None:
+        """Create the user token at first start; returns it then (once), else None."""
+        with self._database.write() as tx:
+            row = tx.execute("SELECT 1 FROM settings WHERE key = 'user_token_hash'").fetchone()
+            if row is not None:
+                return None
+            token = new_token("cru")
+            tx.execute("INSERT INTO settings VALUES ('user_token_hash', ?)", (hash_token(token),))
+            return token
+
+    def reset_user_token(self) -> str:
+        """Replace the user token (the old one stops working) and return the new one."""
+        token = new_token("cru")
+        with self._database.write() as tx:
+            tx.execute(
+                "INSERT OR REPLACE INTO settings VALUES ('user_token_hash', ?)",
+                (hash_token(token),),
+            )
+        return token
+
+    def check_user_token(self, token: str) -> bool:
+        """Whether `token` is the user token."""
+        with self._database.read() as tx:
+            row = tx.execute("SELECT value FROM settings WHERE key = 'user_token_hash'").fetchone()
+        return row is not None and secrets.compare_digest(row["value"], hash_token(token))
+
+    def computer_by_token(self, token: str) -> str:
+        """The Computer id a computer token belongs to; Unauthorized when none."""
+        with self._database.read() as tx:
+            row = tx.execute(
+                "SELECT id FROM computers WHERE token_hash = ?", (hash_token(token),)
+            ).fetchone()
+        if row is None:
+            raise Unauthorized(
+                "the computer token is not valid; check the credential you were given"
+            )
+        return str(row["id"])
+
+    def agent_by_token(self, token: str) -> AgentIdentity:
+        """The agent an agent token belongs to, while its Computer still hosts it."""
+        with self._database.read() as tx:
+            row = tx.execute(
+                "SELECT t.agent_id, a.handle, t.computer_id FROM agent_tokens t "
+                "JOIN agents a ON a.id = t.agent_id AND a.computer_id = t.computer_id "
+                "WHERE t.token_hash = ?",
+                (hash_token(token),),
+            ).fetchone()
+        if row is None:
+            raise Unauthorized(
+                "the agent token is not valid (it expires when the Computer reconnects)"
+            )
+        return AgentIdentity(row["agent_id"], row["handle"], row["computer_id"])
+
+    # ------------------------------------------------------------------ computers
+
+    def create_computer(self, name: str) -> tuple[str, str]:
+        """A new Computer credential: (computer_id, token). The token is shown only now."""
+        computer_id, token = new_id(), new_token("crc")
+        with self._database.write() as tx:
+            tx.execute(
+                "INSERT INTO computers (id, name, token_hash, created_at) VALUES (?, ?, ?, ?)",
+                (computer_id, name, hash_token(token), tx.now()),
+            )
+        return computer_id, token
+
+    def list_computers(self) -> list[dict[str, Any]]:
+        """Every Computer with what it last reported (connect, models)."""
+        with self._database.read() as tx:
+            rows = tx.execute(
+                "SELECT id, name, epoch, hostname, platform, version, capacity, models, connected_at "
+                "FROM computers ORDER BY created_at, id"
+            ).fetchall()
+        return [{**dict(r), "models": orjson.loads(r["models"])} for r in rows]
+
+    def connect(
+        self, computer_id: str, hostname: str, platform: str, version: str, capacity: int
+    ) -> dict[str, Any]:
+        """A new connection epoch; turns of older connections become interrupted."""
+        with self._database.write() as tx:
+            now = tx.now()
+            epoch = tx.execute(
+                "UPDATE computers SET epoch = epoch + 1, hostname = ?, platform = ?, version = ?, "
+                "capacity = ?, connected_at = ? WHERE id = ? RETURNING epoch",
+                (hostname, platform, version, capacity, now, computer_id),
+            ).fetchone()["epoch"]
+            interrupted = tx.execute(
+                "UPDATE turns SET status = 'interrupted', finished_at = ? "
+                "WHERE computer_id = ? AND status = 'running' AND fence < ?",
+                (now, computer_id, epoch),
+            ).rowcount
+            tx.execute(
+                "DELETE FROM agent_tokens WHERE computer_id = ? AND epoch < ?", (computer_id, epoch)
+            )
+        if interrupted:
+            log.info(
+                "computer %s connected (epoch %d): %d turns interrupted",
+                computer_id,
+                epoch,
+                interrupted,
+            )
+        return {"computer_id": computer_id, "epoch": epoch, "server_time": now}
+
+    def set_models(self, computer_id: str, models: list[str]) -> None:
+        """Record the models a Computer can run."""
+        with self._database.write() as tx:
+            tx.execute(
+                "UPDATE computers SET models = ? WHERE id = ?",
+                (orjson.dumps(models).decode(), computer_id),
+            )
+
+    # ------------------------------------------------------------------ agents
+
+    def create_agent(
+        self, handle: str, name: str, persona: str, model: str, engine: str, computer_id: str | None
+    ) -> dict[str, Any]:
+        """A new agent; its Computer (if any) hears `agents`. Handles are unique."""
+        agent_id = new_id()
+        with self._database.write() as tx:
+            check_computer(tx, computer_id)
+            if tx.execute("SELECT 1 FROM agents WHERE handle = ?", (handle,)).fetchone():
+                raise Conflict(f"the handle @{handle} is taken; choose another handle")
+            tx.execute(
+                "INSERT INTO agents (id, handle, name, persona, engine, model, computer_id, created_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (agent_id, handle, name, persona, engine, model, computer_id, tx.now()),
+            )
+            if computer_id is not None:
+                tx.emit(computer_id, "agents", {"agent_id": agent_id})
+        return self.get_agent(agent_id)
+
+    def get_agent(self, agent_id: str) -> dict[str, Any]:
+        """One agent (without status)."""
+        with self._database.read() as tx:
+            row = tx.execute(
+                f"SELECT {AGENT_COLS} FROM agents WHERE id = ?", (agent_id,)
+            ).fetchone()
+        if row is None:
+            raise NotFound(f"no agent {agent_id}")
+        return agent_of(row)
+
+    def update_agent(self, agent_id: str, changes: dict[str, Any]) -> dict[str, Any]:
+        """Change an agent's settings; its Computer (old and new) hears `agents`."""
+        allowed = {"name", "persona", "model", "engine", "computer_id"}
+        fields = {k: v for k, v in changes.items() if k in allowed}
+        with self._database.write() as tx:
+            row = tx.execute("SELECT computer_id FROM agents WHERE id = ?", (agent_id,)).fetchone()
+            if row is None:
+                raise NotFound(f"no agent {agent_id}")
+            old_computer = row["computer_id"]
+            if "computer_id" in fields:
+                check_computer(tx, fields["computer_id"])
+            if fields:
+                sets = ", ".join(f"{k} = ?" for k in fields)
+                tx.execute(f"UPDATE agents SET {sets} WHERE id = ?", [*fields.values(), agent_id])
+            new_computer = fields.get("computer_id", old_computer)
+            for computer_id in {old_computer, new_computer} - {None}:
+                tx.emit(computer_id, "agents", {"agent_id": agent_id})
+        return self.get_agent(agent_id)
+
+    def list_agents(self) -> list[dict[str, Any]]:
+        """Every agent with its status (derived from its latest turn) and problem."""
+        with self._database.read() as tx:
+            rows = tx.execute(
+                f"SELECT {AGENT_COLS}, problem, "
+                "(SELECT status FROM turns t WHERE t.agent_id = agents.id "
+                " ORDER BY started_at DESC, rowid DESC LIMIT 1) AS last_status "
+                "FROM agents ORDER BY handle"
+            ).fetchall()
+        return [
+            {
+                **agent_of(r),
+                "status": rules.agent_status(r["last_status"]),
+                "problem": r["problem"],
+            }
+            for r in rows
+        ]
+
+    def computer_agents(self, computer_id: str) -> list[dict[str, Any]]:
+        """The agents assigned to a Computer, by handle."""
+        with self._database.read() as tx:
+            rows = tx.execute(
+                f"SELECT {AGENT_COLS} FROM agents WHERE computer_id = ? ORDER BY handle",
+                (computer_id,),
+            ).fetchall()
+        return [agent_of(r) for r in rows]
+
+    def set_problem(self, computer_id: str, agent_id: str, reason: str | None) -> None:
+        """Set (or with None clear) why an agent of this Computer cannot run."""
+        with self._database.write() as tx:
+            own_agent(tx, computer_id, agent_id)
+            tx.execute("UPDATE agents SET problem = ? WHERE id = ?", (reason, agent_id))
+
+    def issue_agent_token(self, computer_id: str, agent_id: str) -> str:
+        """A new token for an agent of this Computer, valid until the Computer reconnects."""
+        token = new_token("cra")
+        with self._database.write() as tx:
+            own_agent(tx, computer_id, agent_id)
+            epoch = tx.execute(
+                "SELECT epoch FROM computers WHERE id = ?", (computer_id,)
+            ).fetchone()["epoch"]
+            tx.execute(
+                "INSERT INTO agent_tokens VALUES (?, ?, ?, ?, ?)",
+                (hash_token(token), agent_id, computer_id, epoch, tx.now()),
+            )
+        return token

@@ -1,0 +1,248 @@
+"""Messages: posting (by the user, an agent, or the system as a notice), threads, replies."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from crew_server import rules
+from crew_server.errors import Held, Invalid, NotFound, Refused
+from crew_server.store.db import StorePart, Transaction, new_id
+from crew_server.store.identities import USER, Actor, AgentIdentity
+from crew_server.store.message_view import select_messages
+from crew_server.store.positions import ClaimBudget, claim_room
+from crew_server.store.rooms import members, require_member, room_row
+
+
+def open_thread(tx: Transaction, message_id: str) -> tuple[str, bool]:
+    """The thread hanging off a message, created when missing: (thread id, created).
+
+    A message inside a thread names that thread (threads do not nest).
+    """
+    row = tx.execute(
+        "SELECT m.room_id, m.thread_id, m.author_kind, m.author_id, r.kind AS room_kind "
+        "FROM messages m JOIN rooms r ON r.id = m.room_id WHERE m.id = ?",
+        (message_id,),
+    ).fetchone()
+    if row is None:
+        raise NotFound(f"no message {message_id}")
+    room_id, room_kind = row["room_id"], row["room_kind"]
+    if room_kind == "thread":
+        return room_id, False
+    if row["thread_id"] is not None:
+        return row["thread_id"], False
+    thread_id = new_id()
+    tx.execute(
+        "INSERT INTO rooms (id, kind, parent_room_id, root_message_id, created_at) "
+        "VALUES (?, 'thread', ?, ?, ?)",
+        (thread_id, room_id, message_id, tx.now()),
+    )
+    tx.execute("UPDATE messages SET thread_id = ? WHERE id = ?", (thread_id, message_id))
+    # The root's author follows the thread from the start; in a dm (a task's thread),
+    # so does its agent: everything in a dm is for it.
+    followers = {row["author_id"]} if row["author_kind"] == "agent" else set()
+    if room_kind == "dm":
+        followers.update(
+            r["agent_id"]
+            for r in tx.execute("SELECT agent_id FROM room_members WHERE room_id = ?", (room_id,))
+        )
+    tx.executemany(
+        "INSERT OR IGNORE INTO positions (agent_id, room_id) VALUES (?, ?)",
+        [(a, thread_id) for a in sorted(followers)],
+    )
+    return thread_id, True
+
+
+def post(
+    tx: Transaction,
+    room_id: str,
+    author: Actor | None,
+    body: str,
+    *,
+    notice_wakes: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """Append a message (a notice when `author` is None) and wake whoever it concerns."""
+    now = tx.now()
+    room = room_row(tx, room_id)
+    rid, kind = room["id"], room["kind"]
+    seq = tx.execute(
+        "UPDATE rooms SET last_seq = last_seq + 1 WHERE id = ? RETURNING last_seq", (rid,)
+    ).fetchone()["last_seq"]
+    mentions: list[str] = []
+    people: list[tuple[str, str, str]] = []
+    if author is not None:
+        people = members(tx, rid)
+        mentions = rules.mentioned_ids(body, {h: a for a, h, _ in people})
+    message_id = new_id()
+    author_kind, author_id = ("system", "system") if author is None else (author.kind, author.id)
+    tx.execute(
+        "INSERT INTO messages (id, room_id, seq, author_kind, author_id, body, kind, mentions, "
+        "created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            message_id,
+            rid,
+            seq,
+            author_kind,
+            author_id,
+            body,
+            "normal" if author is not None else "notice",
+            orjson.dumps(mentions).decode(),
+            now,
+        ),
+    )
+    if kind == "thread":
+        tx.execute(
+            "UPDATE messages SET thread_replies = thread_replies + 1, thread_last_at = ? "
+            "WHERE id = ?",
+            (now, room["root_message_id"]),
+        )
+    if author is not None and author.kind == "agent":
+        # The author has seen its own message; with nothing pending it is read too.
+        tx.execute(
+            "INSERT INTO positions (agent_id, room_id, delivered_seq, read_seq) "
+            "VALUES (?, ?, ?, ?) ON CONFLICT (agent_id, room_id) DO UPDATE SET "
+            "read_seq = CASE WHEN read_seq = delivered_seq THEN excluded.read_seq "
+            "ELSE read_seq END, delivered_seq = excluded.delivered_seq",
+            (author.id, rid, seq, seq),
+        )
+    if author is None:
+        woken = list(dict.fromkeys(notice_wakes or ()))
+    else:
+        woken = rules.woken_by_message(
+            _room_facts(tx, rid, kind, people, mentions, now), author.id, mentions
+        )
+    if woken and kind == "thread":
+        # Whoever a thread message wakes must also get it at the next unread claim.
+        tx.executemany(
+            "INSERT OR IGNORE INTO positions (agent_id, room_id) VALUES (?, ?)",
+            [(a, rid) for a in woken],
+        )
+    tx.wake(woken)
+    return select_messages(tx, "WHERE m.id = ?", (message_id,))[0]
+
+
+def _room_facts(
+    tx: Transaction,
+    rid: str,
+    kind: str,
+    people: list[tuple[str, str, str]],
+    mentions: list[str],
+    now: str,
+) -> rules.RoomFacts:
+    """Who a message in the room may wake: a thread's followers (the mentioned join them),
+    else the room's members less those who muted it."""
+    if kind == "thread":
+        tx.executemany(
+            "INSERT OR IGNORE INTO positions (agent_id, room_id) VALUES (?, ?)",
+            [(a, rid) for a in mentions],
+        )
+        followers = frozenset(
+            r["agent_id"]
+            for r in tx.execute("SELECT agent_id FROM positions WHERE room_id = ?", (rid,))
+        )
+        return rules.RoomFacts("thread", followers, frozenset())
+    muted = (
+        frozenset(
+            r["agent_id"]
+            for r in tx.execute(
+                "SELECT agent_id FROM mutes WHERE room_id = ? AND (until IS NULL OR until > ?)",
+                (rid, now),
+            )
+        )
+        if kind == "group"
+        else frozenset()
+    )
+    return rules.RoomFacts(kind, frozenset(a for a, _, _ in people), muted)
+
+
+def check_thread_of(tx: Transaction, room_id: str, message_id: str) -> str:
+    """`thread_of` must name a message of a group, in `room_id` (or its thread)."""
+    row = tx.execute(
+        "SELECT m.room_id, m.thread_id, r.kind FROM messages m "
+        "JOIN rooms r ON r.id = m.room_id WHERE m.id = ?",
+        (message_id,),
+    ).fetchone()
+    if row is None:
+        raise NotFound(f"no message {message_id}")
+    message_room, kind = row["room_id"], row["kind"]
+    if room_id not in (message_room, row["thread_id"]):
+        raise Invalid(f"message {message_id} is not in room {room_id}")
+    if kind == "dm":
+        raise Refused(
+            "threads hang off group messages; in a direct conversation reply without "
+            f"--thread (crew reply {message_room})"
+        )
+    if kind == "thread":
+        raise Refused(
+            f"threads do not nest; to answer in this thread reply with crew reply {message_room}"
+        )
+    return message_id
+
+
+class Messages(StorePart):
+    """Reading a room's messages; the user's posts and the agents' replies."""
+
+    def list_messages(self, room_id: str, after_seq: int, limit: int) -> list[dict[str, Any]]:
+        """A room's messages after `after_seq`, by seq, at most `limit`."""
+        with self._database.read() as tx:
+            room_row(tx, room_id)
+            return select_messages(
+                tx,
+                "WHERE m.room_id = ? AND m.seq > ? ORDER BY m.seq LIMIT ?",
+                (room_id, after_seq, limit),
+            )
+
+    def get_message(self, message_id: str) -> dict[str, Any]:
+        """One message."""
+        with self._database.read() as tx:
+            found = select_messages(tx, "WHERE m.id = ?", (message_id,))
+        if not found:
+            raise NotFound(f"no message {message_id}")
+        return found[0]
+
+    def user_post(self, room_id: str, body: str, thread_of: str | None) -> dict[str, Any]:
+        """The user posts in a room, or in the thread of `thread_of` (created when missing)."""
+        with self._database.write() as tx:
+            room_row(tx, room_id)
+            target = room_id
+            if thread_of is not None:
+                target, _ = open_thread(tx, check_thread_of(tx, room_id, thread_of))
+            return post(tx, target, USER, body)
+
+    def reply(
+        self, agent: AgentIdentity, room_id: str, body: str, thread_of: str | None
+    ) -> dict[str, Any]:
+        """An agent's reply; raises Held (after recording delivery) when it missed messages."""
+        held: list[dict[str, Any]] | None = None
+        with self._database.write() as tx:
+            require_member(tx, room_id, agent.agent_id)
+            target, thread_id = room_id, None
+            if thread_of is not None:
+                target, _ = open_thread(tx, check_thread_of(tx, room_id, thread_of))
+                thread_id = target
+            row = tx.execute(
+                "SELECT delivered_seq FROM positions WHERE agent_id = ? AND room_id = ?",
+                (agent.agent_id, target),
+            ).fetchone()
+            delivered = row["delivered_seq"] if row is not None else 0
+            unseen = tx.execute(
+                "SELECT 1 FROM messages WHERE room_id = ? AND seq > ? "
+                "AND NOT (author_kind = 'agent' AND author_id = ?) LIMIT 1",
+                (target, delivered, agent.agent_id),
+            ).fetchone()
+            if unseen is not None:
+                budget = ClaimBudget(self._claim_max_messages, self._claim_max_chars)
+                _, entry = claim_room(tx, agent.agent_id, target, delivered, budget)
+                # A fresh budget always takes the first unseen message: entry is set.
+                held = [entry] if entry is not None else []
+            else:
+                actor = Actor("agent", agent.agent_id, agent.handle)
+                message = post(tx, target, actor, body)
+        if held is not None:
+            raise Held(agent.agent_id, held)
+        answer = {"message_id": message["id"], "room_id": room_id}
+        if thread_id is not None:
+            answer["thread_id"] = thread_id
+        return answer

@@ -1,0 +1,45 @@
+"""Mutes: an agent silencing a group's wake-ups for a while."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from crew_server import rules
+from crew_server.clock import iso
+from crew_server.errors import NotFound, Refused
+from crew_server.store.db import StorePart
+from crew_server.store.identities import AgentIdentity
+from crew_server.store.rooms import require_member, room_row
+
+
+class Mutes(StorePart):
+    """Muting and unmuting groups (who a message wakes reads the mutes in `messages`)."""
+
+    def mute(self, agent: AgentIdentity, room_id: str, until: datetime | None) -> dict[str, Any]:
+        """Mute a group for an agent until `until` (15 minutes – 7 days ahead) or until unmuted."""
+        with self._database.write() as tx:
+            require_member(tx, room_id, agent.agent_id)
+            kind = room_row(tx, room_id)["kind"]
+            if kind != "group":
+                raise Refused(
+                    f"only groups can be muted; a {kind} always wakes you (you can leave it unanswered)"
+                )
+            try:
+                rules.check_mute_until(until, self.clock.now())
+            except ValueError as exc:
+                raise Refused(str(exc)) from exc
+            until_text = iso(until) if until is not None else None
+            tx.execute(
+                "INSERT OR REPLACE INTO mutes VALUES (?, ?, ?)",
+                (agent.agent_id, room_id, until_text),
+            )
+        return {"room_id": room_id, "until": until_text}
+
+    def unmute(self, agent_id: str, room_id: str) -> None:
+        """Lift a mute. Wakes nobody: what arrived meanwhile waits for the next wake-up."""
+        with self._database.write() as tx:
+            if tx.execute("SELECT 1 FROM agents WHERE id = ?", (agent_id,)).fetchone() is None:
+                raise NotFound(f"no agent {agent_id}")
+            room_row(tx, room_id)
+            tx.execute("DELETE FROM mutes WHERE agent_id = ? AND room_id = ?", (agent_id, room_id))

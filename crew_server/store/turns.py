@@ -1,0 +1,217 @@
+"""Turns: an agent's runs on its Computer, fenced by the connection epoch, and their events."""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+import orjson
+
+from crew_server import rules
+from crew_server.errors import Invalid, NotConnected, NotFound, StaleTurn
+from crew_server.store.db import StorePart, Transaction, new_id
+from crew_server.store.identities import own_agent
+
+TURN_COLS = (
+    "id, agent_id, computer_id, fence, status, failure, rooms, input, engine, model, "
+    "session_id, usage, gaps, started_at, finished_at"
+)
+
+
+def turn_of(r: sqlite3.Row) -> dict[str, Any]:
+    """A turn row (`TURN_COLS`) as the API shows it (JSON columns decoded)."""
+    return {
+        **dict(r),
+        "failure": orjson.loads(r["failure"]) if r["failure"] else None,
+        "rooms": orjson.loads(r["rooms"]),
+        "usage": orjson.loads(r["usage"]) if r["usage"] else None,
+        "gaps": orjson.loads(r["gaps"]),
+    }
+
+
+def fenced_turn(tx: Transaction, computer_id: str, turn_id: str, fence: int) -> tuple[str, int]:
+    """Check a write for a turn carries a live fence: (agent id, next event index)."""
+    row = tx.execute(
+        "SELECT t.agent_id, t.computer_id, t.fence, t.status, t.next_index, c.epoch "
+        "FROM turns t JOIN computers c ON c.id = t.computer_id WHERE t.id = ?",
+        (turn_id,),
+    ).fetchone()
+    if row is None or row["computer_id"] != computer_id:
+        raise NotFound(f"no turn {turn_id} on this computer")
+    status = row["status"]
+    if status != "running":
+        raise StaleTurn(f"turn {turn_id} is {status}, no longer running; stop it without acking")
+    if fence != row["fence"] or row["epoch"] != row["fence"]:
+        raise StaleTurn(
+            f"turn {turn_id} belongs to an older connection of this computer; stop it without acking"
+        )
+    return row["agent_id"], row["next_index"]
+
+
+class Turns(StorePart):
+    """Registering, feeding, finishing and acking turns; reading them back."""
+
+    def register_turn(
+        self,
+        computer_id: str,
+        agent_id: str,
+        rooms: list[dict[str, Any]],
+        input_text: str,
+        engine: str,
+        model: str,
+        session_id: str | None,
+    ) -> dict[str, Any]:
+        """Record a running turn of an agent of this Computer → `{turn_id, fence}`."""
+        turn_id = new_id()
+        with self._database.write() as tx:
+            own_agent(tx, computer_id, agent_id)
+            epoch = tx.execute(
+                "SELECT epoch FROM computers WHERE id = ?", (computer_id,)
+            ).fetchone()["epoch"]
+            if epoch == 0:
+                raise NotConnected(
+                    "this computer has not connected; call POST /computer/connect first"
+                )
+            # Turns of one agent never overlap: one still `running` when the next is
+            # registered lost its end (the finish never arrived, or the answer to its
+            # registration was lost). Without this it would stay running forever.
+            tx.execute(
+                "UPDATE turns SET status = 'interrupted', finished_at = ? "
+                "WHERE agent_id = ? AND status = 'running'",
+                (tx.now(), agent_id),
+            )
+            tx.execute(
+                "INSERT INTO turns (id, agent_id, computer_id, fence, status, rooms, input, engine, "
+                "model, session_id, started_at) VALUES (?, ?, ?, ?, 'running', ?, ?, ?, ?, ?, ?)",
+                (
+                    turn_id,
+                    agent_id,
+                    computer_id,
+                    epoch,
+                    orjson.dumps(rooms).decode(),
+                    input_text,
+                    engine,
+                    model,
+                    session_id,
+                    tx.now(),
+                ),
+            )
+        return {"turn_id": turn_id, "fence": epoch}
+
+    def add_events(
+        self,
+        computer_id: str,
+        turn_id: str,
+        fence: int,
+        first_index: int,
+        events: list[dict[str, Any]],
+    ) -> None:
+        """Append a batch of events (`type`, `at`, `data_json`); a jump past the next index
+        records the gap."""
+        with self._database.write() as tx:
+            _, next_index = fenced_turn(tx, computer_id, turn_id, fence)
+            if first_index > next_index:
+                gaps = orjson.loads(
+                    tx.execute("SELECT gaps FROM turns WHERE id = ?", (turn_id,)).fetchone()["gaps"]
+                )
+                gaps.append({"from_index": next_index, "to_index": first_index - 1})
+                tx.execute(
+                    "UPDATE turns SET gaps = ? WHERE id = ?", (orjson.dumps(gaps).decode(), turn_id)
+                )
+            tx.executemany(
+                "INSERT OR IGNORE INTO turn_events (turn_id, idx, type, at, data) VALUES (?, ?, ?, ?, ?)",
+                [
+                    (turn_id, first_index + i, e["type"], e["at"], e["data_json"])
+                    for i, e in enumerate(events)
+                ],
+            )
+            tx.execute(
+                "UPDATE turns SET next_index = MAX(next_index, ?) WHERE id = ?",
+                (first_index + len(events), turn_id),
+            )
+
+    def finish_turn(
+        self,
+        computer_id: str,
+        turn_id: str,
+        fence: int,
+        status: str,
+        failure: dict[str, Any] | None,
+        usage: dict[str, Any] | None,
+    ) -> None:
+        """Record a turn's result; usage summed from `step_finish` events when absent."""
+        with self._database.write() as tx:
+            fenced_turn(tx, computer_id, turn_id, fence)
+            if usage is None:
+                events = [
+                    {"type": r["type"], "data": orjson.loads(r["data"])}
+                    for r in tx.execute(
+                        "SELECT type, data FROM turn_events WHERE turn_id = ? AND type = 'step_finish'",
+                        (turn_id,),
+                    )
+                ]
+                usage = rules.usage_from_events(events)
+            tx.execute(
+                "UPDATE turns SET status = ?, failure = ?, usage = ?, finished_at = ? WHERE id = ?",
+                (
+                    status,
+                    orjson.dumps(failure).decode() if failure else None,
+                    orjson.dumps(usage).decode(),
+                    tx.now(),
+                    turn_id,
+                ),
+            )
+
+    def ack(self, computer_id: str, agent_id: str, turn_id: str, fence: int) -> None:
+        """Read := delivered in every room of the agent (the turn handled what it was given)."""
+        with self._database.write() as tx:
+            own_agent(tx, computer_id, agent_id)
+            turn_agent, _ = fenced_turn(tx, computer_id, turn_id, fence)
+            if turn_agent != agent_id:
+                raise Invalid(f"turn {turn_id} is not a turn of agent {agent_id}")
+            tx.execute(
+                "UPDATE positions SET read_seq = delivered_seq "
+                "WHERE agent_id = ? AND read_seq != delivered_seq",
+                (agent_id,),
+            )
+            # The turn's claim was cut at its bound: wake the agent for the rest.
+            if tx.execute(
+                "UPDATE agents SET claim_more = 0 WHERE id = ? AND claim_more = 1", (agent_id,)
+            ).rowcount:
+                tx.wake([agent_id])
+
+    def list_turns(self, agent_id: str | None, limit: int) -> list[dict[str, Any]]:
+        """Turns without events, newest first (of one agent when given)."""
+        with self._database.read() as tx:
+            if agent_id is None:
+                rows = tx.execute(
+                    f"SELECT {TURN_COLS} FROM turns ORDER BY started_at DESC, rowid DESC LIMIT ?",
+                    (limit,),
+                ).fetchall()
+            else:
+                rows = tx.execute(
+                    f"SELECT {TURN_COLS} FROM turns WHERE agent_id = ? "
+                    "ORDER BY started_at DESC, rowid DESC LIMIT ?",
+                    (agent_id, limit),
+                ).fetchall()
+        return [turn_of(r) for r in rows]
+
+    def get_turn(self, turn_id: str) -> dict[str, Any]:
+        """A turn with its events in index order."""
+        with self._database.read() as tx:
+            row = tx.execute(f"SELECT {TURN_COLS} FROM turns WHERE id = ?", (turn_id,)).fetchone()
+            if row is None:
+                raise NotFound(f"no turn {turn_id}")
+            events = [
+                {
+                    "index": e["idx"],
+                    "type": e["type"],
+                    "at": e["at"],
+                    "data": orjson.loads(e["data"]),
+                }
+                for e in tx.execute(
+                    "SELECT idx, type, at, data FROM turn_events WHERE turn_id = ? ORDER BY idx",
+                    (turn_id,),
+                )
+            ]
+        return {**turn_of(row), "events": events}
