@@ -21,6 +21,11 @@ class ApiError(Exception):
         return {"error": {"code": self.code, "message": self.message, **self.extra}}
 
 
+class BadRequest(ApiError):
+    status = 400
+    code = "bad_request"
+
+
 class BadJson(ApiError):
     status = 400
     code = "bad_json"
@@ -88,3 +93,17 @@ class Held(ApiError):
 
     def body(self) -> dict[str, Any]:
         return {"held": True, "agent_id": self.agent_id, "rooms": self.rooms}
+
+
+class Superseded(ApiError):
+    """The request comes from a connection of its Computer that a newer one replaced."""
+
+    status = 409
+    code = "superseded"
+
+
+class StorageFull(ApiError):
+    """The server's disk is full: nothing was written; the same request works once space is back."""
+
+    status = 503
+    code = "storage_full"

@@ -205,11 +205,32 @@ class TurnFinish(Request):
     status: Literal["succeeded", "failed", "cancelled"]
     failure: FailureInfo | None = None
     usage: Usage | None = None
+    event_count: Count | None = Field(
+        default=None,
+        description="how many events the turn produced; a tail the server never got becomes a gap",
+    )
+
+
+class SetAside(Request):
+    reason: Annotated[str, Field(min_length=1, max_length=500)]
 
 
 class Ack(Request):
     turn_id: Uuid
     fence: Int
+    set_aside: SetAside | None = Field(
+        default=None,
+        description="the turn could not handle its messages and the Computer gives up on "
+        "them: they are marked read and each room of the turn gets a notice with the reason",
+    )
+
+
+class UnreadClaim(Request):
+    max_messages: Annotated[int, Field(ge=1, le=200), _INTEGRAL] | None = Field(
+        default=None,
+        description="at most this many messages (oldest first); the Computer uses 1 to "
+        "isolate a message whose turns keep failing",
+    )
 
 
 # ---------------------------------------------------------------- agent API requests

@@ -23,9 +23,21 @@ _ERRORS = {
     "401": "Missing or invalid bearer token.",
     "403": "Not allowed (e.g. not a member of that room).",
     "404": "No such object (or not visible to this caller).",
-    "409": "Refused (`refused`), a stale fence (`stale_turn`), a conflict.",
+    "409": "Refused (`refused`), a stale fence (`stale_turn`), a connection replaced by a "
+    "newer one with the same Computer token (`superseded`), a conflict.",
     "413": "The body is over 1 MiB.",
     "422": "The body or a parameter is invalid.",
+    "503": "The server's disk is full (`storage_full`); nothing was written. Retry later.",
+}
+
+# Every Computer call but `connect` names its connection (contracts: delivery at the edges).
+_EPOCH_PARAM = {
+    "name": "Crew-Epoch",
+    "in": "header",
+    "required": True,
+    "description": "The epoch `POST /computer/connect` answered. A connection replaced by a "
+    "newer one with the same token gets 409 `superseded`.",
+    "schema": {"type": "integer", "minimum": 1, "maximum": 10**15 - 1},
 }
 
 
@@ -65,6 +77,8 @@ def build() -> dict[str, Any]:
             for name in _path_names(op.path)
         ]
         params += [{"name": n, "in": "query", "required": False, "schema": s} for n, s in op.query]
+        if op.auth == "computer" and op.op_id != "connect":
+            params.append(_EPOCH_PARAM)
         if params:
             item["parameters"] = params
         if op.auth != "none":

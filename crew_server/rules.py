@@ -165,6 +165,12 @@ def reminder_notice(handle: str, title: str) -> str:
     return f"Reminder from @{handle}: {title}"
 
 
+def set_aside_notice(handle: str, count: int, reason: str) -> str:
+    """The notice in a room whose messages an agent could not handle and gave up on."""
+    what = "1 message" if count == 1 else f"{count} messages"
+    return f"@{handle} could not handle {what} here and set it aside: {reason}"
+
+
 def actor_text(handle: str | None) -> str:
     """How a notice names who acted: `@alice` or `User`."""
     return f"@{handle}" if handle else "User"

@@ -26,6 +26,18 @@ from crew_testkit.waiting import WaitTimeout, wait_until
 START_TIMEOUT = 20.0
 
 
+def computer_connection(client: httpx.Client, token: str) -> dict[str, str]:
+    """Connect as the Computer of `token`: the headers of that connection (`Crew-Epoch`)."""
+    headers = {"Authorization": f"Bearer {token}"}
+    answer = client.post(
+        "/computer/connect",
+        json={"hostname": "h", "platform": "linux", "version": "1", "capacity": 2},
+        headers=headers,
+    )
+    answer.raise_for_status()
+    return headers | {"Crew-Epoch": str(answer.json()["epoch"])}
+
+
 def free_port() -> int:
     """A TCP port free on loopback right now (the server binds it a moment later)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

@@ -1,5 +1,10 @@
 """What the Computer calls (`/computer/...`, computer token): connect, its agents and
-their problems, the event stream, unread claims, turns and their events."""
+their problems, the event stream, unread claims, turns and their events.
+
+Every call but `connect` names its connection with the `Crew-Epoch` header
+(`Context.connection`): a Computer replaced by a newer connection with the same
+token is told `superseded` instead of acting for the new one.
+"""
 
 from __future__ import annotations
 
@@ -16,80 +21,92 @@ from crew_server.errors import Conflict, Invalid
 
 
 async def connect(ctx: Context, request: Request) -> Response:
-    """A new connection epoch for this Computer."""
+    """A new connection epoch for this Computer; streams of older ones end."""
     computer_id = ctx.computer(request)
     body = await read_body(request, m.Connect)
-    return json_response(
-        ctx.store.connect(computer_id, body.hostname, body.platform, body.version, body.capacity)
+    answer = ctx.store.connect(
+        computer_id, body.hostname, body.platform, body.version, body.capacity
     )
+    # Open streams of the replaced connection look at the epoch and end.
+    ctx.hub.notify({computer_id})
+    return json_response(answer)
 
 
 async def events(ctx: Context, request: Request) -> Response:
     """The Computer's SSE stream."""
-    computer_id = ctx.computer(request)
+    caller = ctx.connection(request)
     return event_stream(
-        ctx.store, ctx.hub, computer_id, request.headers.get("last-event-id"), ctx.ping_seconds
+        ctx.store, ctx.hub, caller, request.headers.get("last-event-id"), ctx.ping_seconds
     )
 
 
 async def agents(ctx: Context, request: Request) -> Response:
     """The agents assigned to this Computer."""
-    return json_response(ctx.store.computer_agents(ctx.computer(request)))
+    return json_response(ctx.store.computer_agents(ctx.connection(request).computer_id))
 
 
 async def put_models(ctx: Context, request: Request) -> Response:
     """The models this Computer can run."""
-    computer_id = ctx.computer(request)
+    caller = ctx.connection(request)
     body = await read_body(request, m.ModelsPut)
-    ctx.store.set_models(computer_id, body.models)
+    ctx.store.set_models(caller.computer_id, body.models)
     return no_content()
 
 
 async def put_problem(ctx: Context, request: Request) -> Response:
     """Why an agent cannot run."""
-    computer_id = ctx.computer(request)
+    caller = ctx.connection(request)
     body = await read_body(request, m.ProblemPut)
-    ctx.store.set_problem(computer_id, request.path_params["agent_id"], body.reason)
+    ctx.store.set_problem(caller.computer_id, request.path_params["agent_id"], body.reason)
     return no_content()
 
 
 async def delete_problem(ctx: Context, request: Request) -> Response:
     """The agent can run again."""
-    ctx.store.set_problem(ctx.computer(request), request.path_params["agent_id"], None)
+    caller = ctx.connection(request)
+    ctx.store.set_problem(caller.computer_id, request.path_params["agent_id"], None)
     return no_content()
 
 
 async def agent_token(ctx: Context, request: Request) -> Response:
-    """A new agent token."""
-    token = ctx.store.issue_agent_token(ctx.computer(request), request.path_params["agent_id"])
+    """A new agent token of the caller's connection."""
+    caller = ctx.connection(request)
+    token = ctx.store.issue_agent_token(
+        caller.computer_id, request.path_params["agent_id"], caller.epoch
+    )
     return json_response({"token": token})
 
 
 async def claim_unread(ctx: Context, request: Request) -> Response:
     """The agent's unread messages by room, now delivered."""
-    rooms, more = ctx.store.claim_unread(ctx.computer(request), request.path_params["agent_id"])
+    caller = ctx.connection(request)
+    body = await read_body(request, m.UnreadClaim)
+    rooms, more = ctx.store.claim_unread(
+        caller.computer_id, request.path_params["agent_id"], caller.epoch, body.max_messages
+    )
     return json_response({"rooms": rooms, "more": more})
 
 
 async def register_turn(ctx: Context, request: Request) -> Response:
-    """A new running turn: its id and fence."""
-    computer_id = ctx.computer(request)
+    """A new running turn: its id and fence (the caller's epoch)."""
+    caller = ctx.connection(request)
     body = await read_body(request, m.TurnRegister)
     registered = ctx.store.register_turn(
-        computer_id,
+        caller.computer_id,
         request.path_params["agent_id"],
         [r.model_dump() for r in body.rooms],
         body.input,
         body.engine,
         body.model,
         body.session_id,
+        caller.epoch,
     )
     return json_response(registered, 201)
 
 
 async def turn_events(ctx: Context, request: Request) -> Response:
     """A batch of engine events, numbered from `first_index`."""
-    computer_id = ctx.computer(request)
+    computer_id = ctx.connection(request).computer_id
     body = await read_body(request, m.EventsBatch)
     for offset, item in enumerate(body.events):
         if item.index is not None and item.index != body.first_index + offset:
@@ -111,8 +128,8 @@ async def turn_events(ctx: Context, request: Request) -> Response:
 
 
 async def finish_turn(ctx: Context, request: Request) -> Response:
-    """The turn's result and usage."""
-    computer_id = ctx.computer(request)
+    """The turn's result and usage; a tail of events that never arrived becomes a gap."""
+    computer_id = ctx.connection(request).computer_id
     body = await read_body(request, m.TurnFinish)
     ctx.store.finish_turn(
         computer_id,
@@ -121,15 +138,22 @@ async def finish_turn(ctx: Context, request: Request) -> Response:
         body.status,
         body.failure.model_dump(by_alias=True) if body.failure else None,
         body.usage.model_dump() if body.usage else None,
+        body.event_count,
     )
     return no_content()
 
 
 async def ack(ctx: Context, request: Request) -> Response:
-    """The turn handled its messages: read := delivered."""
-    computer_id = ctx.computer(request)
+    """The turn handled its messages (or set them aside): read := delivered."""
+    computer_id = ctx.connection(request).computer_id
     body = await read_body(request, m.Ack)
-    ctx.store.ack(computer_id, request.path_params["agent_id"], body.turn_id, body.fence)
+    ctx.store.ack(
+        computer_id,
+        request.path_params["agent_id"],
+        body.turn_id,
+        body.fence,
+        body.set_aside.reason if body.set_aside else None,
+    )
     return no_content()
 
 
@@ -209,6 +233,7 @@ OPS: list[Op] = [
         "claimUnread",
         "Unread messages by room (after the read position); marks them delivered.",
         "computer",
+        m.UnreadClaim,
         answer=m.UnreadAnswer,
         handler=claim_unread,
     ),

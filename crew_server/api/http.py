@@ -20,12 +20,31 @@ from starlette.responses import Response
 
 from crew_server.api.stream import EventHub
 from crew_server.clock import Clock
-from crew_server.errors import ApiError, BadJson, Invalid, NotFound, TooLarge, Unauthorized
+from crew_server.errors import (
+    ApiError,
+    BadJson,
+    BadRequest,
+    Invalid,
+    NotFound,
+    TooLarge,
+    Unauthorized,
+)
 from crew_server.scheduler import ReminderScheduler
 from crew_server.store import USER, Actor, AgentIdentity, Store
 
 MAX_BODY = 1024 * 1024
 M = TypeVar("M", bound=BaseModel)
+
+
+EPOCH_HEADER = "Crew-Epoch"
+
+
+@dataclass(frozen=True)
+class Connection:
+    """A Computer and the connection epoch its request acts for."""
+
+    computer_id: str
+    epoch: int
 
 
 @dataclass(frozen=True)
@@ -46,8 +65,27 @@ class Context:
         return USER
 
     def computer(self, request: Request) -> str:
-        """The id of the Computer whose token the request carries."""
+        """The id of the Computer whose token the request carries (any connection)."""
         return self.store.computer_by_token(bearer(request))
+
+    def connection(self, request: Request) -> Connection:
+        """The Computer and the connection epoch (`Crew-Epoch`) a request comes from.
+
+        Every Computer request but `connect` names its connection: one that a newer
+        connection with the same token replaced gets 409 `superseded`.
+        """
+        computer_id = self.computer(request)
+        raw = request.headers.get(EPOCH_HEADER)
+        if raw is None:
+            raise BadRequest(
+                f"missing the {EPOCH_HEADER} header; send the epoch POST /computer/connect answered"
+            )
+        raw = raw.strip()
+        if not (raw.isascii() and raw.isdigit() and len(raw) <= 15):
+            raise BadRequest(f"the {EPOCH_HEADER} header must be the epoch connect answered")
+        epoch = int(raw)
+        self.store.check_epoch(computer_id, epoch)
+        return Connection(computer_id, epoch)
 
     def agent(self, request: Request) -> AgentIdentity:
         """The agent whose token the request carries."""
@@ -156,7 +194,9 @@ def task_number(request: Request) -> int:
 async def api_error(request: Request, exc: Exception) -> Response:
     """A typed error (`crew_server.errors`) as its JSON answer."""
     assert isinstance(exc, ApiError)
-    return json_response(exc.body(), exc.status)
+    # 503 is for a state that passes (a full disk): say when to come back.
+    headers = {"Retry-After": "5"} if exc.status == 503 else None
+    return json_response(exc.body(), exc.status, headers=headers)
 
 
 async def http_error(request: Request, exc: Exception) -> Response:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 import anyio
 import orjson
@@ -17,6 +18,9 @@ from starlette.responses import StreamingResponse
 
 from crew_server.errors import Invalid
 from crew_server.store import Store
+
+if TYPE_CHECKING:
+    from crew_server.api.http import Connection
 
 PING_SECONDS = 15.0
 
@@ -75,9 +79,18 @@ class EventHub:
 
 
 def event_stream(
-    store: Store, hub: EventHub, computer_id: str, last_event_id: str | None, ping_seconds: float
+    store: Store,
+    hub: EventHub,
+    caller: Connection,
+    last_event_id: str | None,
+    ping_seconds: float,
 ) -> StreamingResponse:
-    """The open SSE answer for a Computer, resuming after `last_event_id` (the header's value)."""
+    """The open SSE answer for a Computer's connection, resuming after `last_event_id`.
+
+    When a newer connection with the same token appears, the stream sends one
+    `superseded` event (`{"epoch": <the new epoch>}`) and ends.
+    """
+    computer_id = caller.computer_id
     raw = (last_event_id or "").strip()
     if raw and not (raw.isascii() and raw.isdigit()):
         raise Invalid("Last-Event-ID must be an id this server sent (an integer)")
@@ -102,6 +115,11 @@ def event_stream(
                     retry = ""
             while not hub.closed:
                 flag.clear()
+                current = store.current_epoch(computer_id)
+                if current != caller.epoch:
+                    data = orjson.dumps({"epoch": current}).decode()
+                    yield f"{retry}id: {cursor}\nevent: superseded\ndata: {data}\n\n".encode()
+                    return
                 rows = store.events_after(computer_id, cursor)
                 for event_id, event, data in rows:
                     cursor = event_id

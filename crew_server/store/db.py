@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 
 from crew_server.clock import Clock, iso
+from crew_server.errors import StorageFull
 
 log = logging.getLogger("crew_server.store")
 
@@ -87,14 +88,17 @@ class Database:
     @contextmanager
     def write(self) -> Iterator[Transaction]:
         """One write transaction; SSE listeners hear about new events after the commit."""
-        with self._lock:
+        with self._lock, _disk_full_is_503():
             tx = Transaction(self)
             self.connection.execute("BEGIN IMMEDIATE")
             try:
                 yield tx
                 self.connection.execute("COMMIT")
             except BaseException:
-                self.connection.execute("ROLLBACK")
+                # SQLite rolls back by itself on some errors (a full disk among them):
+                # a second ROLLBACK would fail and hide the error that matters.
+                if self.connection.in_transaction:
+                    self.connection.execute("ROLLBACK")
                 raise
         if tx.touched and self.listener is not None:
             self.listener(tx.touched)
@@ -102,8 +106,23 @@ class Database:
     @contextmanager
     def read(self) -> Iterator[Transaction]:
         """Reads under the lock (they see every committed write)."""
-        with self._lock:
+        with self._lock, _disk_full_is_503():
             yield Transaction(self)
+
+
+@contextmanager
+def _disk_full_is_503() -> Iterator[None]:
+    """A full disk is the machine's state, not a bug: say so (503), and keep serving."""
+    try:
+        yield
+    except sqlite3.OperationalError as exc:
+        if getattr(exc, "sqlite_errorcode", None) != sqlite3.SQLITE_FULL:
+            raise
+        log.error("the database could not be written: %s (the disk is full)", exc)
+        raise StorageFull(
+            "the crew server's disk is full: nothing was stored. Free some space on the "
+            "server; the same request works again then"
+        ) from exc
 
 
 class Transaction:

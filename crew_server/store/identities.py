@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 
 from crew_server import rules
-from crew_server.errors import Conflict, NotFound, Unauthorized
+from crew_server.errors import Conflict, Invalid, NotConnected, NotFound, Superseded, Unauthorized
 from crew_server.store.db import StorePart, Transaction, new_id
 
 log = logging.getLogger("crew_server.store")
@@ -72,6 +72,29 @@ def check_computer(tx: Transaction, computer_id: str | None) -> None:
         and tx.execute("SELECT 1 FROM computers WHERE id = ?", (computer_id,)).fetchone() is None
     ):
         raise NotFound(f"no computer {computer_id}; create it with POST /api/computers first")
+
+
+def connection_epoch(tx: Transaction, computer_id: str, epoch: int | None) -> int:
+    """The epoch a Computer's request acts for: its own (checked to be current), or, when
+    the caller gives none (the store's own callers), the current one."""
+    row = tx.execute("SELECT epoch FROM computers WHERE id = ?", (computer_id,)).fetchone()
+    current = int(row["epoch"]) if row is not None else 0
+    if epoch is None:
+        return current
+    if current == 0:
+        raise NotConnected("this computer has not connected; call POST /computer/connect first")
+    if epoch < current:
+        raise Superseded(
+            f"this connection (epoch {epoch}) was replaced by a newer one (epoch {current}) "
+            "with the same Computer token: another crew-computer is using it. Stop this one; "
+            "only one Computer may use a token"
+        )
+    if epoch > current:
+        raise Invalid(
+            f"Crew-Epoch {epoch} was never given to this Computer (its latest is {current}); "
+            "send the epoch POST /computer/connect answered"
+        )
+    return epoch
 
 
 def own_agent(tx: Transaction, computer_id: str, agent_id: str) -> None:
@@ -278,14 +301,26 @@ class Identities(StorePart):
             own_agent(tx, computer_id, agent_id)
             tx.execute("UPDATE agents SET problem = ? WHERE id = ?", (reason, agent_id))
 
-    def issue_agent_token(self, computer_id: str, agent_id: str) -> str:
-        """A new token for an agent of this Computer, valid until the Computer reconnects."""
+    def current_epoch(self, computer_id: str) -> int:
+        """The epoch of the Computer's newest connection (0: never connected)."""
+        with self._database.read() as tx:
+            return connection_epoch(tx, computer_id, None)
+
+    def check_epoch(self, computer_id: str, epoch: int) -> None:
+        """Raise `Superseded` when a newer connection of this Computer exists."""
+        with self._database.read() as tx:
+            connection_epoch(tx, computer_id, epoch)
+
+    def issue_agent_token(self, computer_id: str, agent_id: str, epoch: int | None = None) -> str:
+        """A new token for an agent of this Computer, valid until the Computer reconnects.
+
+        The token belongs to the caller's connection (`epoch`): a superseded Computer
+        gets `Superseded`, never a token of the connection that replaced it.
+        """
         token = new_token("cra")
         with self._database.write() as tx:
             own_agent(tx, computer_id, agent_id)
-            epoch = tx.execute(
-                "SELECT epoch FROM computers WHERE id = ?", (computer_id,)
-            ).fetchone()["epoch"]
+            epoch = connection_epoch(tx, computer_id, epoch)
             tx.execute(
                 "INSERT INTO agent_tokens VALUES (?, ?, ?, ?, ?)",
                 (hash_token(token), agent_id, computer_id, epoch, tx.now()),

@@ -55,6 +55,10 @@ def open_thread(tx: Transaction, message_id: str) -> tuple[str, bool]:
     return thread_id, True
 
 
+# A reply is held at most this many times in a row in one room; the next one is posted.
+HELD_LIMIT = 2
+
+
 def post(
     tx: Transaction,
     room_id: str,
@@ -223,23 +227,42 @@ class Messages(StorePart):
                 target, _ = open_thread(tx, check_thread_of(tx, room_id, thread_of))
                 thread_id = target
             row = tx.execute(
-                "SELECT delivered_seq FROM positions WHERE agent_id = ? AND room_id = ?",
+                "SELECT delivered_seq, held_count FROM positions WHERE agent_id = ? AND room_id = ?",
                 (agent.agent_id, target),
             ).fetchone()
             delivered = row["delivered_seq"] if row is not None else 0
+            held_before = row["held_count"] if row is not None else 0
             unseen = tx.execute(
                 "SELECT 1 FROM messages WHERE room_id = ? AND seq > ? "
                 "AND NOT (author_kind = 'agent' AND author_id = ?) LIMIT 1",
                 (target, delivered, agent.agent_id),
             ).fetchone()
-            if unseen is not None:
+            if unseen is not None and held_before < HELD_LIMIT:
                 budget = ClaimBudget(self._claim_max_messages, self._claim_max_chars)
                 _, entry = claim_room(tx, agent.agent_id, target, delivered, budget)
+                tx.execute(
+                    "UPDATE positions SET held_count = held_count + 1 "
+                    "WHERE agent_id = ? AND room_id = ?",
+                    (agent.agent_id, target),
+                )
                 # A fresh budget always takes the first unseen message: entry is set.
                 held = [entry] if entry is not None else []
             else:
                 actor = Actor("agent", agent.agent_id, agent.handle)
                 message = post(tx, target, actor, body)
+                # Held twice already (under steady traffic it would be held forever): it
+                # is posted with what the agent has seen, and the messages it has not
+                # seen stay undelivered, so its next turn gets them.
+                tx.execute(
+                    "UPDATE positions SET held_count = 0 WHERE agent_id = ? AND room_id = ?",
+                    (agent.agent_id, target),
+                )
+                if unseen is not None:
+                    tx.execute(
+                        "UPDATE positions SET delivered_seq = ?, read_seq = MIN(read_seq, ?) "
+                        "WHERE agent_id = ? AND room_id = ?",
+                        (delivered, delivered, agent.agent_id, target),
+                    )
         if held is not None:
             raise Held(agent.agent_id, held)
         answer = {"message_id": message["id"], "room_id": room_id}

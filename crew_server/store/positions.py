@@ -12,7 +12,7 @@ from typing import Any
 
 from crew_server.errors import NotFound
 from crew_server.store.db import StorePart, Transaction
-from crew_server.store.identities import own_agent
+from crew_server.store.identities import connection_epoch, own_agent
 from crew_server.store.message_view import select_messages
 from crew_server.store.rooms import room_view
 
@@ -86,16 +86,25 @@ def claim_room(
 class Positions(StorePart):
     """The unread claim of a turn, and the positions it leaves."""
 
-    def claim_unread(self, computer_id: str, agent_id: str) -> tuple[list[dict[str, Any]], bool]:
+    def claim_unread(
+        self,
+        computer_id: str,
+        agent_id: str,
+        epoch: int | None = None,
+        max_messages: int | None = None,
+    ) -> tuple[list[dict[str, Any]], bool]:
         """Unread messages (after the read position) of every room the agent follows → (rooms, more).
 
         Rooms come in the order of their oldest unread message, messages by seq, within the
         claim bound (`CLAIM_MAX_MESSAGES`, `CLAIM_MAX_CHARS`). `delivered_seq` becomes what
         this claim returned: the last message given in a room, the read position in a room
         left out. `more` says the claim was cut; the ack of the turn then wakes the agent.
+        `max_messages` narrows the bound (the Computer isolates a message that keeps
+        failing); `epoch` is the caller's connection (`Superseded` when replaced).
         """
         with self._database.write() as tx:
             own_agent(tx, computer_id, agent_id)
+            connection_epoch(tx, computer_id, epoch)
             rooms = tx.execute(
                 "SELECT p.room_id, p.read_seq, r.last_seq FROM positions p "
                 "JOIN rooms r ON r.id = p.room_id "
@@ -104,7 +113,12 @@ class Positions(StorePart):
                 "ORDER BY m.created_at, p.room_id",
                 (agent_id,),
             ).fetchall()
-            budget = ClaimBudget(self._claim_max_messages, self._claim_max_chars)
+            limit = self._claim_max_messages
+            if max_messages is not None:
+                limit = max(1, min(limit, max_messages))
+            budget = ClaimBudget(limit, self._claim_max_chars)
+            # A new claim starts the HELD bound afresh.
+            tx.execute("UPDATE positions SET held_count = 0 WHERE agent_id = ?", (agent_id,))
             answer: list[dict[str, Any]] = []
             more = False
             for room in rooms:

@@ -10,7 +10,8 @@ import orjson
 from crew_server import rules
 from crew_server.errors import Invalid, NotConnected, NotFound, StaleTurn
 from crew_server.store.db import StorePart, Transaction, new_id
-from crew_server.store.identities import own_agent
+from crew_server.store.identities import connection_epoch, own_agent
+from crew_server.store.messages import post
 
 TURN_COLS = (
     "id, agent_id, computer_id, fence, status, failure, rooms, input, engine, model, "
@@ -48,6 +49,35 @@ def fenced_turn(tx: Transaction, computer_id: str, turn_id: str, fence: int) -> 
     return row["agent_id"], row["next_index"]
 
 
+def record_gap(tx: Transaction, turn_id: str, from_index: int, to_index: int) -> None:
+    """Note events `from_index..to_index` (inclusive) of a turn as lost on the way."""
+    gaps = orjson.loads(
+        tx.execute("SELECT gaps FROM turns WHERE id = ?", (turn_id,)).fetchone()["gaps"]
+    )
+    gaps.append({"from_index": from_index, "to_index": to_index})
+    tx.execute("UPDATE turns SET gaps = ? WHERE id = ?", (orjson.dumps(gaps).decode(), turn_id))
+
+
+def post_set_aside_notices(tx: Transaction, agent_id: str, turn_id: str, reason: str) -> None:
+    """One notice per room of the turn: the agent gave up on its messages there, and why.
+
+    The notice wakes nobody, and the agent itself skips it (unless newer messages came
+    before it): a notice about its own failure is no work for it.
+    """
+    handle = tx.execute("SELECT handle FROM agents WHERE id = ?", (agent_id,)).fetchone()["handle"]
+    rooms = orjson.loads(
+        tx.execute("SELECT rooms FROM turns WHERE id = ?", (turn_id,)).fetchone()["rooms"]
+    )
+    for room in rooms:
+        count = max(1, int(room["to_seq"]) - int(room["from_seq"]) + 1)
+        notice = post(tx, room["room_id"], None, rules.set_aside_notice(handle, count, reason))
+        tx.execute(
+            "UPDATE positions SET delivered_seq = ? WHERE agent_id = ? AND room_id = ? "
+            "AND delivered_seq = ?",
+            (notice["seq"], agent_id, room["room_id"], notice["seq"] - 1),
+        )
+
+
 class Turns(StorePart):
     """Registering, feeding, finishing and acking turns; reading them back."""
 
@@ -60,14 +90,16 @@ class Turns(StorePart):
         engine: str,
         model: str,
         session_id: str | None,
+        epoch: int | None = None,
     ) -> dict[str, Any]:
-        """Record a running turn of an agent of this Computer → `{turn_id, fence}`."""
+        """Record a running turn of an agent of this Computer → `{turn_id, fence}`.
+
+        The fence is the caller's connection epoch (`Superseded` when a newer one exists).
+        """
         turn_id = new_id()
         with self._database.write() as tx:
             own_agent(tx, computer_id, agent_id)
-            epoch = tx.execute(
-                "SELECT epoch FROM computers WHERE id = ?", (computer_id,)
-            ).fetchone()["epoch"]
+            epoch = connection_epoch(tx, computer_id, epoch)
             if epoch == 0:
                 raise NotConnected(
                     "this computer has not connected; call POST /computer/connect first"
@@ -111,13 +143,7 @@ class Turns(StorePart):
         with self._database.write() as tx:
             _, next_index = fenced_turn(tx, computer_id, turn_id, fence)
             if first_index > next_index:
-                gaps = orjson.loads(
-                    tx.execute("SELECT gaps FROM turns WHERE id = ?", (turn_id,)).fetchone()["gaps"]
-                )
-                gaps.append({"from_index": next_index, "to_index": first_index - 1})
-                tx.execute(
-                    "UPDATE turns SET gaps = ? WHERE id = ?", (orjson.dumps(gaps).decode(), turn_id)
-                )
+                record_gap(tx, turn_id, next_index, first_index - 1)
             tx.executemany(
                 "INSERT OR IGNORE INTO turn_events (turn_id, idx, type, at, data) VALUES (?, ?, ?, ?, ?)",
                 [
@@ -138,10 +164,17 @@ class Turns(StorePart):
         status: str,
         failure: dict[str, Any] | None,
         usage: dict[str, Any] | None,
+        event_count: int | None = None,
     ) -> None:
-        """Record a turn's result; usage summed from `step_finish` events when absent."""
+        """Record a turn's result; usage summed from `step_finish` events when absent.
+
+        `event_count` is how many events the turn produced: a tail the server never got
+        (the Computer could not send it) is recorded as a gap.
+        """
         with self._database.write() as tx:
-            fenced_turn(tx, computer_id, turn_id, fence)
+            _, next_index = fenced_turn(tx, computer_id, turn_id, fence)
+            if event_count is not None and event_count > next_index:
+                record_gap(tx, turn_id, next_index, event_count - 1)
             if usage is None:
                 events = [
                     {"type": r["type"], "data": orjson.loads(r["data"])}
@@ -162,13 +195,27 @@ class Turns(StorePart):
                 ),
             )
 
-    def ack(self, computer_id: str, agent_id: str, turn_id: str, fence: int) -> None:
-        """Read := delivered in every room of the agent (the turn handled what it was given)."""
+    def ack(
+        self,
+        computer_id: str,
+        agent_id: str,
+        turn_id: str,
+        fence: int,
+        set_aside: str | None = None,
+    ) -> None:
+        """Read := delivered in every room of the agent (the turn handled what it was given).
+
+        With `set_aside` (a reason), the turn could not handle its messages and the
+        Computer gives up on them: they are marked read all the same, and each room of
+        the turn gets a notice saying so, so the user knows they were not answered.
+        """
         with self._database.write() as tx:
             own_agent(tx, computer_id, agent_id)
             turn_agent, _ = fenced_turn(tx, computer_id, turn_id, fence)
             if turn_agent != agent_id:
                 raise Invalid(f"turn {turn_id} is not a turn of agent {agent_id}")
+            if set_aside is not None:
+                post_set_aside_notices(tx, agent_id, turn_id, set_aside)
             tx.execute(
                 "UPDATE positions SET read_seq = delivered_seq "
                 "WHERE agent_id = ? AND read_seq != delivered_seq",

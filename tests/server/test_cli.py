@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from crew_server.__main__ import is_loopback
-from crew_testkit.crew_server_proc import free_port
+from crew_testkit.crew_server_proc import computer_connection, free_port
 from crew_testkit.waiting import wait_until
 
 
@@ -91,8 +91,8 @@ def test_sigterm_ends_open_event_streams_and_exits_0(tmp_path: Path) -> None:
     opened = threading.Event()
 
     def listen() -> None:
-        headers = {"Authorization": f"Bearer {computer['token']}"}
         try:
+            headers = computer_connection(server.client(), computer["token"])
             with httpx.stream(
                 "GET", f"{server.url}/computer/events", headers=headers, timeout=30
             ) as stream:

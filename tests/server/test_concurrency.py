@@ -18,7 +18,7 @@ import pytest
 from crew_server.clock import Clock
 from crew_server.errors import Held
 from crew_server.store import AgentIdentity, Store
-from crew_testkit.crew_server_proc import start_crew_server
+from crew_testkit.crew_server_proc import computer_connection, start_crew_server
 
 PER_WRITER = 25
 
@@ -99,12 +99,7 @@ def test_two_computers_and_the_user_post_into_one_group_over_http(tmp_path: Path
         tokens = []
         with httpx.Client(base_url=server.url) as client:
             for box, agent in zip(boxes, agents, strict=True):
-                headers = {"Authorization": f"Bearer {box['token']}"}
-                client.post(
-                    "/computer/connect",
-                    json={"hostname": "h", "platform": "linux", "version": "1", "capacity": 2},
-                    headers=headers,
-                ).raise_for_status()
+                headers = computer_connection(client, box["token"])
                 answer = client.post(f"/computer/agents/{agent['id']}/token", headers=headers)
                 tokens.append(answer.json()["token"])
 

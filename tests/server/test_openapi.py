@@ -81,6 +81,11 @@ def test_app_conforms_to_openapi(case: schemathesis.Case) -> None:
     headers: dict[str, str] = {}
     if path.startswith("/computer/"):
         headers["Authorization"] = f"Bearer {IDS['computer_token']}"
+        given = (case.headers or {}).get("Crew-Epoch", "")
+        if path != "/computer/connect" and given.isdigit() and 1 <= int(given) < 10**15:
+            # a valid epoch becomes the current connection's (a fuzzed connect supersedes
+            # older ones); an invalid one stays, to be refused
+            headers["Crew-Epoch"] = str(STORE.current_epoch(IDS["computer_id"]))
     elif path.startswith("/agent/"):
         # a fresh token each time: a fuzzed /computer/connect ends the older ones
         token = STORE.issue_agent_token(IDS["computer_id"], IDS["agent_id"])

@@ -21,7 +21,7 @@ from httpx_sse import ServerSentEvent, connect_sse
 from crew_server.app import create_app
 from crew_server.clock import Clock
 from crew_server.store import Store
-from crew_testkit.crew_server_proc import free_port, start_crew_server
+from crew_testkit.crew_server_proc import computer_connection, free_port, start_crew_server
 from crew_testkit.waiting import wait_until
 
 
@@ -38,7 +38,7 @@ def read_events(
     The server fixes where the stream starts and subscribes it before it answers
     (its first bytes are `: connected`), so whatever `on_open` causes is on the stream.
     """
-    headers = {"Authorization": f"Bearer {token}"}
+    headers = computer_connection(client, token)
     if last_id is not None:
         headers["Last-Event-ID"] = last_id
     got: list[ServerSentEvent] = []
@@ -170,7 +170,7 @@ def test_pings_carry_the_stream_position(threaded_server: tuple[str, Store]) -> 
         ).json()
         position = str(store.last_event_id())
         seen: list[tuple[str, str, Any]] = []
-        headers = {"Authorization": f"Bearer {made['token']}"}
+        headers = computer_connection(client, made["token"])
         with connect_sse(client, "GET", "/computer/events", headers=headers, timeout=10) as source:
             for sse in source.iter_sse():
                 seen.append((sse.event, sse.id, orjson.loads(sse.data)))
@@ -228,3 +228,26 @@ def test_a_stream_resuming_before_the_log_wakes_every_agent_then_replays_the_res
         assert [(e.event, e.id) for e in got[3:]] == [("wake", i) for i in kept]
     finally:
         store.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_new_connection_ends_the_stream_of_the_old_one(
+    threaded_server: tuple[str, Store],
+) -> None:
+    """The app started twice: the first Computer's stream says `superseded` and ends, and
+    that connection cannot open another one."""
+    url, _ = threaded_server
+    with httpx.Client(base_url=url) as client:
+        made = client.post("/api/computers", json={"name": "box"}).json()
+        old = computer_connection(client, made["token"])
+        seen: list[tuple[str, Any]] = []
+        with connect_sse(client, "GET", "/computer/events", headers=old, timeout=10) as source:
+            assert source.response.status_code == 200
+            new = computer_connection(client, made["token"])
+            for sse in source.iter_sse():
+                seen.append((sse.event, orjson.loads(sse.data)))
+        # The loop ended: the server closed the stream after `superseded`.
+        assert [e for e, _ in seen if e != "ping"] == ["superseded"]
+        assert seen[-1] == ("superseded", {"epoch": int(new["Crew-Epoch"])})
+        again = client.get("/computer/events", headers=old)
+        assert again.status_code == 409 and again.json()["error"]["code"] == "superseded"

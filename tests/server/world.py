@@ -75,10 +75,14 @@ def check_answer(response: httpx.Response) -> None:
 class Computer:
     id: str
     token: str
+    epoch: int = 0  # of its latest connect; every other Computer call carries it
 
     @property
     def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.token}"}
+        headers = {"Authorization": f"Bearer {self.token}"}
+        if self.epoch:
+            headers["Crew-Epoch"] = str(self.epoch)
+        return headers
 
 
 def bearer(token: str) -> dict[str, str]:
@@ -126,7 +130,8 @@ class World:
     async def connect(self, computer: Computer) -> int:
         body = {"hostname": "h", "platform": "linux", "version": "1", "capacity": 2}
         answer = await self.ok("POST", "/computer/connect", json=body, headers=computer.headers)
-        return int(answer["epoch"])
+        computer.epoch = int(answer["epoch"])
+        return computer.epoch
 
     async def agent(self, handle: str, computer: Computer | None) -> dict[str, Any]:
         body = {
