@@ -103,7 +103,7 @@ def _agent_in_a_dm(server: CrewServer, tmp: Path) -> tuple[dict[str, str], str]:
     room = server.create_room("dm", [agent["id"]])
     answer = httpx.post(
         f"{server.url}/computer/agents/{agent['id']}/token",
-        headers={"Authorization": f"Bearer {computer['token']}"},
+        headers=server.connection(computer),
         timeout=10,
     )
     answer.raise_for_status()

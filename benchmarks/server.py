@@ -39,12 +39,7 @@ PER_GROUP = 10
 def setup(server: CrewServer) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
     """One Computer (connected), 100 agents, 10 groups of 10."""
     computer = server.create_computer("bench")
-    client = server.client()
-    client.post(
-        "/computer/connect",
-        json={"hostname": "bench", "platform": "linux", "version": "1", "capacity": 8},
-        headers={"Authorization": f"Bearer {computer['token']}"},
-    ).raise_for_status()
+    server.connection(computer)
     agents = [
         server.create_agent(f"a{i:03d}", computer_id=computer["computer_id"])
         for i in range(GROUPS * PER_GROUP)
@@ -126,7 +121,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as tmp, start_crew_server(Path(tmp)) as server:
         computer, agents, groups = setup(server)
-        headers = {"Authorization": f"Bearer {computer['token']}"}
+        headers = server.connection(computer)
 
         async def post(client: httpx.AsyncClient, i: int) -> httpx.Response:
             room = groups[i % GROUPS]["id"]

@@ -105,6 +105,13 @@ class CrewServer:
         """→ `{computer_id, token}`."""
         return dict(self._ok(self.client().post("/api/computers", json={"name": name})))
 
+    def connection(self, computer: dict[str, Any]) -> dict[str, str]:
+        """The headers of the Computer's connection, connecting it once (as a Computer
+        does at start): later calls reuse it, so tokens minted for it stay valid."""
+        if "headers" not in computer:
+            computer["headers"] = computer_connection(self.client(), computer["token"])
+        return dict(computer["headers"])
+
     def create_agent(
         self,
         handle: str,

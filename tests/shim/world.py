@@ -105,7 +105,7 @@ def make_agent(server: Any, computer: dict[str, Any], handle: str, tmp_path: Pat
     agent = server.create_agent(handle, computer_id=computer["computer_id"])
     answer = httpx.post(
         f"{server.url}/computer/agents/{agent['id']}/token",
-        headers={"Authorization": f"Bearer {computer['token']}"},
+        headers=server.connection(computer),
         timeout=10,
     )
     assert answer.status_code == 200, answer.text
