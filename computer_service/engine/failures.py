@@ -131,3 +131,79 @@ def _classify_error_event(event: EngineEvent) -> Failure:
         code = f"HTTP {status}: " if status is not None else ""
         return Failure(FailureClass.ENGINE_ERROR, f"the model call failed ({code}{message})")
     return Failure(FailureClass.ENGINE_ERROR, f"OpenCode reported {name}: {message}")
+
+
+# --- what a failure means for the messages of the turn -----------------------
+
+# The surroundings failed: the same messages will do once they are back.
+ENVIRONMENT_CLASSES = frozenset(
+    {
+        FailureClass.NOT_LOGGED_IN,
+        FailureClass.RATE_LIMITED,
+        FailureClass.MODEL_UNAVAILABLE,
+        FailureClass.SANDBOX,
+    }
+)
+# Something about these messages may make every turn fail: isolate, then set aside.
+CONTENT_CLASSES = frozenset(
+    {
+        FailureClass.ENGINE_ERROR,
+        FailureClass.PROCESS_CRASHED,
+        FailureClass.OUTPUT_TOO_LARGE,
+        FailureClass.REPLY_REFUSED,
+    }
+)
+_CREW_REPLY = re.compile(r"(?:^|[\s;&|(`]|/)crew\s+reply(?:\s|$)")
+
+
+def blames_environment(failure: Failure) -> bool:
+    """True when the failure is the surroundings' (retry as is), False when maybe the content's.
+
+    `stopped` and `session_invalid` are neither: the caller does not retry them by itself.
+    """
+    return failure.environment or failure.cls in ENVIRONMENT_CLASSES
+
+
+def blames_content(failure: Failure) -> bool:
+    """True when the messages themselves may be why the turn failed."""
+    return not failure.environment and failure.cls in CONTENT_CLASSES
+
+
+class ReplyAttempts:
+    """Whether the agent's `crew reply` calls in one turn ended refused. Pure; fed event by event.
+
+    A bash call whose command runs `crew reply` and which failed (non-zero exit,
+    or a tool error) is a refusal: an expired token, a HELD answer, the server
+    down. A later `crew reply` that exits 0 clears it. A turn that never ran
+    `crew reply` is not refused: staying silent is the agent's choice.
+    """
+
+    def __init__(self) -> None:
+        self.refusal: str | None = None
+
+    def see(self, event: EngineEvent) -> None:
+        """Take one engine event of the turn into account."""
+        if event.type != "tool_use" or event.data.get("tool") != "bash":
+            return
+        command = event.data.get("input", {}).get("command")
+        if not isinstance(command, str) or not _CREW_REPLY.search(command):
+            return
+        exit_code = (event.facts or {}).get("exit")
+        if event.data.get("failed") or (isinstance(exit_code, int) and exit_code != 0):
+            output = str(event.data.get("output") or "")
+            first = next((line.strip() for line in output.splitlines() if line.strip()), "")
+            self.refusal = first or "no output"
+        else:
+            self.refusal = None
+
+    def failure(self) -> Failure | None:
+        """The `reply_refused` failure, when the last `crew reply` of the turn was refused."""
+        if self.refusal is None:
+            return None
+        return Failure(
+            FailureClass.REPLY_REFUSED,
+            _short(
+                f"the agent's crew reply was refused and never got through ({self.refusal}); "
+                "the messages are kept"
+            ),
+        )
