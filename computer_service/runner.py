@@ -207,6 +207,7 @@ class Runner:
         wall_clock_limit_s: float = 30 * 60,
         on_superseded: Callable[[], None] = lambda: None,
         retry_base_s: float = RETRY_BASE_S,
+        retry_window_s: float = RETRY_WINDOW_S,
     ) -> None:
         self.agent = agent
         self._upstream = upstream
@@ -226,6 +227,7 @@ class Runner:
         self.superseded = False
         self._on_superseded = on_superseded
         self._retries = Retries(base_s=retry_base_s)
+        self._retry_window_s = retry_window_s
         # When the runner wakes itself again (None: only when woken), and that time for the row.
         self._retry_in: float | None = None
         self.retry_at: str | None = None
@@ -587,7 +589,7 @@ class Runner:
 
     async def _retrying(self, what: str, call: Callable[[], Awaitable[None]]) -> None:
         """Retry a call the server could not take (down, restarting) for a few seconds."""
-        deadline = time.monotonic() + RETRY_WINDOW_S
+        deadline = time.monotonic() + self._retry_window_s
         delay = 0.2
         while True:
             try:
