@@ -153,7 +153,8 @@ CONTENT_CLASSES = frozenset(
         FailureClass.REPLY_REFUSED,
     }
 )
-_CREW_REPLY = re.compile(r"(?:^|[\s;&|(`]|/)crew\s+reply(?:\s|$)")
+_CREW_REPLY = re.compile(r"(?:^|[\s;&|(`]|/)crew\s+reply(?=\s|$)([^\n]*)")
+_SHELL_STOP = re.compile(r"[<>;&|`)]")
 
 
 def blames_environment(failure: Failure) -> bool:
@@ -169,41 +170,62 @@ def blames_content(failure: Failure) -> bool:
     return not failure.environment and failure.cls in CONTENT_CLASSES
 
 
+def _reply_room(arguments: str) -> str:
+    """The room id of one `crew reply` command line ("" when it cannot be told)."""
+    words = _SHELL_STOP.split(arguments, maxsplit=1)[0].split()
+    skip = False
+    for word in words:
+        if skip:
+            skip = False
+        elif word == "--thread":
+            skip = True
+        elif not word.startswith("-"):
+            return word.strip("'\"")
+    return ""
+
+
 class ReplyAttempts:
     """Whether the agent's `crew reply` calls in one turn ended refused. Pure; fed event by event.
 
     A bash call whose command runs `crew reply` and which failed (non-zero exit,
-    or a tool error) is a refusal: an expired token, a HELD answer, the server
-    down. A later `crew reply` that exits 0 clears it. A turn that never ran
-    `crew reply` is not refused: staying silent is the agent's choice.
+    or a tool error) is a refusal for its room: an expired token, a HELD answer,
+    the server down. A later `crew reply` to the same room that exits 0 clears
+    it. A turn that never ran `crew reply` is not refused: staying silent is the
+    agent's choice.
     """
 
     def __init__(self) -> None:
-        self.refusal: str | None = None
+        self.refusals: dict[str, str] = {}  # room id → the first line the refusal printed
 
     def see(self, event: EngineEvent) -> None:
         """Take one engine event of the turn into account."""
         if event.type != "tool_use" or event.data.get("tool") != "bash":
             return
         command = event.data.get("input", {}).get("command")
-        if not isinstance(command, str) or not _CREW_REPLY.search(command):
+        if not isinstance(command, str):
+            return
+        rooms = [_reply_room(m.group(1)) for m in _CREW_REPLY.finditer(command)]
+        if not rooms:
             return
         exit_code = (event.facts or {}).get("exit")
         if event.data.get("failed") or (isinstance(exit_code, int) and exit_code != 0):
             output = str(event.data.get("output") or "")
             first = next((line.strip() for line in output.splitlines() if line.strip()), "")
-            self.refusal = first or "no output"
+            for room in rooms:
+                self.refusals[room] = first or "no output"
         else:
-            self.refusal = None
+            for room in rooms:
+                self.refusals.pop(room, None)
 
     def failure(self) -> Failure | None:
-        """The `reply_refused` failure, when the last `crew reply` of the turn was refused."""
-        if self.refusal is None:
+        """The `reply_refused` failure, when a room's last `crew reply` of the turn was refused."""
+        if not self.refusals:
             return None
+        refusal = next(iter(self.refusals.values()))
         return Failure(
             FailureClass.REPLY_REFUSED,
             _short(
-                f"the agent's crew reply was refused and never got through ({self.refusal}); "
+                f"the agent's crew reply was refused and never got through ({refusal}); "
                 "the messages are kept"
             ),
         )

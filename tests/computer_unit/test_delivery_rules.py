@@ -102,6 +102,19 @@ def _bash(command: str, *, exit_code: int | None = 0, failed: bool = False) -> E
             False,
         ),
         ([_bash("crew reply r1", exit_code=0), _bash("crew reply r2", exit_code=1)], True),
+        # A refusal in one room is not cleared by a reply that got through in another.
+        ([_bash("crew reply r2", exit_code=1), _bash("crew reply r1", exit_code=0)], True),
+        (
+            [_bash("crew reply r2 <<'EOF'", exit_code=1), _bash("crew reply r2<<EOF", exit_code=0)],
+            False,
+        ),
+        (
+            [
+                _bash("crew reply --thread m1 r2 <<'EOF'", exit_code=1),
+                _bash("crew reply r2 --thread m1 <<'EOF'", exit_code=0),
+            ],
+            False,
+        ),
         ([_bash("crew replyish", exit_code=1), _bash("screw reply", exit_code=1)], False),
         ([_bash("crew read", exit_code=1)], False),
     ],
