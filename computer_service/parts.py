@@ -21,6 +21,7 @@ from computer_service.launcher_client import (
     Frame,
     LauncherClient,
     LauncherError,
+    LauncherNotListening,
     LauncherProcess,
     LauncherUnavailable,
     RunRequest,
@@ -59,18 +60,18 @@ class CurrentLauncher:
         dead: LauncherClient | None = None
         while True:
             client = await self._client_other_than(dead, deadline)
-            begun = False
             try:
                 # aclosing: closing this stream early must close the launcher's, which stops the run.
                 async with contextlib.aclosing(client.run(request)) as frames:
                     async for frame in frames:
-                        begun = True
                         yield frame
                 return
-            except LauncherUnavailable as exc:
-                if begun or anyio.current_time() >= deadline:
+            except LauncherNotListening as exc:
+                if anyio.current_time() >= deadline:
                     raise
-                # Nothing ran (connection refused): the launcher died and is being replaced.
+                # The request was never sent: the launcher died and is being replaced.
+                # (A launcher lost once the run was sent is not run again here: the
+                # turn fails and the runner tries again with backoff.)
                 log.info("the launcher cannot be reached (%s); waiting for its replacement", exc)
                 dead = client
 

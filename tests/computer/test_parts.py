@@ -15,6 +15,7 @@ from computer_service.launcher_client import (
     ExitFrame,
     Frame,
     LauncherError,
+    LauncherNotListening,
     LauncherRefused,
     LauncherUnavailable,
     StartedFrame,
@@ -83,7 +84,7 @@ class RunClient:
     async def run(self, request: Any) -> AsyncGenerator[Frame, None]:
         self.runs += 1
         if self.refuse:
-            raise LauncherUnavailable("cannot reach the launcher: connection refused")
+            raise LauncherNotListening("cannot reach the launcher: connection refused")
         yield StartedFrame(t="started", pid=1)
         yield ExitFrame(t="exit", code=0)
 
@@ -121,12 +122,13 @@ async def test_a_run_gives_up_when_no_launcher_comes_back(tmp_path: Path) -> Non
         await frames_of(launcher)
 
 
-async def test_a_launcher_lost_after_the_run_began_is_not_run_twice(tmp_path: Path) -> None:
+async def test_a_launcher_lost_after_the_run_was_sent_is_not_run_twice(tmp_path: Path) -> None:
     class DiesMidRun(RunClient):
         async def run(self, request: Any) -> AsyncGenerator[Frame, None]:
+            # The request went out (the run may have started), then the stream broke.
             self.runs += 1
-            yield StartedFrame(t="started", pid=1)
             raise LauncherUnavailable("lost the launcher during a run")
+            yield StartedFrame(t="started", pid=1)  # pragma: no cover
 
     client = DiesMidRun(refuse=False)
     launcher = CurrentLauncher(parts_with(tmp_path, client))  # type: ignore[arg-type]

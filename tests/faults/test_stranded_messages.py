@@ -48,10 +48,9 @@ def test_a_launcher_killed_mid_turn_leaves_no_message_unanswered(crew_server: An
             usable(c)
             # The first run works long (and is killed); any later run answers at once.
             message = crew_server.post(dm["id"], "think long:\nFAKE:ONCE SLOW 60")
-            wait_for(
-                "the engine running",
-                lambda: any(r["state"] == "running" for r in c.get("/agents")),
-            )
+            [running] = wait_for("the turn", lambda: crew_server.turns(agent["id"]))
+            # Its first event: the fake engine is under way (and has used up its ONCE).
+            wait_for("its first event", lambda: crew_server.turn(running["id"])["events"])
             [launcher] = _launcher_pids(c.proc.pid)
             os.kill(launcher, signal.SIGKILL)
             # No other message is posted: the runner must come back by itself.
