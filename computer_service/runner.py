@@ -344,7 +344,7 @@ class Runner:
                 self._supersede()
                 return
             except UpstreamError as exc:
-                self._unreachable("claiming the unread messages", exc)
+                self._unreachable("claiming unread messages", exc)
                 return
             if not rooms:
                 self._retries.forget()
