@@ -66,13 +66,12 @@ async def test_failure_keeps_messages_for_the_next_turn(crew_server: Any, crew_h
         assert failed["status"] == "failed"
         assert failed["failure"] == {"class": "engine_error", "reason": "the model said boom"}
         assert r.runner.last_reason == "the model said boom"
-        await r.user.post(r.room["id"], "second question")
         r.runner.wake()
         turns = await r.user.finished(r.runner.agent.id, 2)
         assert turns[1]["status"] == "succeeded"
-        # Not acked after the failure: the first message comes back with the new one.
-        assert "first question" in engine.inputs[1] and "second question" in engine.inputs[1]
-        assert turns[1]["rooms"][0]["from_seq"] < turns[1]["rooms"][0]["to_seq"]
+        # Not acked after the failure: the message comes back at the next turn.
+        # (Which newer messages come with it is tests/computer/test_delivery.py's.)
+        assert "first question" in engine.inputs[1]
 
 
 async def test_wakes_during_a_turn_merge_into_exactly_one_more(
