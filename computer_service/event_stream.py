@@ -20,11 +20,27 @@ import orjson
 from httpx_sse import ServerSentEvent, SSEError
 
 from computer_service.roster import Roster
-from computer_service.upstream import Unauthorized, Upstream, UpstreamError, UpstreamRejected
+from computer_service.upstream import (
+    Superseded,
+    Unauthorized,
+    Upstream,
+    UpstreamError,
+    UpstreamRejected,
+    UpstreamUnavailable,
+)
 
 log = logging.getLogger(__name__)
 
+# The one line a replaced Computer exits with.
+SUPERSEDED = (
+    "another Computer connected to the crew server with this Computer's token (was the app "
+    "started twice?); this one stops without acknowledging anything. Only one Computer may "
+    "use a token"
+)
+
 BACKOFF_INITIAL_S = 0.5
+# While the server cannot be reached at all, try again this often (see `follow`).
+UNREACHABLE_RETRY_S = 1.0
 BACKOFF_CAP_S = 30.0
 
 
@@ -69,6 +85,7 @@ class EventStream:
         backoff = self.backoff
         while True:
             opened = False
+            unreachable = False
             try:
                 async with self.upstream.events(self.last_event_id) as source:
                     opened = True
@@ -91,6 +108,9 @@ class EventStream:
             except Unauthorized as exc:
                 self._fail(f"the event stream stopped: {exc}")
                 return
+            except Superseded:
+                self._fail(SUPERSEDED)
+                return
             except UpstreamRejected as exc:
                 if opened:
                     log.warning("event stream: %s; reconnecting", exc)
@@ -104,11 +124,19 @@ class EventStream:
                     return
             except (UpstreamError, httpx.HTTPError, SSEError) as exc:
                 log.warning("event stream: %s; reconnecting", exc)
+                unreachable = _unreachable(exc)
             finally:
                 self.connected = False
-            await anyio.sleep(backoff.next_delay())
+            delay = backoff.next_delay()
+            if unreachable:
+                # Knocking on a server that is down costs nothing: be back within a
+                # second of it answering again, not after the whole backoff.
+                delay = min(delay, UNREACHABLE_RETRY_S)
+            await anyio.sleep(delay)
 
     async def _on_event(self, event: ServerSentEvent) -> None:
+        if event.event == "superseded":
+            raise Superseded("a newer connection with this Computer's token", status=409)
         if event.event == "wake":
             agent_id = agent_id_of(event.data)
             if agent_id is None:
@@ -119,6 +147,13 @@ class EventStream:
             await self.roster.agents_changed()
         elif event.event not in ("ping", "message"):
             log.info("ignored an unknown event %.50r", event.event)
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """Whether the server could not be reached at all (no answer), as opposed to refusing."""
+    if isinstance(exc, UpstreamUnavailable):
+        return exc.status is None
+    return isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))
 
 
 def agent_id_of(data: str) -> str | None:

@@ -21,7 +21,7 @@ import anyio
 import orjson
 import uvicorn
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -81,6 +81,10 @@ class AgentRow(BaseModel):
     session_id: str | None
     model: str
     problem: str | None
+    retry_at: str | None = Field(
+        description="when the runner tries its kept messages again by itself (RFC 3339), "
+        "after a failure; `last_reason` says why",
+    )
 
 
 class TurnSummary(BaseModel):

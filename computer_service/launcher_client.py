@@ -42,6 +42,10 @@ class LauncherUnavailable(LauncherError):
     """The launcher cannot be reached (not started, died, socket gone)."""
 
 
+class LauncherNotListening(LauncherUnavailable):
+    """Nobody listens on the launcher's socket (refused, gone): the request was never sent."""
+
+
 class LauncherRefused(LauncherError):
     """The launcher refused a request (4xx/503) with a reason.
 
@@ -271,6 +275,11 @@ class LauncherClient:
                         "the launcher ended the run's stream without an exit frame "
                         "(did the launcher die?)"
                     )
+        except httpx.ConnectError as exc:
+            # Only connecting can raise this: no run was started, so it may be sent again.
+            raise LauncherNotListening(
+                f"cannot reach the launcher at {self.socket_path}: {exc}"
+            ) from exc
         except httpx.TransportError as exc:
             raise LauncherUnavailable(f"lost the launcher during a run: {exc}") from exc
 

@@ -25,6 +25,7 @@ from computer_service.launcher_client import (
     Frame,
     LauncherClient,
     LauncherError,
+    LauncherNotListening,
     LauncherProcess,
     LauncherUnavailable,
     ModelsRequest,
@@ -42,6 +43,10 @@ from computer_service.upstream import AgentRecord
 from crew_common.layout import AgentPaths
 
 log = logging.getLogger(__name__)
+
+# A run that starts while the launcher is being replaced waits this long for the new one.
+REPLACEMENT_WAIT_S = 30.0
+_REPLACEMENT_POLL_S = 0.1
 
 
 def models_request(environ: Mapping[str, str]) -> ModelsRequest:
@@ -72,21 +77,47 @@ class CurrentLauncher:
     """The engine's view of the launcher: whichever launcher process is current.
 
     A launcher that died is replaced by a new process with a new socket and
-    secret; the engine keeps this one object.
+    secret; the engine keeps this one object. A run that starts meanwhile waits
+    for the replacement (up to `replacement_wait_s`) instead of failing.
     """
 
-    def __init__(self, parts: LocalParts) -> None:
+    def __init__(self, parts: LocalParts, replacement_wait_s: float = REPLACEMENT_WAIT_S) -> None:
         self._parts = parts
+        self._replacement_wait_s = replacement_wait_s
 
     async def run(self, request: RunRequest) -> AsyncGenerator[Frame, None]:
         """`POST /runs` on the current launcher; its frames, the last one `exit`."""
-        client = self._parts.client
-        if client is None:
-            raise LauncherUnavailable("the sandbox launcher is not running (it is being restarted)")
-        # aclosing: closing this stream early must close the launcher's, which stops the run.
-        async with contextlib.aclosing(client.run(request)) as frames:
-            async for frame in frames:
-                yield frame
+        deadline = anyio.current_time() + self._replacement_wait_s
+        dead: LauncherClient | None = None
+        while True:
+            client = await self._client_other_than(dead, deadline)
+            try:
+                # aclosing: closing this stream early must close the launcher's, which stops the run.
+                async with contextlib.aclosing(client.run(request)) as frames:
+                    async for frame in frames:
+                        yield frame
+                return
+            except LauncherNotListening as exc:
+                if anyio.current_time() >= deadline:
+                    raise
+                # The request was never sent: the launcher died and is being replaced.
+                # (A launcher lost once the run was sent is not run again here: the
+                # turn fails and the runner tries again with backoff.)
+                log.info("the launcher cannot be reached (%s); waiting for its replacement", exc)
+                dead = client
+
+    async def _client_other_than(
+        self, dead: LauncherClient | None, deadline: float
+    ) -> LauncherClient:
+        while True:
+            client = self._parts.client
+            if client is not None and client is not dead:
+                return client
+            if anyio.current_time() >= deadline:
+                raise LauncherUnavailable(
+                    "the sandbox launcher is not running (it is being restarted)"
+                )
+            await anyio.sleep(_REPLACEMENT_POLL_S)
 
     async def stop(self, run_id: str) -> None:
         """Stop a run on the current launcher (none: nothing to stop)."""

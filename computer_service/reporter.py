@@ -3,7 +3,9 @@
 Events that arrive while a batch is in flight form the next batch, so batches
 never overlap and never reorder; `first_index` numbers them from 0 per turn.
 A failed batch is logged and dropped (its indexes stay used: the server sees
-the gap) and the turn goes on. Closing the reporter flushes what is left.
+the gap) and the turn goes on. Closing the reporter flushes what is left;
+`event_count` then says how many events there were, so the finish can tell
+the server about a lost tail.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from anyio.abc import TaskGroup
 
 from computer_service.engine.base import EngineEvent
 from computer_service.metrics import Metrics
-from computer_service.upstream import StaleTurn, UpstreamError
+from computer_service.upstream import StaleTurn, Superseded, UpstreamError
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +41,12 @@ class RunReporter:
         send: BatchSender,
         metrics: Metrics,
         on_stale: Callable[[], None] = lambda: None,
+        on_superseded: Callable[[], None] = lambda: None,
     ) -> None:
         self._send = send
         self._metrics = metrics
         self._on_stale = on_stale
+        self._on_superseded = on_superseded
         self._pending: list[dict[str, Any]] = []
         self._sizes: list[int] = []  # encoded size of each pending event
         self._ready = anyio.Event()
@@ -52,6 +56,8 @@ class RunReporter:
         self._task_group: TaskGroup | None = None
         self.batches_sent = 0
         self.batches_dropped = 0
+        # Every event the turn produced, sent or dropped: the finish tells the server.
+        self.event_count = 0
 
     async def __aenter__(self) -> RunReporter:
         self._task_group = anyio.create_task_group()
@@ -76,13 +82,14 @@ class RunReporter:
         body = event.as_upstream()
         self._pending.append(body)
         self._sizes.append(len(orjson.dumps(body)))
+        self.event_count += 1
         self._metrics.events_reported += 1
         if not self._ready.is_set():
             self._ready.set()
 
     @property
     def stale(self) -> bool:
-        """True once the server answered `stale_turn`: nothing more is sent."""
+        """True once the server answered `stale_turn` or `superseded`: nothing more is sent."""
         return self._stale
 
     async def _sender(self) -> None:
@@ -112,6 +119,11 @@ class RunReporter:
             self._stale = True
             self._dropped()
             self._on_stale()
+        except Superseded:
+            log.warning("turn events refused: another Computer connected with this token")
+            self._stale = True
+            self._dropped()
+            self._on_superseded()
         except UpstreamError as exc:
             log.warning(
                 "dropped %d turn events from index %d: %s (the turn goes on)",

@@ -26,7 +26,7 @@ from computer_service.introspection import AgentDetail, AgentRow, TurnSummary
 from computer_service.metrics import Metrics
 from computer_service.parts_protocol import AgentPreparationFailed, Parts
 from computer_service.runner import Runner, TurnGate
-from computer_service.upstream import AgentRecord, Upstream, UpstreamError
+from computer_service.upstream import AgentRecord, Superseded, Upstream, UpstreamError
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +45,11 @@ class Roster:
         gate: TurnGate,
         metrics: Metrics,
         publish: Callable[[str, dict[str, Any]], None],
+        superseded: Callable[[], None] = lambda: None,
     ) -> None:
         self.upstream = upstream
+        # Called when the server says a newer connection replaced this Computer.
+        self._superseded = superseded
         self.parts = parts
         self.gate = gate
         self.metrics = metrics
@@ -141,6 +144,9 @@ class Roster:
         try:
             token = await self.upstream.issue_token(agent.id)
             workspace = self.parts.prepare_agent(agent, token)
+        except Superseded:
+            self._superseded()
+            return None
         except UpstreamError as exc:
             log.warning("agent %s: issuing its token failed: %s", agent.handle, exc)
             return None
@@ -155,6 +161,7 @@ class Roster:
             gate=self.gate,
             metrics=self.metrics,
             publish=self._publish,
+            on_superseded=self._superseded,
         )
         self.runners[agent.id] = runner
         assert self._group is not None, "runners are added only inside `running()`"
@@ -174,7 +181,7 @@ class Roster:
             if self.runners.get(runner.agent.id) is runner:
                 # Fenced out: dropped until the next agent sync says otherwise.
                 del self.runners[runner.agent.id]
-                if runner.fenced_out:
+                if runner.fenced_out and not runner.superseded:
                     self.fenced.add(runner.agent.id)
 
     async def _report_problem(self, agent: AgentRecord, reason: str) -> None:
@@ -237,4 +244,5 @@ def _problem_row(agent: AgentRecord, reason: str) -> AgentRow:
         session_id=None,
         model=agent.model,
         problem=reason,
+        retry_at=None,
     )

@@ -3,7 +3,9 @@
 A runner sleeps until woken, then runs one turn (computer.md §2): claim the
 unread messages, build the input, register the turn, run the engine with a
 `RunReporter`, then ack and finish — or finish as failed/cancelled without ack.
-Wake-ups during a turn merge into ONE next turn.
+Wake-ups during a turn merge into ONE next turn. After a failure the runner
+wakes itself again with backoff, narrows its claim to a message that keeps
+failing and sets that one aside at last (`delivery.Retries`).
 """
 
 from __future__ import annotations
@@ -13,27 +15,32 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, Literal, Protocol
 
 import anyio
 
+from computer_service.delivery import RETRY_BASE_S, NextStep, Retries
 from computer_service.engine.base import (
     Engine,
     EngineEvent,
     Failure,
     FailureClass,
+    SessionPlan,
     TurnRequest,
     TurnResult,
     Usage,
 )
+from computer_service.engine.failures import ReplyAttempts
 from computer_service.metrics import Metrics
 from computer_service.reporter import RunReporter
 from computer_service.upstream import (
     AgentRecord,
     RegisteredTurn,
     StaleTurn,
+    Superseded,
     TurnRoom,
     UnreadRoom,
     Upstream,
@@ -50,6 +57,7 @@ RETRY_WINDOW_S = 6.0
 RECENT_TURNS = 20
 
 Publish = Callable[[str, dict[str, Any]], None]
+TurnStatus = Literal["succeeded", "failed", "cancelled"]
 
 
 class RunnerState(StrEnum):
@@ -168,8 +176,23 @@ class TurnRecord:
     reason: str | None
 
 
+@dataclass
+class Outcome:
+    """How one registered turn ended, before it is recorded upstream."""
+
+    status: TurnStatus
+    failure: Failure | None = None
+    usage: Usage = field(default_factory=Usage)
+    event_count: int = 0
+
+
 class Runner:
-    """The serial turn loop of one agent. The service owns the task running `run()`."""
+    """The serial turn loop of one agent. The service owns the task running `run()`.
+
+    `on_superseded` is called once when the server says another Computer
+    connected with this Computer's token: the runner has stopped without ack
+    (`superseded` is set) and the whole Computer must stop.
+    """
 
     def __init__(
         self,
@@ -182,6 +205,9 @@ class Runner:
         metrics: Metrics,
         publish: Publish = lambda kind, data: None,
         wall_clock_limit_s: float = 30 * 60,
+        on_superseded: Callable[[], None] = lambda: None,
+        retry_base_s: float = RETRY_BASE_S,
+        retry_window_s: float = RETRY_WINDOW_S,
     ) -> None:
         self.agent = agent
         self._upstream = upstream
@@ -198,6 +224,15 @@ class Runner:
         self.last_reason: str | None = None
         self.session_id: str | None = None
         self.fenced_out = False
+        self.superseded = False
+        self._on_superseded = on_superseded
+        self._retries = Retries(base_s=retry_base_s)
+        self._retry_window_s = retry_window_s
+        # When the runner wakes itself again (None: only when woken), and that time for the row.
+        self._retry_in: float | None = None
+        self.retry_at: str | None = None
+        # The last session could not be saved: the next turn starts a new one.
+        self._session_lost = False
         self.recent: deque[TurnRecord] = deque(maxlen=RECENT_TURNS)
         self._woken = anyio.Event()
         self._stop: anyio.Event | None = None
@@ -233,10 +268,10 @@ class Runner:
     # The loop.
 
     async def run(self) -> None:
-        """Sleep until woken, run one turn, repeat; return on `close()` or when fenced out."""
+        """Sleep until woken, run one turn, repeat; return on `close()`, fenced out or superseded."""
         try:
-            while not self._closing and not self.fenced_out:
-                await self._woken.wait()
+            while not self._closing and not self._gone:
+                await self._sleep()
                 if self._closing:
                     break
                 self._woken = anyio.Event()
@@ -255,6 +290,40 @@ class Runner:
         finally:
             self.finished.set()
 
+    @property
+    def _gone(self) -> bool:
+        """Another Computer (or connection) owns the agent: nothing more may be written."""
+        return self.fenced_out or self.superseded
+
+    async def _sleep(self) -> None:
+        """Until woken, or until the retry a failure asked for is due."""
+        if self._retry_in is None:
+            await self._woken.wait()
+            return
+        with anyio.move_on_after(self._retry_in):
+            await self._woken.wait()
+        self._retry_in = None
+        self.retry_at = None
+
+    def _retry_later(self, delay_s: float | None) -> None:
+        """Wake by itself after `delay_s` (None: only when woken)."""
+        self._retry_in = delay_s
+        if delay_s is None:
+            self.retry_at = None
+        else:
+            at = datetime.now(UTC) + timedelta(seconds=delay_s)
+            self.retry_at = at.isoformat(timespec="seconds")
+        self._changed()
+
+    def _unreachable(self, what: str, exc: Exception) -> None:
+        """A claim or a registration failed: nothing ran; try again with backoff."""
+        delay = self._retries.next_delay()
+        self.last_reason = f"{what} failed: {exc}"[:500]
+        log.warning(
+            "agent %s: %s; trying again in %.0f s", self.agent.handle, self.last_reason, delay
+        )
+        self._retry_later(delay)
+
     async def _turn(self) -> None:
         stop = anyio.Event()
         self._stop = stop
@@ -265,14 +334,20 @@ class Runner:
             self._set_state(RunnerState.RUNNING)
             started = time.monotonic()
             try:
-                rooms = await self._upstream.claim_unread(self.agent.id)
+                rooms = await self._upstream.claim_unread(
+                    self.agent.id, max_messages=self._retries.max_messages
+                )
             except StaleTurn:
                 self._fence_out()
                 return
+            except Superseded:
+                self._supersede()
+                return
             except UpstreamError as exc:
-                log.warning("agent %s: claiming unread messages failed: %s", self.agent.handle, exc)
+                self._unreachable("claiming unread messages", exc)
                 return
             if not rooms:
+                self._retries.forget()
                 return
             if stop.is_set():
                 log.info(
@@ -286,6 +361,9 @@ class Runner:
     ) -> None:
         agent = self.agent
         plan = self._engine.plan_session(agent.id, agent.model, self._workspace.agents_md)
+        if self._session_lost:
+            # The session the last turn used was never saved: do not continue an older one.
+            plan = SessionPlan(None)
         turn_input = self._workspace.render_input(rooms, plan.is_new)
         turn_rooms = [
             TurnRoom(room_id=r.room.id, from_seq=r.seq_range()[0], to_seq=r.seq_range()[1])
@@ -298,8 +376,11 @@ class Runner:
         except StaleTurn:
             self._fence_out()
             return
+        except Superseded:
+            self._supersede()
+            return
         except UpstreamError as exc:
-            log.warning("agent %s: registering the turn failed: %s", agent.handle, exc)
+            self._unreachable("registering the turn", exc)
             return
         self.current_turn_id = turn.turn_id
         # The session this turn continues (None: a new one, known when it succeeds).
@@ -318,15 +399,26 @@ class Runner:
             ),
             wall_clock_limit_s=self._wall_clock_limit_s,
         )
-        status, failure, usage = await self._run_engine(turn, request, stop)
-        if self.fenced_out:
+        outcome = await self._run_engine(turn, request, stop)
+        if self._gone:
             # Another Computer owns the agent: any further write would be refused.
             return
-        await self._finish(turn, status, failure, usage, time.monotonic() - started)
+        next_step = NextStep(None)
+        if outcome.status == "succeeded":
+            self._retries.forget()
+        elif outcome.status == "failed" and outcome.failure is not None:
+            claimed = frozenset(m.id for r in rooms for m in r.messages)
+            next_step = self._retries.failed(outcome.failure, claimed)
+            if next_step.set_aside:
+                await self._set_aside(turn, outcome.failure)
+                if self._gone:
+                    return
+        await self._finish(turn, outcome, time.monotonic() - started)
+        self._retry_later(next_step.retry_in_s)
 
     async def _run_engine(
         self, turn: RegisteredTurn, request: TurnRequest, stop: anyio.Event
-    ) -> tuple[Literal["succeeded", "failed", "cancelled"], Failure | None, Usage]:
+    ) -> Outcome:
         """Run the engine, then decide the outcome: ack only after a clean success."""
 
         async def send(first_index: int, events: list[dict[str, Any]]) -> None:
@@ -336,12 +428,19 @@ class Runner:
             self._fence_out()
             stop.set()
 
+        def on_superseded() -> None:
+            self._supersede()
+            stop.set()
+
+        replies = ReplyAttempts()
         result: TurnResult | None = None
         broken: Exception | None = None
+        reporter = RunReporter(send, self._metrics, on_stale, on_superseded)
         try:
-            async with RunReporter(send, self._metrics, on_stale) as reporter:
+            async with reporter:
 
                 async def on_event(event: EngineEvent) -> None:
+                    replies.see(event)
                     self._publish(
                         "engine",
                         {"agent_id": self.agent.id, "turn_id": turn.turn_id, **event.as_upstream()},
@@ -355,40 +454,90 @@ class Runner:
                     broken = exc
         except Exception as exc:
             broken = broken or exc
+        count = reporter.event_count
         if broken is not None or result is None:
             log.error("agent %s: the turn broke down", self.agent.handle, exc_info=broken)
-            return "failed", _processing_failed(broken), Usage()
-        if self.fenced_out:
-            return "cancelled", None, result.usage
+            return Outcome("failed", _processing_failed(broken), Usage(), count)
+        if self._gone:
+            return Outcome("cancelled", None, result.usage, count)
         if stop.is_set() or result.status == "cancelled":
             # Stop and completion at the same moment count as stopped: no ack.
-            return "cancelled", Failure(FailureClass.STOPPED, "stopped"), result.usage
+            return Outcome(
+                "cancelled", Failure(FailureClass.STOPPED, "stopped"), result.usage, count
+            )
         if result.status != "succeeded":
             failure = result.failure or Failure(FailureClass.ENGINE_ERROR, "the engine failed")
-            return "failed", failure, result.usage
+            return Outcome("failed", failure, result.usage, count)
+        refused = replies.failure()
+        if refused is not None:
+            # The agent tried to answer and could not: the user is still waiting. No ack.
+            return Outcome("failed", refused, result.usage, count)
+        if result.session_id:
+            self._keep_session(result.session_id)
         try:
-            if result.session_id:
-                self._workspace.save_session(result.session_id, self.agent.model)
-                self.session_id = result.session_id
             await self._retrying(
                 "the ack", lambda: self._upstream.ack(self.agent.id, turn.turn_id, turn.fence)
             )
         except StaleTurn:
             self._fence_out()
-            return "cancelled", None, result.usage
+            return Outcome("cancelled", None, result.usage, count)
+        except Superseded:
+            self._supersede()
+            return Outcome("cancelled", None, result.usage, count)
         except Exception as exc:
-            log.exception("agent %s: saving the session or the ack failed", self.agent.handle)
-            return "failed", _processing_failed(exc), result.usage
-        return "succeeded", None, result.usage
+            # The messages come back at the next turn (an answer may be repeated then).
+            log.exception("agent %s: the ack failed", self.agent.handle)
+            failed = _processing_failed(exc)
+            failure = Failure(failed.cls, failed.reason, environment=True)
+            return Outcome("failed", failure, result.usage, count)
+        return Outcome("succeeded", None, result.usage, count)
 
-    async def _finish(
-        self,
-        turn: RegisteredTurn,
-        status: Literal["succeeded", "failed", "cancelled"],
-        failure: Failure | None,
-        usage: Usage,
-        duration_s: float,
-    ) -> None:
+    def _keep_session(self, session_id: str) -> None:
+        """Save the session a succeeded turn used; one that cannot be saved is only logged.
+
+        The reply went out, so the turn still succeeds and is acked; the next
+        turn starts a new session rather than continue an older one.
+        """
+        try:
+            self._workspace.save_session(session_id, self.agent.model)
+        except Exception as exc:
+            log.warning(
+                "agent %s: the session could not be saved (%s); the next turn starts a new one",
+                self.agent.handle,
+                exc,
+            )
+            self._session_lost = True
+            self.session_id = None
+            return
+        self._session_lost = False
+        self.session_id = session_id
+
+    async def _set_aside(self, turn: RegisteredTurn, failure: Failure) -> None:
+        """Mark the claim read unanswered; the server tells the room why."""
+        reason = f"{failure.cls.value}: {failure.reason}"[:500]
+        log.warning(
+            "agent %s: turns failed %d times on the same message; setting it aside (%s)",
+            self.agent.handle,
+            self._retries.set_aside_after,
+            reason,
+        )
+        try:
+            await self._retrying(
+                "setting the message aside",
+                lambda: self._upstream.ack(
+                    self.agent.id, turn.turn_id, turn.fence, set_aside={"reason": reason}
+                ),
+            )
+        except StaleTurn:
+            self._fence_out()
+        except Superseded:
+            self._supersede()
+        except UpstreamError as exc:
+            # Not set aside: it comes back, fails again and is set aside then.
+            log.warning("agent %s: setting the message aside failed: %s", self.agent.handle, exc)
+
+    async def _finish(self, turn: RegisteredTurn, outcome: Outcome, duration_s: float) -> None:
+        status, failure, usage = outcome.status, outcome.failure, outcome.usage
         failure_body = failure.as_upstream() if failure is not None else None
         # The last report of a stopped turn must still go out: shield it, but bound it.
         with anyio.CancelScope(shield=True), anyio.move_on_after(FINISH_TIMEOUT_S):
@@ -396,11 +545,18 @@ class Runner:
                 await self._retrying(
                     "recording the turn",
                     lambda: self._upstream.finish_turn(
-                        turn.turn_id, turn.fence, status, failure_body, usage.as_upstream()
+                        turn.turn_id,
+                        turn.fence,
+                        status,
+                        failure_body,
+                        usage.as_upstream(),
+                        event_count=outcome.event_count,
                     ),
                 )
             except StaleTurn:
                 self._fence_out()
+            except Superseded:
+                self._supersede()
             except UpstreamError as exc:
                 # The server marks it `interrupted` when the next Computer connects.
                 log.warning(
@@ -433,7 +589,7 @@ class Runner:
 
     async def _retrying(self, what: str, call: Callable[[], Awaitable[None]]) -> None:
         """Retry a call the server could not take (down, restarting) for a few seconds."""
-        deadline = time.monotonic() + RETRY_WINDOW_S
+        deadline = time.monotonic() + self._retry_window_s
         delay = 0.2
         while True:
             try:
@@ -456,6 +612,19 @@ class Runner:
                 self.agent.handle,
             )
         self.fenced_out = True
+
+    def _supersede(self) -> None:
+        if self.superseded:
+            return
+        log.error(
+            "agent %s: the server says another Computer connected with this Computer's token; "
+            "stopping without marking messages read",
+            self.agent.handle,
+        )
+        self.superseded = True
+        if self._stop is not None:
+            self._stop.set()
+        self._on_superseded()
 
     def _set_state(self, state: RunnerState) -> None:
         if state is RunnerState.RUNNING and self._stop is not None and self._stop.is_set():
@@ -480,6 +649,7 @@ class Runner:
             "session_id": self.session_id,
             "model": self.agent.model,
             "problem": None,
+            "retry_at": self.retry_at,
         }
 
     def recent_turns(self) -> list[dict[str, Any]]:

@@ -25,7 +25,7 @@ from typing import BinaryIO
 import anyio
 
 from computer_service.bootstrap import Bootstrap
-from computer_service.event_stream import Backoff, EventStream
+from computer_service.event_stream import SUPERSEDED, Backoff, EventStream
 from computer_service.introspection import (
     AgentDetail,
     AgentRow,
@@ -40,7 +40,7 @@ from computer_service.metrics import Metrics
 from computer_service.parts_protocol import LauncherStatus, ModelsFailed, Parts, StartupFailed
 from computer_service.roster import Roster
 from computer_service.runner import TurnGate
-from computer_service.upstream import Upstream, UpstreamError, UpstreamUnavailable
+from computer_service.upstream import Superseded, Upstream, UpstreamError, UpstreamUnavailable
 from crew_common.unix_socket import SocketInUse
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,12 @@ class ComputerService:
         self.metrics.running_turns = lambda: self.gate.running
         self.bus = EventBus()
         self.roster = Roster(
-            self.upstream, parts, gate=self.gate, metrics=self.metrics, publish=self.bus.publish
+            self.upstream,
+            parts,
+            gate=self.gate,
+            metrics=self.metrics,
+            publish=self.bus.publish,
+            superseded=lambda: self._fail(SUPERSEDED),
         )
         self.events = EventStream(self.upstream, self.roster, fail=self._fail)
         self.ready = False
@@ -239,6 +244,9 @@ class ComputerService:
                 await self.upstream.put_models(models)
             except ModelsFailed as exc:
                 self._fail(f"cannot read the available models: {exc}")
+                return
+            except Superseded:
+                self._fail(SUPERSEDED)
                 return
             except UpstreamUnavailable as exc:
                 log.warning("reporting the available models failed: %s; retrying", exc)

@@ -2,7 +2,9 @@
 
 One `Upstream` wraps an `httpx.AsyncClient` with the Computer's bearer token.
 Answers are validated with pydantic; every failure a caller can act on is its
-own error type (`StaleTurn` for a fenced-out write, `Unauthorized`, …).
+own error type (`StaleTurn` for a fenced-out write, `Superseded` for a
+connection another one replaced, `Unauthorized`, …). After `connect`, every
+request carries the connection's epoch (`Crew-Epoch`).
 """
 
 from __future__ import annotations
@@ -46,6 +48,13 @@ class Unauthorized(UpstreamError):
 
 class StaleTurn(UpstreamError):
     """409 `stale_turn`: another Computer (or a newer connection) owns this agent now."""
+
+
+class Superseded(UpstreamError):
+    """409 `superseded`: a newer connection with this Computer's token replaced this one.
+
+    Nothing this process sends is accepted any more: it must stop without ack.
+    """
 
 
 class UpstreamRejected(UpstreamError):
@@ -170,6 +179,8 @@ class Upstream:
             # No TLS to verify on http:// (and redirects are not followed): skip
             # loading the CA bundle, ~30 ms of start-up before `ready`.
             transport = httpx.AsyncHTTPTransport(verify=False)
+        # The epoch `connect` returned; sent with every later request.
+        self.epoch: int | None = None
         self._client = httpx.AsyncClient(
             base_url=self.server_url,
             headers={"Authorization": f"Bearer {token}", "User-Agent": "crew-computer"},
@@ -193,7 +204,10 @@ class Upstream:
             "version": version,
             "capacity": capacity,
         }
-        return await self._call("POST", "/computer/connect", body, ConnectAnswer)
+        answer = await self._call("POST", "/computer/connect", body, ConnectAnswer)
+        self.epoch = answer.epoch
+        self._client.headers["Crew-Epoch"] = str(answer.epoch)
+        return answer
 
     async def agents(self) -> list[AgentRecord]:
         """`GET /computer/agents`: the agents assigned to this Computer."""
@@ -221,9 +235,16 @@ class Upstream:
 
     # One turn.
 
-    async def claim_unread(self, agent_id: str) -> list[UnreadRoom]:
-        """`POST …/unread`: the unread messages by room; the server marks them delivered."""
-        answer = await self._call("POST", f"/computer/agents/{agent_id}/unread", None, UnreadAnswer)
+    async def claim_unread(
+        self, agent_id: str, max_messages: int | None = None
+    ) -> list[UnreadRoom]:
+        """`POST …/unread`: the unread messages by room; the server marks them delivered.
+
+        `max_messages` narrows the claim to that many of the oldest messages.
+        """
+        body = {"max_messages": max_messages} if max_messages is not None else None
+        path = f"/computer/agents/{agent_id}/unread"
+        answer = await self._call("POST", path, body, UnreadAnswer)
         return [room for room in answer.rooms if room.messages]
 
     async def register_turn(
@@ -259,16 +280,35 @@ class Upstream:
         status: Literal["succeeded", "failed", "cancelled"],
         failure: dict[str, str] | None,
         usage: dict[str, Any],
+        event_count: int | None = None,
     ) -> None:
-        """`POST /computer/turns/{id}/finish`: the turn's result."""
-        body = {"fence": fence, "status": status, "failure": failure, "usage": usage}
+        """`POST /computer/turns/{id}/finish`: the turn's result.
+
+        `event_count` is how many events the turn produced, sent or not: the
+        server records a missing tail as a gap.
+        """
+        body: dict[str, Any] = {
+            "fence": fence,
+            "status": status,
+            "failure": failure,
+            "usage": usage,
+        }
+        if event_count is not None:
+            body["event_count"] = event_count
         await self._call_raw("POST", f"/computer/turns/{turn_id}/finish", body)
 
-    async def ack(self, agent_id: str, turn_id: str, fence: int) -> None:
-        """`POST …/ack`: the read position moves to the delivered position."""
-        await self._call_raw(
-            "POST", f"/computer/agents/{agent_id}/ack", {"turn_id": turn_id, "fence": fence}
-        )
+    async def ack(
+        self, agent_id: str, turn_id: str, fence: int, set_aside: dict[str, str] | None = None
+    ) -> None:
+        """`POST …/ack`: the read position moves to the delivered position.
+
+        With `set_aside` (`{"reason": …}`) the messages are marked read unanswered
+        and the server posts a notice in each room saying so.
+        """
+        body: dict[str, Any] = {"turn_id": turn_id, "fence": fence}
+        if set_aside is not None:
+            body["set_aside"] = set_aside
+        await self._call_raw("POST", f"/computer/agents/{agent_id}/ack", body)
 
     # The event stream.
 
@@ -357,6 +397,12 @@ def _error_of(response: httpx.Response, what: str) -> UpstreamError:
         )
     if status == 409 and code == "stale_turn":
         return StaleTurn(text, status=status, code=code)
+    if status == 409 and code == "superseded":
+        return Superseded(
+            f"{text}; another Computer connected with this Computer's token",
+            status=status,
+            code=code,
+        )
     if status >= 500 or status in (408, 429):
         # Busy or timed out (a proxy, a rate limit): later may work.
         return UpstreamUnavailable(text, status=status, code=code)

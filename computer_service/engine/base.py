@@ -24,15 +24,22 @@ class FailureClass(StrEnum):
     ENGINE_ERROR = "engine_error"
     PROCESS_CRASHED = "process_crashed"
     OUTPUT_TOO_LARGE = "output_too_large"
+    REPLY_REFUSED = "reply_refused"
     STOPPED = "stopped"
 
 
 @dataclass(frozen=True)
 class Failure:
-    """A failure class with a human reason (redacted: no paths, no tokens)."""
+    """A failure class with a human reason (redacted: no paths, no tokens).
+
+    `environment` marks a failure of the surroundings whatever its class (the
+    launcher or the crew server could not be reached): the messages are not to
+    blame, so the runner retries them with backoff and never sets them aside.
+    """
 
     cls: FailureClass
     reason: str
+    environment: bool = False
 
     def as_upstream(self) -> dict[str, str]:
         return {"class": self.cls.value, "reason": self.reason}

@@ -143,6 +143,10 @@ def _event_of_object(obj: dict[str, Any], now: datetime | None) -> EngineEvent:
         data = {"text": _as_text(part.get("text"))}
     elif kind == "tool_use":
         data = _tool_use(part)
+        # The exit status of a bash call (`state.metadata.exit`) tells whether `crew reply` got through.
+        exit_code = _dict(_dict(part.get("state")).get("metadata")).get("exit")
+        if isinstance(exit_code, int) and not isinstance(exit_code, bool):
+            facts = {"exit": exit_code}
     elif kind == "step_finish":
         tokens = _dict(part.get("tokens"))
         cache = _dict(tokens.get("cache"))

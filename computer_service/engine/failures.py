@@ -131,3 +131,101 @@ def _classify_error_event(event: EngineEvent) -> Failure:
         code = f"HTTP {status}: " if status is not None else ""
         return Failure(FailureClass.ENGINE_ERROR, f"the model call failed ({code}{message})")
     return Failure(FailureClass.ENGINE_ERROR, f"OpenCode reported {name}: {message}")
+
+
+# --- what a failure means for the messages of the turn -----------------------
+
+# The surroundings failed: the same messages will do once they are back.
+ENVIRONMENT_CLASSES = frozenset(
+    {
+        FailureClass.NOT_LOGGED_IN,
+        FailureClass.RATE_LIMITED,
+        FailureClass.MODEL_UNAVAILABLE,
+        FailureClass.SANDBOX,
+    }
+)
+# Something about these messages may make every turn fail: isolate, then set aside.
+CONTENT_CLASSES = frozenset(
+    {
+        FailureClass.ENGINE_ERROR,
+        FailureClass.PROCESS_CRASHED,
+        FailureClass.OUTPUT_TOO_LARGE,
+        FailureClass.REPLY_REFUSED,
+    }
+)
+_CREW_REPLY = re.compile(r"(?:^|[\s;&|(`]|/)crew\s+reply(?=\s|$)([^\n]*)")
+_SHELL_STOP = re.compile(r"[<>;&|`)]")
+
+
+def blames_environment(failure: Failure) -> bool:
+    """True when the failure is the surroundings' (retry as is), False when maybe the content's.
+
+    `stopped` and `session_invalid` are neither: the caller does not retry them by itself.
+    """
+    return failure.environment or failure.cls in ENVIRONMENT_CLASSES
+
+
+def blames_content(failure: Failure) -> bool:
+    """True when the messages themselves may be why the turn failed."""
+    return not failure.environment and failure.cls in CONTENT_CLASSES
+
+
+def _reply_room(arguments: str) -> str:
+    """The room id of one `crew reply` command line ("" when it cannot be told)."""
+    words = _SHELL_STOP.split(arguments, maxsplit=1)[0].split()
+    skip = False
+    for word in words:
+        if skip:
+            skip = False
+        elif word == "--thread":
+            skip = True
+        elif not word.startswith("-"):
+            return word.strip("'\"")
+    return ""
+
+
+class ReplyAttempts:
+    """Whether the agent's `crew reply` calls in one turn ended refused. Pure; fed event by event.
+
+    A bash call whose command runs `crew reply` and which failed (non-zero exit,
+    or a tool error) is a refusal for its room: an expired token, a HELD answer,
+    the server down. A later `crew reply` to the same room that exits 0 clears
+    it. A turn that never ran `crew reply` is not refused: staying silent is the
+    agent's choice.
+    """
+
+    def __init__(self) -> None:
+        self.refusals: dict[str, str] = {}  # room id → the first line the refusal printed
+
+    def see(self, event: EngineEvent) -> None:
+        """Take one engine event of the turn into account."""
+        if event.type != "tool_use" or event.data.get("tool") != "bash":
+            return
+        command = event.data.get("input", {}).get("command")
+        if not isinstance(command, str):
+            return
+        rooms = [_reply_room(m.group(1)) for m in _CREW_REPLY.finditer(command)]
+        if not rooms:
+            return
+        exit_code = (event.facts or {}).get("exit")
+        if event.data.get("failed") or (isinstance(exit_code, int) and exit_code != 0):
+            output = str(event.data.get("output") or "")
+            first = next((line.strip() for line in output.splitlines() if line.strip()), "")
+            for room in rooms:
+                self.refusals[room] = first or "no output"
+        else:
+            for room in rooms:
+                self.refusals.pop(room, None)
+
+    def failure(self) -> Failure | None:
+        """The `reply_refused` failure, when a room's last `crew reply` of the turn was refused."""
+        if not self.refusals:
+            return None
+        refusal = next(iter(self.refusals.values()))
+        return Failure(
+            FailureClass.REPLY_REFUSED,
+            _short(
+                f"the agent's crew reply was refused and never got through ({refusal}); "
+                "the messages are kept"
+            ),
+        )

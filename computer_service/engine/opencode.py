@@ -314,8 +314,11 @@ class OpenCodeEngine:
                     cls = FailureClass.SANDBOX
                     a.launcher_failure = Failure(cls, f"the sandbox refused the run: {exc}")
                 except LauncherUnavailable as exc:
+                    # The machine's fault, not the messages': retried, never set aside.
                     a.launcher_failure = Failure(
-                        FailureClass.PROCESS_CRASHED, f"the sandbox launcher was lost: {exc}"
+                        FailureClass.PROCESS_CRASHED,
+                        f"the sandbox launcher was lost: {exc}",
+                        environment=True,
                     )
                 except LauncherError as exc:
                     a.launcher_failure = Failure(

@@ -46,6 +46,7 @@ class StaticView:
             session_id=None,
             model="p/m",
             problem="cannot prepare" if problem else None,
+            retry_at=None,
         )
 
     def agent_rows(self) -> list[AgentRow]:

@@ -1,20 +1,28 @@
-"""LocalParts.models: which launcher failures end the run (ModelsFailed) and which are retried."""
+"""LocalParts.models: which launcher failures end the run (ModelsFailed) and which are retried;
+CurrentLauncher.run: a run that starts while the launcher is replaced waits for the new one."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import AsyncGenerator
 from pathlib import Path
+from typing import Any
 
+import anyio
 import pytest
 
 from computer_service.bootstrap import Bootstrap
 from computer_service.launcher_client import (
+    ExitFrame,
+    Frame,
     LauncherError,
+    LauncherNotListening,
     LauncherRefused,
     LauncherUnavailable,
     ModelsRequest,
+    StartedFrame,
 )
-from computer_service.parts import LocalParts, models_request
+from computer_service.parts import CurrentLauncher, LocalParts, models_request
 from computer_service.parts_protocol import ModelsFailed
 
 pytestmark = pytest.mark.anyio
@@ -87,3 +95,66 @@ async def test_a_launcher_that_is_gone_is_worth_a_retry(tmp_path: Path) -> None:
         await parts_with(tmp_path, ModelsClient(LauncherUnavailable("socket gone"))).models()
     with pytest.raises(LauncherUnavailable, match="being restarted"):
         await parts_with(tmp_path, None).models()
+
+
+class RunClient:
+    """Stands in for the LauncherClient's `run`: refuses the connection, or runs to exit 0."""
+
+    def __init__(self, refuse: bool) -> None:
+        self.refuse = refuse
+        self.runs = 0
+
+    async def run(self, request: Any) -> AsyncGenerator[Frame, None]:
+        self.runs += 1
+        if self.refuse:
+            raise LauncherNotListening("cannot reach the launcher: connection refused")
+        yield StartedFrame(t="started", pid=1)
+        yield ExitFrame(t="exit", code=0)
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def frames_of(launcher: CurrentLauncher) -> list[str]:
+    return [frame.t async for frame in launcher.run(None)]  # type: ignore[arg-type]
+
+
+async def test_a_run_waits_for_the_launcher_being_replaced(tmp_path: Path) -> None:
+    dead = RunClient(refuse=True)
+    parts = parts_with(tmp_path, dead)  # type: ignore[arg-type]
+    launcher = CurrentLauncher(parts)
+    replacement = RunClient(refuse=False)
+    got: list[str] = []
+
+    async def run() -> None:
+        got.extend(await frames_of(launcher))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run)
+        with anyio.fail_after(10):
+            while dead.runs == 0:
+                await anyio.sleep(0.01)
+        parts.client = replacement  # type: ignore[assignment]  # the service started a new one
+    assert got == ["started", "exit"]
+    assert (dead.runs, replacement.runs) == (1, 1)
+
+
+async def test_a_run_gives_up_when_no_launcher_comes_back(tmp_path: Path) -> None:
+    launcher = CurrentLauncher(parts_with(tmp_path, None), replacement_wait_s=0.05)
+    with pytest.raises(LauncherUnavailable, match="being restarted"):
+        await frames_of(launcher)
+
+
+async def test_a_launcher_lost_after_the_run_was_sent_is_not_run_twice(tmp_path: Path) -> None:
+    class DiesMidRun(RunClient):
+        async def run(self, request: Any) -> AsyncGenerator[Frame, None]:
+            # The request went out (the run may have started), then the stream broke.
+            self.runs += 1
+            raise LauncherUnavailable("lost the launcher during a run")
+            yield StartedFrame(t="started", pid=1)  # pragma: no cover
+
+    client = DiesMidRun(refuse=False)
+    launcher = CurrentLauncher(parts_with(tmp_path, client))  # type: ignore[arg-type]
+    with pytest.raises(LauncherUnavailable, match="during a run"):
+        await frames_of(launcher)
+    assert client.runs == 1

@@ -314,14 +314,13 @@ def test_a_dead_launcher_fails_the_turn_and_is_replaced(crew_server: Any) -> Non
         comp = crew_server.create_computer()
         agent = crew_server.create_agent("relaunch1", computer_id=comp["computer_id"])
         dm = crew_server.create_room("dm", [agent["id"]])
-        crew_server.post(dm["id"], "think long:\nFAKE:HANG")
+        # Hangs the first time only: the message is tried again after the crash.
+        crew_server.post(dm["id"], "think long:\nFAKE:ONCE HANG")
         c = launch(m, bootstrap_for(crew_server.url, comp["token"], m))
         try:
             usable(c)
-            wait_until(
-                "the engine running",
-                lambda: any(r["state"] == "running" for r in c.get("/agents")),
-            )
+            [running] = wait_until("the turn", lambda: crew_server.turns(agent["id"]))
+            wait_until("its first event", lambda: crew_server.turn(running["id"])["events"])
             [launcher] = _launcher_pids(c.proc.pid)
             os.kill(launcher, signal.SIGKILL)
             [crashed] = finished(crew_server, agent["id"], 1)

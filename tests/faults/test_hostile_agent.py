@@ -148,14 +148,13 @@ def test_hostile_agent_is_contained_and_the_other_agent_carries_on(
             evil_runs = _dumps(evil_dir / "work.old")
             assert len(evil_runs) == 2
             assert "--session" not in evil_runs[1]["argv"], evil_runs[1]["argv"]
-            # Saving the session would go through the link: refused, the turn fails, no ack.
-            assert linked["status"] == "failed", linked
-            failure = linked["failure"]
-            assert failure["class"] == "engine_error", failure
-            assert failure["reason"].startswith("processing failed: cannot save the session")
-            assert "symlink" in failure["reason"] and str(m.crew_home) not in failure["reason"]
+            # Saving the session would go through the link: refused and logged. Its reply
+            # went out, so the turn still succeeds and is acked (issue 10, item 4).
+            assert linked["status"] == "succeeded", linked
+            [saving] = [x for x in c.stderr().splitlines() if "could not be saved" in x]
+            assert "symlink" in saving and str(m.crew_home) not in saving
             delivered, read = read_positions(crew_server, evil["id"])[evil_dm["id"]]
-            assert read == 0 < delivered  # nothing of the hostile agent's was acked
+            assert read > 0  # the turn's messages were marked read
 
             # A wake-up with the links in place: the launcher refuses to run in a linked work/.
             crew_server.post(evil_dm["id"], "and again")
@@ -164,8 +163,9 @@ def test_hostile_agent_is_contained_and_the_other_agent_carries_on(
             assert refused["failure"]["class"] == "sandbox", refused["failure"]
             assert "symbolic link" in refused["failure"]["reason"], refused["failure"]
             assert "and again" in crew_server.turn(refused["id"])["input"]
+            acked = read
             delivered, read = read_positions(crew_server, evil["id"])[evil_dm["id"]]
-            assert read == 0 < delivered  # kept for when the agent is fixed
+            assert read == acked < delivered  # kept for when the agent is fixed
 
             # The other agent is untouched, and its next turn continues its own session.
             assert _tree(good_dir) == good_before

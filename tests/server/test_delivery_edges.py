@@ -14,9 +14,7 @@ pytestmark = pytest.mark.anyio
 
 
 def superseded(response: Any) -> bool:
-    return bool(
-        response.status_code == 409 and response.json()["error"]["code"] == "superseded"
-    )
+    return bool(response.status_code == 409 and response.json()["error"]["code"] == "superseded")
 
 
 async def test_a_replaced_connection_is_told_superseded_and_gets_nothing(world: World) -> None:

@@ -219,7 +219,9 @@ async def test_registering_before_connect_is_refused(world: World) -> None:
     alice = await world.agent("alice", box)
     body = {"rooms": [], "input": "x", "engine": "opencode", "model": "m"}
     answer = await world.client.post(
-        f"/computer/agents/{alice['id']}/turns", json=body, headers=box.headers | {"Crew-Epoch": "1"}
+        f"/computer/agents/{alice['id']}/turns",
+        json=body,
+        headers=box.headers | {"Crew-Epoch": "1"},
     )
     assert answer.status_code == 409 and answer.json()["error"]["code"] == "not_connected"
 
