@@ -17,7 +17,8 @@ from typing import NoReturn
 import anyio
 
 from computer_service.bootstrap import MAX_BOOTSTRAP_BYTES, BootstrapError, parse_bootstrap
-from computer_service.service import ComputerService, StartupFailed
+from computer_service.parts_protocol import StartupFailed
+from computer_service.service import ComputerService
 
 
 def read_bootstrap_line(fd: int) -> bytes:

@@ -26,6 +26,7 @@ import anyio
 
 from computer_service.bootstrap import Bootstrap
 from computer_service.event_stream import SUPERSEDED, Backoff, EventStream
+from computer_service.home_lock import CrewHomeBusy, CrewHomeLock
 from computer_service.introspection import (
     AgentDetail,
     AgentRow,
@@ -88,6 +89,7 @@ class ComputerService:
         self._introspection: IntrospectionServer | None = None
         # Why this run cannot go on (steps 5-6 failed after start): serve() raises it.
         self.failure: str | None = None
+        self._home_lock = CrewHomeLock(self.crew_home)
 
     # --- life ----------------------------------------------------------------
 
@@ -125,10 +127,13 @@ class ComputerService:
         scope.cancel()
 
     async def startup(self) -> None:
-        """Connect, say `ready`, open the socket, start the launcher, prepare the run dir."""
+        """Take the crew home, connect, say `ready`, open the socket, start the launcher,
+        prepare the run dir."""
+        # Before connecting: a second Computer on this crew home must not replace the
+        # first one's connection upstream, and `ready` means the crew home is usable.
+        self._make_crew_home()
         await self._connect()
         self._say_ready()
-        self._make_crew_home()
         await self._open_introspection()
         self.launcher = await self.parts.start_launcher()
         unavailable = self.launcher.unavailable_reason()
@@ -174,6 +179,7 @@ class ComputerService:
                 except OSError as exc:
                     log.warning("removing the introspection socket failed: %s", exc)
             await self.upstream.aclose()
+            self._home_lock.release()
 
     def request_stop(self) -> None:
         """Ask for an orderly stop (what stdin closing and the signals do)."""
@@ -207,6 +213,12 @@ class ComputerService:
             raise StartupFailed(f"cannot prepare the crew home {self.crew_home}: {exc}") from exc
         if not self.crew_home.is_dir():
             raise StartupFailed(f"cannot prepare the crew home {self.crew_home}: not a directory")
+        try:
+            self._home_lock.acquire()
+        except CrewHomeBusy as exc:
+            raise StartupFailed(str(exc)) from exc
+        except OSError as exc:
+            raise StartupFailed(f"cannot lock the crew home {self.crew_home}: {exc}") from exc
 
     def _say_ready(self) -> None:
         if self._stdout is not None:

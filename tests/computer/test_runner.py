@@ -144,7 +144,7 @@ async def test_stop_and_completion_at_once_counts_as_stopped(
         assert "race" in engine.inputs[1]
 
 
-async def test_stale_turn_stops_without_ack_and_drops_the_runner(
+async def test_a_replaced_connection_stops_without_ack_and_ends_the_runner(
     crew_server: Any, crew_home: Path
 ) -> None:
     release = anyio.Event()
@@ -153,13 +153,13 @@ async def test_stale_turn_stops_without_ack_and_drops_the_runner(
         await r.user.post(r.room["id"], "fenced")
         r.runner.wake()
         await engine.started.wait()
-        # A newer connection of the same Computer credential fences this turn out.
+        # A newer connection with the same Computer credential replaces this one.
         token = r.upstream._client.headers["Authorization"].removeprefix("Bearer ")
         newer = Upstream(r.upstream.server_url, token)
         await newer.connect("test", "linux", "0", 2)
         release.set()
-        await wait_until_async("runner dropped", lambda: r.runner.finished.is_set())
-        assert r.runner.fenced_out
+        await wait_until_async("runner ended", lambda: r.runner.finished.is_set())
+        assert r.runner.superseded
         [turn] = await r.user.turns(r.runner.agent.id)
         assert turn["status"] in ("interrupted", "running")
         # Not acked: the newer connection still finds the message unread.

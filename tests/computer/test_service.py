@@ -12,6 +12,7 @@ import pytest
 
 from computer_service.bootstrap import Bootstrap
 from computer_service.event_stream import Backoff, agent_id_of
+from computer_service.parts_protocol import StartupFailed
 from computer_service.service import ComputerService
 from computer_service.upstream import Upstream
 from crew_testkit.crew_server_proc import start_crew_server
@@ -175,7 +176,11 @@ async def test_server_restart_during_a_turn_loses_nothing_and_acks_once(tmp_path
 
 @pytest.mark.anyio
 @pytest.mark.timeout(60)
-async def test_a_fenced_out_runner_stays_dropped_until_the_next_sync(tmp_path: Path) -> None:
+async def test_a_replaced_computer_exits_1_with_one_line_and_acks_nothing(
+    tmp_path: Path,
+) -> None:
+    """The app started twice: the first Computer hears `superseded` (its turn's writes and
+    its event stream), stops without ack and exits 1; the message stays unread."""
     (tmp_path / "srv").mkdir()
     server = start_crew_server(tmp_path / "srv")
     crew_home = tmp_path / "crew"
@@ -187,26 +192,28 @@ async def test_a_fenced_out_runner_stays_dropped_until_the_next_sync(tmp_path: P
         room = server.create_room("dm", [agent["id"]])
         boot = Bootstrap(server_url=server.url, token=comp["token"], crew_home=crew_home)
         service = ComputerService(boot, FakeParts(crew_home, engine), handle_signals=False)
+        failures: list[str] = []
+
+        async def serve() -> None:
+            # `crew-computer` prints this one line and exits 1 (computer_service.__main__).
+            with pytest.raises(StartupFailed) as failed:
+                await service.serve()
+            failures.append(str(failed.value))
+
         async with anyio.create_task_group() as tg:
-            tg.start_soon(service.serve)
-            server.post(room["id"], "fenced soon")
+            tg.start_soon(serve)
+            server.post(room["id"], "answered by whom?")
             with anyio.fail_after(20):
                 await engine.started.wait()
-            # A newer connection of this credential: this turn's writes are now stale.
             newer = Upstream(server.url, comp["token"])
             await newer.connect("elsewhere", "linux", "0", 2)
-            await newer.aclose()
             release.set()
-            await wait_until_async(
-                "the runner dropped", lambda: agent["id"] not in service.roster.runners, 20
-            )
-            assert agent["id"] in service.roster.fenced
-            server.post(room["id"], "a wake-up does not bring it back")
-            await anyio.sleep(1.0)
-            assert agent["id"] not in service.roster.runners
-            await service.roster.sync_agents()  # what the next `agents` event or reconnect does
-            assert agent["id"] in service.roster.runners and not service.roster.fenced
-            service.request_stop()
+            await wait_until_async("the old Computer to stop", lambda: failures, 30)
+            assert "another Computer connected" in failures[0]
+            # Nothing acked: the newer connection still finds the message unread.
+            rooms = await newer.claim_unread(agent["id"])
+            assert [m.body for r in rooms for m in r.messages] == ["answered by whom?"]
+            await newer.aclose()
     finally:
         server.stop()
 

@@ -228,18 +228,21 @@ async def test_introspection_of_the_running_service(crew_server: Any, tmp_path: 
         [cancelled] = [t for t in after["recent_turns"] if t["id"] == running["turn_id"]]
         assert (cancelled["status"], cancelled["failure_class"]) == ("cancelled", "stopped")
         assert crew_server.turn(running["turn_id"])["status"] == "cancelled"
-        # The merged wake-up runs once more: the stopped turn's message was not acked.
-        await wait_until_async("the next turn", lambda: service.metrics.turns["succeeded"] == 2)
-        assert "third" in engine.inputs[3]
+        # The merged wake-up runs once more: the stopped turn's messages were not acked.
+        # After "second" failed, turns take the oldest message alone until it succeeds
+        # (a message that keeps failing is isolated, then set aside): "second", then "third".
+        await wait_until_async("the next turns", lambda: service.metrics.turns["succeeded"] == 3)
+        assert "second" in engine.inputs[3] and "third" not in engine.inputs[3]
+        assert "third" in engine.inputs[4]
 
         text = (await local.get("/metrics")).text
         families = parse_prometheus(text)
         assert families["crew_turns_total"].samples == {
-            ("result", "succeeded"): 2,
+            ("result", "succeeded"): 3,
             ("result", "failed"): 1,
             ("result", "cancelled"): 1,
         }
-        assert families["crew_turn_duration_seconds"].samples[("le", "+Inf")] == 4
+        assert families["crew_turn_duration_seconds"].samples[("le", "+Inf")] == 5
         assert families["crew_report_batches_total"].samples[("outcome", "sent")] >= 2
 
 
