@@ -206,9 +206,17 @@ def _masked(places: tuple[Path, ...], policy: SandboxPolicy) -> list[Path]:
 
 
 def bwrap_argv(
-    policy: SandboxPolicy, mode: LinuxMode, tools: BwrapTools, command: list[str]
+    policy: SandboxPolicy,
+    mode: LinuxMode,
+    tools: BwrapTools,
+    command: list[str],
+    aliases: tuple[tuple[Path, bool], ...] = (),
 ) -> list[str]:
-    """The full argv that runs `command` under `policy`. Pure; nothing goes through a shell."""
+    """The full argv that runs `command` under `policy`. Pure; nothing goes through a shell.
+
+    `aliases`: other mounts showing what lies below a deny root (`mounts.alias_masks`),
+    each with "is a directory"; masked in both modes.
+    """
     deny = policy.deny_roots
     reads = [*policy.read_dirs, *policy.read_files]
     argv = [tools.env, "--ignore-signal=INT", tools.bwrap]
@@ -229,6 +237,13 @@ def bwrap_argv(
         argv += ["--tmpfs", str(place)]
     for place in _masked(tools.socket_files, policy):
         argv += ["--ro-bind", "/dev/null", str(place)]
+    # Under the host's /tmp they are hidden by the private one already.
+    shown_aliases = [(p, d) for p, d in aliases if not _under_host_tmp(p)]
+    alias_dirs = _masked(tuple(p for p, is_dir in shown_aliases if is_dir), policy)
+    for alias in alias_dirs:
+        argv += ["--tmpfs", str(alias)]
+    for alias in _masked(tuple(p for p, is_dir in shown_aliases if not is_dir), policy):
+        argv += ["--ro-bind", "/dev/null", str(alias)]
     # The helper's interpreter and package, wherever they are hidden; never one
     # that would bring a whole deny root back.
     support = [p for p in tools.support_dirs if not any(is_inside(r, p) for r in deny)]
@@ -254,7 +269,7 @@ def bwrap_argv(
     else:
         # Landlock does not mediate connect() on Unix sockets: hide them.
         argv += ["--tmpfs", str(policy.sockets_dir), "--remount-ro", str(policy.sockets_dir)]
-    for place in socket_dirs:
+    for place in [*socket_dirs, *alias_dirs]:
         argv += ["--remount-ro", str(place)]
     argv += ["--remount-ro", "/dev"]
     argv += ["--chdir", str(policy.work_dir), "--", tools.env, "--default-signal=INT"]

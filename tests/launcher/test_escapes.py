@@ -8,6 +8,8 @@ both Linux modes, as the caller (root in CI) and as an unprivileged user
   "proc write", bubblewrap `tests/test-run.sh` (`/proc/sys` covered).
 - red team 2 (host Unix sockets: `$HOME`, `/run/user/<uid>`, abstract):
   sandbox-runtime `seccomp-filter.test.ts`.
+- red team 3 (aliases: `mount --bind ~/.kube /var/tmp/alias` and a bind of
+  the whole `$HOME`; read through the alias and, in hybrid, by the real path).
 - weaknesses: SysV IPC (bubblewrap `--unshare-ipc`), nested user namespaces
   (Codex `linux-sandbox` tests, bubblewrap `--disable-userns`), AF_VSOCK,
   keyctl, io_uring (sandbox-runtime/Docker seccomp), `/dev` and `/dev/shm`
@@ -35,7 +37,8 @@ from typing import Any
 
 import pytest
 
-from sandbox_launcher.bwrap import BwrapTools, LinuxMode, bwrap_argv, find_tools
+from sandbox_launcher.backend import BwrapBackend
+from sandbox_launcher.bwrap import BwrapTools, LinuxMode, find_tools
 from sandbox_launcher.policy import SandboxPolicy
 from tests.support.ci import required_in_ci
 
@@ -140,6 +143,8 @@ def git_commit():
 
 for name, address in cfg["sockets"].items():
     attempt(name, lambda: connect(address))
+for name, path in cfg["reads"].items():
+    attempt(name, lambda: open(path).read())
 attempt("sysv_shm", lambda: check_call(libc.shmget(cfg["shm_key"], 0, 0)))
 if cfg["control"]:
     sys.exit(0)
@@ -203,7 +208,7 @@ class Sandbox:
         p = self.policy
         script = p.agent_dir / "probe.py"
         command = [SYSTEM_PYTHON, "-I", str(script), json.dumps(cfg)]
-        argv = command if mode is None else bwrap_argv(p, mode, self.tools, command)
+        argv = command if mode is None else BwrapBackend(self.tools, mode).argv(p, command)
         as_other = self.uid != os.getuid()
         done = subprocess.run(
             argv,
@@ -323,14 +328,58 @@ def host_shm() -> Iterator[int]:
         libc.shmctl(shmid, 0, None)  # IPC_RMID
 
 
+KUBE_SECRET = "apiVersion: v1 # the user's cluster credentials\n"
+
+
+class Aliases:
+    """`~/.kube` bind-mounted at one place, all of `$HOME` at another (outside both deny roots)."""
+
+    def __init__(self, home: Path, uid: int) -> None:
+        if os.getuid() != 0:
+            required_in_ci("root (to bind-mount the aliases)")
+        kube = home / ".kube"
+        kube.mkdir()
+        (kube / "config").write_text(KUBE_SECRET)
+        for path in (kube, kube / "config"):
+            os.chown(path, uid, uid)
+        tag = uuid.uuid4().hex[:8]
+        self.kube_alias = Path(f"/var/tmp/crew-kube-alias-{tag}")
+        self.home_alias = Path(f"/var/tmp/crew-home-alias-{tag}")
+        self.mounted: list[Path] = []
+        for source, alias in ((kube, self.kube_alias), (home, self.home_alias)):
+            alias.mkdir()
+            subprocess.run(["mount", "--bind", str(source), str(alias)], check=True)
+            self.mounted.append(alias)
+        self.reads = {
+            "read_kube_alias": str(self.kube_alias / "config"),
+            "read_kube_real": str(kube / "config"),
+            "read_home_alias": str(self.home_alias / ".kube" / "config"),
+        }
+
+    def close(self) -> None:
+        for alias in self.mounted:
+            subprocess.run(["umount", str(alias)], check=False)
+            alias.rmdir()
+
+
+@pytest.fixture
+def aliases(sandbox: Sandbox) -> Iterator[Aliases]:
+    found = Aliases(sandbox.home, sandbox.uid)
+    try:
+        yield found
+    finally:
+        found.close()
+
+
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("mode", list(LinuxMode))
 def test_escapes_are_denied_and_work_is_not(
-    mode: LinuxMode, sandbox: Sandbox, host_sockets: HostSockets, host_shm: int
+    mode: LinuxMode, sandbox: Sandbox, host_sockets: HostSockets, host_shm: int, aliases: Aliases
 ) -> None:
     unprivileged = sandbox.uid != 0
     cfg: dict[str, Any] = {
         "sockets": host_sockets.addresses,
+        "reads": aliases.reads,
         "shm_key": host_shm,
         "work": str(sandbox.policy.work_dir),
         "nproc": NPROC,
@@ -339,7 +388,7 @@ def test_escapes_are_denied_and_work_is_not(
         "control": True,
     }
     control = sandbox.probe(None, cfg)
-    for name in (*host_sockets.addresses, "sysv_shm"):
+    for name in (*host_sockets.addresses, "sysv_shm", *aliases.reads):
         assert control[name]["worked"], f"control: {name} must work unsandboxed: {control[name]}"
 
     results = sandbox.probe(mode, {**cfg, "control": False})
@@ -361,6 +410,9 @@ def test_escapes_are_denied_and_work_is_not(
     # 2. host Unix sockets (seccomp refuses socket(AF_UNIX) itself)
     for name in host_sockets.addresses:
         denied(name, errno.EPERM)
+    # 3. aliases of deny roots: masked, and never granted (so the real path stays denied)
+    for name in aliases.reads:
+        denied(name, errno.EACCES, errno.ENOENT)
     # weaknesses
     denied("sysv_shm", errno.ENOENT)
     denied("vsock", errno.EPERM)
