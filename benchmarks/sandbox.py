@@ -11,8 +11,10 @@ differences (robust against a neighbour's load coming and going). Aim
 - plain:          subprocess.run(["/usr/bin/true"])
 - python -I -S:   `python -I -S -c pass`, the floor of any Python helper (hybrid's Landlock step)
 - bare bwrap:     bwrap --ro-bind / / true
-- argv hybrid:    the launcher's full hybrid argv (Landlock helper included), run directly
-- argv tmpfs:     the launcher's full tmpfs argv, run directly
+- argv tmpfs bare: the tmpfs argv without our in-sandbox helper (no seccomp, no rlimits):
+                  what tmpfs mode cost before issue 12
+- argv tmpfs:     the launcher's full tmpfs argv (helper: rlimits + seccomp), run directly
+- argv hybrid:    the launcher's full hybrid argv (helper: rlimits + Landlock + seccomp)
 - launcher X:     POST /runs over the launcher's Unix socket until the `exit` frame,
                   with `/usr/bin/true` as the engine (it ignores the opencode arguments)
 """
@@ -114,6 +116,12 @@ def timed(fn: Callable[[], None]) -> float:
     return (time.perf_counter() - start) * 1000
 
 
+def without_helper(argv: list[str], python: str) -> list[str]:
+    """The argv with our helper (`python -I -S landlock_exec.py … --`) taken out."""
+    start = argv.index(python)
+    return argv[:start] + argv[argv.index("--", start) + 1 :]
+
+
 def run_checked(argv: list[str], env: dict[str, str] | None = None) -> None:
     subprocess.run(argv, check=True, env=env, stdin=subprocess.DEVNULL)
 
@@ -151,6 +159,10 @@ def main() -> None:
             "plain true": lambda: run_checked([TRUE]),
             "python -I -S": lambda: run_checked([tools.python, "-I", "-S", "-c", "pass"]),
             "bare bwrap": lambda: run_checked([tools.bwrap, "--ro-bind", "/", "/", TRUE]),
+            "argv tmpfs bare": lambda: run_checked(
+                without_helper(bwrap_argv(policy, LinuxMode.TMPFS, tools, [TRUE]), tools.python),
+                env,
+            ),
             "argv tmpfs": lambda: run_checked(
                 bwrap_argv(policy, LinuxMode.TMPFS, tools, [TRUE]), env
             ),
@@ -184,10 +196,12 @@ def main() -> None:
         q = statistics.quantiles(values, n=20)
         print(f"{name:<18}{med[name]:>9.2f}{q[4]:>9.2f}{q[17]:>9.2f}{over(name):>+15.2f}")
     print()
-    helper = over("argv hybrid", "argv tmpfs")
+    helper = over("argv tmpfs", "argv tmpfs bare")
+    landlock = over("argv hybrid", "argv tmpfs")
     print(
-        f"hybrid's Landlock helper: {helper:+.2f} ms over the tmpfs argv "
-        f"(python -I -S alone: {med['python -I -S']:.2f} ms)"
+        f"the in-sandbox helper (rlimits + seccomp): {helper:+.2f} ms over the bare tmpfs argv "
+        f"(python -I -S alone: {med['python -I -S']:.2f} ms); "
+        f"Landlock on top (hybrid): {landlock:+.2f} ms"
     )
     for mode in ("tmpfs", "hybrid"):
         total = over(f"launcher {mode}")

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import re
+import secrets
 import shlex
 import stat
 import sys
@@ -240,6 +242,9 @@ def crew_wrapper_script(interpreter: str) -> str:
     return f'#!/bin/sh\nexec {shlex.quote(interpreter)} -I -m crew_shim "$@"\n'
 
 
+STALE_RUNTIME_PREFIX = "runtime.stale-"
+
+
 class RunDirectory:
     """`runtime/<run-id>/` of this Computer run: cleaned at start, deleted at exit."""
 
@@ -253,12 +258,22 @@ class RunDirectory:
     def prepare(self) -> None:
         """Delete what earlier runs left in `runtime/`, create this run's dir and `bin/crew`.
 
+        What cannot be deleted never stops the Computer (one agent could
+        otherwise brick it for everyone, issue 12): `runtime/` is then moved
+        aside to `runtime.stale-<hex>`, and later starts try again to delete it.
         Raises `AgentHomeError` with the reason (the Computer then exits 1).
         """
         try:
             safe_fs.ensure_dir(self.crew_home, ".")
+            self._remove_stale()
             safe_fs.ensure_dir(self.crew_home, "runtime")
-            safe_fs.clear_dir(self.crew_home, "runtime")
+            try:
+                safe_fs.clear_dir(self.crew_home, "runtime")
+            except (UnsafePath, OSError) as exc:
+                aside = f"{STALE_RUNTIME_PREFIX}{secrets.token_hex(4)}"
+                log.warning("could not empty runtime/ (%s); moving it aside to %s", exc, aside)
+                safe_fs.move_aside(self.crew_home, "runtime", aside)
+                safe_fs.ensure_dir(self.crew_home, "runtime")
             safe_fs.ensure_dir(self.crew_home, self.bin_dir)
             safe_fs.write_file_atomic(
                 self.crew_home,
@@ -268,6 +283,16 @@ class RunDirectory:
             )
         except (UnsafePath, OSError) as exc:
             raise AgentHomeError(f"cannot prepare the run directory {self.path}: {exc}") from exc
+
+    def _remove_stale(self) -> None:
+        """Try again to delete what earlier starts moved aside; log what still resists."""
+        with safe_fs.open_dir(self.crew_home, ".") as fd:
+            names = [n for n in os.listdir(fd) if n.startswith(STALE_RUNTIME_PREFIX)]
+        for name in names:
+            try:
+                safe_fs.remove_tree(self.crew_home, name)
+            except (UnsafePath, OSError) as exc:
+                log.warning("could not delete %s: %s", self.crew_home / name, exc)
 
     def remove(self) -> None:
         """Delete this run's directory (at exit). Logs, never raises."""

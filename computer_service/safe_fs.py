@@ -16,7 +16,6 @@ import errno
 import logging
 import os
 import secrets
-import shutil
 import stat
 from collections.abc import Iterator
 from pathlib import Path, PurePath
@@ -300,8 +299,9 @@ def copy_if_newer(source: Path, root: Path, path: PurePath | str, max_bytes: int
 def remove_tree(root: Path, path: PurePath | str) -> None:
     """Remove `path` under `root` (a directory tree or a single entry), never following links.
 
-    Missing is fine. The walk uses directory fds (`shutil.rmtree(dir_fd=…)`),
-    so a symlink planted inside is removed, not followed.
+    Missing is fine. The walk uses directory fds, without recursion and with
+    a fixed number of them open (`_remove_dir_tree`), so a symlink planted
+    inside is removed, not followed, and no depth makes it fail.
     """
     parents, name = _split_file(root, path)
     try:
@@ -327,8 +327,75 @@ def _remove_entry(dfd: int, name: str) -> None:
     except FileNotFoundError:
         return
     if stat.S_ISDIR(st.st_mode):
-        if not shutil.rmtree.avoids_symlink_attacks:
-            raise UnsafePath("this platform cannot remove directories safely (no fd-based rmtree).")
-        shutil.rmtree(name, dir_fd=dfd)
+        _remove_dir_tree(dfd, name)
     else:
         os.unlink(name, dir_fd=dfd)
+
+
+def _unlink_all_but_dirs(fd: int) -> list[str]:
+    """Unlink every non-directory in `fd`; the names of its subdirectories."""
+    subdirs = []
+    with os.scandir(fd) as entries:  # scandir works on its own duplicate of fd
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                subdirs.append(entry.name)
+            else:
+                os.unlink(entry.name, dir_fd=fd)
+    return subdirs
+
+
+def _identity(fd: int) -> tuple[int, int]:
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
+
+
+def _remove_dir_tree(parent: int, name: str) -> None:
+    """Remove the directory `name` in `parent` and everything below it, never following links.
+
+    Iterative, not recursive: an agent can nest directories thousands of
+    levels deep, and `shutil.rmtree` raised `RecursionError` on 1,500 of them
+    (issue 12). At most three descriptors are open at once, whatever the
+    depth: going down opens the child and closes the level above; going back
+    up opens `..` and checks it is the directory we came from (same device
+    and inode), so a tree moved meanwhile is refused, not followed.
+    """
+    fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+    here = _identity(fd)
+    # One row per level above the current one: (its identity, its subdirectories
+    # still to remove, the name of the one we went down into).
+    above: list[tuple[tuple[int, int], list[str], str]] = []
+    try:
+        pending = _unlink_all_but_dirs(fd)
+        while True:
+            if pending:
+                child = pending.pop()
+                below = os.open(child, _DIR_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd = below
+                above.append((here, pending, child))
+                here = _identity(fd)
+                pending = _unlink_all_but_dirs(fd)
+                continue
+            if not above:
+                break
+            expected, pending, child = above.pop()
+            up = os.open("..", _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = up
+            here = _identity(fd)
+            if here != expected:
+                raise UnsafePath(
+                    f"{name}: a directory moved while it was being removed; "
+                    "stop whatever writes there and try again."
+                )
+            os.rmdir(child, dir_fd=fd)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=parent)
+
+
+def move_aside(root: Path, path: PurePath | str, new_name: str) -> None:
+    """Rename the entry `path` under `root` to `new_name` in the same directory (no link followed)."""
+    parents, name = _split_file(root, path)
+    with open_dir(root, PurePath(*parents) if parents else ".") as dfd:
+        os.rename(name, new_name, src_dir_fd=dfd, dst_dir_fd=dfd)

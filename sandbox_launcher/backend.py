@@ -24,6 +24,7 @@ from sandbox_launcher.bwrap import (
     find_tools,
     preflight,
 )
+from sandbox_launcher.mounts import alias_masks
 from sandbox_launcher.policy import SandboxPolicy
 from sandbox_launcher.schema import SandboxHealth
 from sandbox_launcher.seatbelt import SANDBOX_EXEC, seatbelt_argv
@@ -59,7 +60,9 @@ class BwrapBackend:
         return "hybrid" if self.linux_mode is LinuxMode.HYBRID else "tmpfs"
 
     def argv(self, policy: SandboxPolicy, command: list[str]) -> list[str]:
-        return bwrap_argv(policy, self.linux_mode, self.tools, command)
+        # Mounts change while the launcher runs: aliases are looked up per run.
+        aliases = alias_masks(policy.deny_roots)
+        return bwrap_argv(policy, self.linux_mode, self.tools, command, aliases)
 
 
 @dataclass(frozen=True)

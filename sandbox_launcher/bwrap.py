@@ -17,6 +17,29 @@ measurements behind every flag are in research/sandbox.md §3.1:
 - `env --ignore-signal=INT bwrap … -- env --default-signal=INT …`: a group
   SIGINT would otherwise kill bwrap's monitor, and `--die-with-parent` would
   SIGKILL the engine with no graceful stop.
+
+Against the escapes of issue 12:
+
+- Every run gets its own user namespace (`--unshare-user`), also when the
+  Computer runs as root. Decision: the engine keeps the caller's uid (root
+  stays uid 0, mapped to itself) rather than a dedicated unprivileged uid,
+  because the agent's own files must stay the caller's and a crew home
+  mode 0700 is not reachable by another uid. What uid 0 keeps is only what
+  file ownership gives it (root-owned files outside `$HOME` with owner-only
+  modes stay readable, and `RLIMIT_NPROC` does not apply to it): no
+  capabilities (`--cap-drop ALL`, an empty bounding set), no nested user
+  namespaces (seccomp), and everything uid 0 could still write by mode bits
+  read-only: `/proc/sys`, `/proc/sysrq-trigger` and the other writable
+  `/proc` entries (`PROC_READ_ONLY`), `/sys` and `/` (the ro bind), `/dev`
+  (remounted read-only; only a size-capped `/dev/shm` is writable).
+- The host's Unix sockets: the helper's seccomp filter refuses
+  `socket(AF_UNIX)` (`sandbox_launcher.seccomp`), and the well-known socket
+  places (`HOST_SOCKET_PLACES`: `/run/user`, D-Bus, docker, podman…) are
+  masked as well.
+- `--unshare-ipc`: no SysV shared memory, semaphores or POSIX message
+  queues of the host.
+- Our helper (`landlock_exec.py`) runs in both modes: rlimits (a process
+  cap per run) and seccomp in both, Landlock in hybrid.
 """
 
 from __future__ import annotations
@@ -37,6 +60,37 @@ BWRAP_CANDIDATES = ("/usr/bin/bwrap", "/bin/bwrap", "/usr/local/bin/bwrap")
 ENV_CANDIDATES = ("/usr/bin/env", "/bin/env")
 HOST_TMP = Path("/tmp")
 PREFLIGHT_TIMEOUT_S = 10.0
+# Entries of a fresh /proc that uid 0 may write by their mode bits (found with
+# `find /proc -writable` as root in a sandbox); bound read-only when present.
+PROC_READ_ONLY = (
+    "/proc/sys",
+    "/proc/sysrq-trigger",
+    "/proc/irq",
+    "/proc/bus",
+    "/proc/mtrr",
+    "/proc/pressure",
+    "/proc/fs",
+    "/proc/acpi",
+    "/proc/scsi",
+    "/proc/driver",
+    "/proc/timer_list",
+)
+# Where hosts keep Unix sockets of more privileged services; masked when they exist.
+HOST_SOCKET_PLACES = (
+    "/run/user",
+    "/run/dbus",
+    "/run/docker.sock",
+    "/run/docker",
+    "/run/podman",
+    "/run/containerd",
+    "/run/snapd.socket",
+    "/run/snapd-snap.socket",
+    "/run/systemd/private",
+    "/run/systemd/userdb",
+    "/var/run/docker.sock",
+)
+DEV_SHM_BYTES = 64 * 1024 * 1024  # as Docker's default
+NPROC_LIMIT = 4096  # processes and threads of one run (Bun alone starts ~30 threads)
 
 
 class LinuxMode(StrEnum):
@@ -58,7 +112,11 @@ class BwrapTools:
     env: str
     python: str  # runs the Landlock helper (hybrid)
     helper: str  # landlock_exec.py
-    support_dirs: tuple[Path, ...] = ()  # what python needs, bound back if it lives in /tmp
+    support_dirs: tuple[Path, ...] = ()  # what python needs, bound back if hidden
+    tmpfs_size: bool = True  # bwrap ≥ 0.8.0 understands --size
+    socket_dirs: tuple[Path, ...] = ()  # HOST_SOCKET_PLACES present here: directories
+    socket_files: tuple[Path, ...] = ()  # … and single sockets
+    nproc: int = NPROC_LIMIT  # tests use a small one
 
 
 def _find(candidates: tuple[str, ...], what: str, hint: str) -> str:
@@ -77,7 +135,49 @@ def find_tools() -> BwrapTools:
     python = os.path.realpath(sys.executable)
     prefix = Path(os.path.realpath(sys.base_prefix))
     helper = os.path.realpath(landlock_exec.__file__)
-    return BwrapTools(bwrap, env, python, helper, (prefix, Path(helper).parent))
+    dirs, files = host_socket_places()
+    return BwrapTools(
+        bwrap,
+        env,
+        python,
+        helper,
+        (prefix, Path(helper).parent),
+        tmpfs_size=bwrap_version(bwrap) >= (0, 8, 0),
+        socket_dirs=dirs,
+        socket_files=files,
+    )
+
+
+def bwrap_version(bwrap: str) -> tuple[int, ...]:
+    """`bwrap --version` as numbers; (0,) when it cannot be read."""
+    try:
+        done = subprocess.run(
+            [bwrap, "--version"],
+            capture_output=True,
+            text=True,
+            timeout=PREFLIGHT_TIMEOUT_S,
+            env={"PATH": "/usr/bin:/bin"},
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return (0,)
+    words = done.stdout.split()
+    try:
+        return tuple(int(part) for part in words[-1].split("."))
+    except (IndexError, ValueError):
+        return (0,)
+
+
+def host_socket_places() -> tuple[tuple[Path, ...], tuple[Path, ...]]:
+    """The `HOST_SOCKET_PLACES` on this machine, resolved: (directories, other entries)."""
+    dirs: list[Path] = []
+    files: list[Path] = []
+    for place in HOST_SOCKET_PLACES:
+        path = Path(os.path.realpath(place))
+        if not os.path.lexists(path) or path in dirs or path in files:
+            continue
+        (dirs if path.is_dir() else files).append(path)
+    return tuple(dirs), tuple(files)
 
 
 def choose_mode(requested: LinuxMode | None, abi: int) -> LinuxMode:
@@ -98,42 +198,83 @@ def _under_host_tmp(path: Path) -> bool:
     return is_inside(path, HOST_TMP)
 
 
+def _masked(places: tuple[Path, ...], policy: SandboxPolicy) -> list[Path]:
+    """The places to mask, less any that holds a path the run needs (a home under /run/user)."""
+    needed = [policy.home, policy.crew_home, policy.work_dir, *policy.writable_dirs]
+    needed += [*policy.read_dirs, *policy.read_files]
+    return [p for p in places if not any(is_inside(n, p) for n in needed)]
+
+
 def bwrap_argv(
-    policy: SandboxPolicy, mode: LinuxMode, tools: BwrapTools, command: list[str]
+    policy: SandboxPolicy,
+    mode: LinuxMode,
+    tools: BwrapTools,
+    command: list[str],
+    aliases: tuple[tuple[Path, bool], ...] = (),
 ) -> list[str]:
-    """The full argv that runs `command` under `policy`. Pure; nothing goes through a shell."""
+    """The full argv that runs `command` under `policy`. Pure; nothing goes through a shell.
+
+    `aliases`: other mounts showing what lies below a deny root (`mounts.alias_masks`),
+    each with "is a directory"; masked in both modes.
+    """
     deny = policy.deny_roots
     reads = [*policy.read_dirs, *policy.read_files]
     argv = [tools.env, "--ignore-signal=INT", tools.bwrap]
+    argv += ["--unshare-user", "--unshare-ipc"]
     argv += ["--ro-bind", "/", "/", "--dev", "/dev"]
-    argv += ["--unshare-pid", "--proc", "/proc", "--die-with-parent", "--cap-drop", "ALL"]
+    if tools.tmpfs_size:
+        argv += ["--size", str(DEV_SHM_BYTES)]
+    argv += ["--tmpfs", "/dev/shm"]
+    argv += ["--unshare-pid", "--proc", "/proc"]
+    for entry in PROC_READ_ONLY:
+        argv += ["--ro-bind-try", entry, entry]
+    argv += ["--die-with-parent", "--cap-drop", "ALL"]
     # The private /tmp goes first: when $HOME itself lives below /tmp (tests,
     # odd setups) what the sandbox needs from there is bound back on top of it.
     argv += ["--bind", str(policy.tmp_dir), "/tmp"]
+    socket_dirs = _masked(tools.socket_dirs, policy)
+    for place in socket_dirs:
+        argv += ["--tmpfs", str(place)]
+    for place in _masked(tools.socket_files, policy):
+        argv += ["--ro-bind", "/dev/null", str(place)]
+    # Under the host's /tmp they are hidden by the private one already.
+    shown_aliases = [(p, d) for p, d in aliases if not _under_host_tmp(p)]
+    alias_dirs = _masked(tuple(p for p, is_dir in shown_aliases if is_dir), policy)
+    for alias in alias_dirs:
+        argv += ["--tmpfs", str(alias)]
+    for alias in _masked(tuple(p for p, is_dir in shown_aliases if not is_dir), policy):
+        argv += ["--ro-bind", "/dev/null", str(alias)]
+    # The helper's interpreter and package, wherever they are hidden; never one
+    # that would bring a whole deny root back.
+    support = [p for p in tools.support_dirs if not any(is_inside(r, p) for r in deny)]
     if mode is LinuxMode.TMPFS:
         for root in deny:
             argv += ["--tmpfs", str(root)]
         shown = [p for p in reads if any(is_inside(p, r) for r in deny) or _under_host_tmp(p)]
+        shown += [p for p in support if any(is_inside(p, r) for r in deny) or _under_host_tmp(p)]
     else:
         back = [r for r in deny if _under_host_tmp(r)]
         for root in back:
             argv += ["--ro-bind", str(root), str(root)]
         shown = [p for p in reads if _under_host_tmp(p) and not any(is_inside(p, r) for r in back)]
-        shown += [p for p in tools.support_dirs if _under_host_tmp(p)]
+        shown += [p for p in support if _under_host_tmp(p)]
     for path in shown:
         argv += ["--ro-bind", str(path), str(path)]
     for path in policy.writable_dirs:
         argv += ["--bind", str(path), str(path)]
+    # Writes to a tmpfs of ours would be lost, or fill memory: make them EROFS.
     if mode is LinuxMode.TMPFS:
-        # Writes to the tmpfs itself would be silently lost: make them EROFS.
         for root in deny:
             argv += ["--remount-ro", str(root)]
     else:
         # Landlock does not mediate connect() on Unix sockets: hide them.
-        argv += ["--tmpfs", str(policy.sockets_dir)]
+        argv += ["--tmpfs", str(policy.sockets_dir), "--remount-ro", str(policy.sockets_dir)]
+    for place in [*socket_dirs, *alias_dirs]:
+        argv += ["--remount-ro", str(place)]
+    argv += ["--remount-ro", "/dev"]
     argv += ["--chdir", str(policy.work_dir), "--", tools.env, "--default-signal=INT"]
+    argv += [tools.python, "-I", "-S", tools.helper, "--seccomp", "--nproc", str(tools.nproc)]
     if mode is LinuxMode.HYBRID:
-        argv += [tools.python, "-I", "-S", tools.helper]
         for root in deny:
             argv += ["--deny", str(root)]
         for path in reads:
@@ -141,7 +282,7 @@ def bwrap_argv(
                 argv += ["--ro", str(path)]
         for path in policy.writable_dirs:
             argv += ["--rw", str(path)]
-        argv.append("--")
+    argv.append("--")
     return argv + command
 
 

@@ -44,7 +44,11 @@ EXIT_SETUP_FAILED = 126  # what `env` uses for "found but could not run"
 DEFAULT_PATH = "/bin:/usr/bin"  # os.defpath, for a command given without a slash
 
 
-class LandlockError(Exception):
+class SetupError(Exception):
+    """The helper could not confine this process; the command must not run."""
+
+
+class LandlockError(SetupError):
     """Landlock could not be applied; the command must not run."""
 
 
@@ -63,7 +67,7 @@ class _LibcFunction(_ctypes.CFuncPtr):  # a CDLL function returning long, errno 
 _libc: dict[str, _LibcFunction] = {}
 
 
-def _call(name: str, *args: int | bytes | None) -> int:
+def libc_call(name: str, *args: int | bytes | None) -> int:
     """`name(args…)` from libc. Integers go as C longs (syscall() and prctl() read
     longs), bytes as a pointer to their buffer, None as NULL."""
     function = _libc.get(name)
@@ -75,7 +79,7 @@ def _call(name: str, *args: int | bytes | None) -> int:
     return int(function(*(_Long(a) if isinstance(a, int) else a for a in args)))
 
 
-def _errno_text() -> str:
+def errno_text() -> str:
     err = _ctypes.get_errno()
     return f"{posix.strerror(err)} (errno {err})"
 
@@ -88,7 +92,7 @@ def abi() -> int:
     """The kernel's Landlock ABI version, or 0 when Landlock is unavailable."""
     if not sys.platform.startswith("linux"):
         return 0
-    return max(_call("syscall", _SYS_CREATE_RULESET, None, 0, _CREATE_RULESET_VERSION), 0)
+    return max(libc_call("syscall", _SYS_CREATE_RULESET, None, 0, _CREATE_RULESET_VERSION), 0)
 
 
 # ---- the policy ----
@@ -157,9 +161,9 @@ _S_IFDIR = 0o040000
 
 class _Ruleset:
     def __init__(self) -> None:
-        fd = _call("syscall", _SYS_CREATE_RULESET, _u64(HANDLED), 8, 0)
+        fd = libc_call("syscall", _SYS_CREATE_RULESET, _u64(HANDLED), 8, 0)
         if fd < 0:
-            raise LandlockError(f"landlock_create_ruleset failed: {_errno_text()}")
+            raise LandlockError(f"landlock_create_ruleset failed: {errno_text()}")
         self.fd = fd
 
     def allow(self, path: str, *, required: bool, is_dir: bool | None = None) -> None:
@@ -178,17 +182,17 @@ class _Ruleset:
             access = (READ_FILE | REFER) if is_dir else READ_FILE
             # struct landlock_path_beneath_attr is packed: u64 access, s32 fd (12 bytes).
             rule = _u64(access) + fd.to_bytes(4, sys.byteorder, signed=True)
-            rc = _call("syscall", _SYS_ADD_RULE, self.fd, _RULE_PATH_BENEATH, rule, 0)
+            rc = libc_call("syscall", _SYS_ADD_RULE, self.fd, _RULE_PATH_BENEATH, rule, 0)
             if rc < 0 and required:
-                raise LandlockError(f"landlock_add_rule({path!r}) failed: {_errno_text()}")
+                raise LandlockError(f"landlock_add_rule({path!r}) failed: {errno_text()}")
         finally:
             posix.close(fd)
 
     def restrict_self(self) -> None:
-        if _call("prctl", _PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-            raise LandlockError(f"prctl(PR_SET_NO_NEW_PRIVS) failed: {_errno_text()}")
-        if _call("syscall", _SYS_RESTRICT_SELF, self.fd, 0) < 0:
-            raise LandlockError(f"landlock_restrict_self failed: {_errno_text()}")
+        if libc_call("prctl", _PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise LandlockError(f"prctl(PR_SET_NO_NEW_PRIVS) failed: {errno_text()}")
+        if libc_call("syscall", _SYS_RESTRICT_SELF, self.fd, 0) < 0:
+            raise LandlockError(f"landlock_restrict_self failed: {errno_text()}")
         posix.close(self.fd)
 
 
@@ -208,27 +212,66 @@ def apply(deny: list[str], ro: list[str], rw: list[str]) -> None:
     ruleset.restrict_self()
 
 
-def parse_args(argv: list[str]) -> tuple[list[str], list[str], list[str], list[str]]:
-    """`--deny P --ro P --rw P … -- CMD…` → (deny, ro, rw, command)."""
-    lists: dict[str, list[str]] = {"--deny": [], "--ro": [], "--rw": []}
+class HelperPlan:
+    """What the helper does before exec: Landlock (when `deny` is given), rlimits, seccomp."""
+
+    __slots__ = ("command", "deny", "nproc", "ro", "rw", "seccomp")
+
+    def __init__(self) -> None:
+        self.deny: list[str] = []
+        self.ro: list[str] = []
+        self.rw: list[str] = []
+        self.seccomp = False
+        self.nproc: int | None = None
+        self.command: list[str] = []
+
+
+def parse_args(argv: list[str]) -> HelperPlan:
+    """`[--deny P --ro P --rw P …] [--seccomp] [--nproc N] -- CMD…` → the plan."""
+    plan = HelperPlan()
+    lists = {"--deny": plan.deny, "--ro": plan.ro, "--rw": plan.rw}
     i = 0
     while i < len(argv):
         flag = argv[i]
         if flag == "--":
-            command = argv[i + 1 :]
-            if not command:
-                raise LandlockError("no command given after --")
-            if not lists["--deny"]:
-                raise LandlockError("no --deny root given")
-            return lists["--deny"], lists["--ro"], lists["--rw"], command
-        if flag not in lists or i + 1 >= len(argv):
-            raise LandlockError(f"unexpected argument {flag!r}")
+            plan.command = argv[i + 1 :]
+            if not plan.command:
+                raise SetupError("no command given after --")
+            if (plan.ro or plan.rw) and not plan.deny:
+                raise LandlockError("--ro/--rw given without a --deny root")
+            return plan
+        if flag == "--seccomp":
+            plan.seccomp = True
+            i += 1
+            continue
+        if flag not in (*lists, "--nproc") or i + 1 >= len(argv):
+            raise SetupError(f"unexpected argument {flag!r}")
         value = argv[i + 1]
-        if not value.startswith("/"):
+        if flag == "--nproc":
+            if not value.isdigit() or int(value) < 1:
+                raise SetupError(f"--nproc needs a positive number, got {value!r}")
+            plan.nproc = int(value)
+        elif not value.startswith("/"):
             raise LandlockError(f"{flag} needs an absolute path, got {value!r}")
-        lists[flag].append(value)
+        else:
+            lists[flag].append(value)
         i += 2
-    raise LandlockError("missing -- before the command")
+    raise SetupError("missing -- before the command")
+
+
+_RLIMIT_CORE = 4  # the same numbers on x86-64 and arm64
+_RLIMIT_NPROC = 6
+
+
+def set_limit(resource: int, value: int) -> None:
+    """setrlimit(resource, value, value) through libc (no `resource` module under -S)."""
+    limit = _u64(value) + _u64(value)  # struct rlimit: soft, hard
+    if libc_call("setrlimit", resource, limit, 0) != 0:
+        raise SetupError(f"setrlimit({resource}, {value}) failed: {errno_text()}")
+
+
+def _machine() -> str:
+    return posix.uname().machine
 
 
 def _exec(command: list[str]) -> None:
@@ -252,13 +295,35 @@ def _exec(command: list[str]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """Apply the policy and exec the command; returns only on failure."""
+    """Confine this process as asked and exec the command; returns only on failure.
+
+    The order matters: the seccomp module is imported before Landlock may hide
+    its source; rlimits before either (setrlimit is not filtered anyway);
+    seccomp last, so nothing the helper still does is filtered but `exec`.
+    RLIMIT_NPROC counts per user namespace (bwrap gives each run a fresh
+    one), so it caps this run's processes and threads, not the user's; the
+    kernel exempts uid 0 from it. No core dumps: a crash writes nothing.
+    """
     try:
-        deny, ro, rw, command = parse_args(argv)
-        apply(deny, ro, rw)
-    except LandlockError as exc:
+        plan = parse_args(argv)
+        if plan.seccomp:
+            from sandbox_launcher import seccomp
+
+            machine = _machine()
+            seccomp.program(machine)  # unsupported machines fail before anything runs
+        set_limit(_RLIMIT_CORE, 0)
+        if plan.nproc is not None:
+            set_limit(_RLIMIT_NPROC, plan.nproc)
+        if plan.deny:
+            apply(plan.deny, plan.ro, plan.rw)
+        elif libc_call("prctl", _PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise SetupError(f"prctl(PR_SET_NO_NEW_PRIVS) failed: {errno_text()}")
+        if plan.seccomp:
+            seccomp.install(machine)
+    except SetupError as exc:
         sys.stderr.write(f"crew-landlock: {exc}; the command was not started\n")
         return EXIT_SETUP_FAILED
+    command = plan.command
     try:
         _exec(command)
     except OSError as exc:

@@ -6,6 +6,9 @@ the sandbox really started (it echoes a random nonce), an allowed write
 works, and denied writes (one in `$HOME`, one in a world-writable place
 outside the allowlist: `/var/tmp`) and a denied read (a canary below the
 crew home, and one in `$HOME` when the crew home lies elsewhere) all fail.
+On Linux also (issue 12): writing a sysctl with its own value fails, and
+live Unix sockets of the host (one in `$HOME`, one in `/run/user/<uid>`
+when it exists) cannot be connected to.
 Afterwards the host is checked: no denied file may exist.
 """
 
@@ -16,8 +19,11 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
+import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 from sandbox_launcher.backend import Backend
@@ -41,13 +47,42 @@ for canary in "$3" "$4"; do
   [ -n "$canary" ] || continue
   cat "$canary" 2>/dev/null && exit 12
 done
+sysctl="$5"
+if [ -n "$sysctl" ]; then
+  value=$(cat "$sysctl") || exit 15
+  ( printf '%s\n' "$value" > "$sysctl" ) 2>/dev/null && exit 13
+fi
+python="$6"
+shift 6
+if [ -n "$python" ] && [ "$#" -gt 0 ]; then
+  "$python" -I -S -c "$PROBE" "$@"
+  probe=$?
+  [ "$probe" -eq 0 ] || exit $((probe == 14 ? 14 : 16))
+fi
 exit 0
+"""
+# Exit 0 when no socket given could be connected to, 14 when one could.
+_SOCKET_PROBE = """
+import socket, sys
+for path in sys.argv[1:]:
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(path)
+    except OSError:
+        continue
+    sys.exit(14)
 """
 _FAILURES = {
     10: "the allowed write in the agent directory failed",
     11: "a write outside the allowlist was NOT denied",
     12: "reading a file in $HOME was NOT denied",
+    13: "writing a sysctl (/proc/sys) was NOT denied",
+    14: "connecting to a host Unix socket was NOT denied",
+    15: "a sysctl could not be read",
+    16: "the Unix socket probe could not run (the interpreter is not usable inside)",
 }
+SYSCTL = Path("/proc/sys/kernel/core_pattern")
+MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes
 
 
 def self_test(backend: Backend, home: Path, crew_home: Path) -> str | None:
@@ -58,16 +93,21 @@ def self_test(backend: Backend, home: Path, crew_home: Path) -> str | None:
     var_tmp = Path("/var/tmp")
     outside = var_tmp / f"crew-selftest-denied-{nonce}" if var_tmp.is_dir() else None
     home_canary = None if is_inside(crew_home, home) else home / f".crew-selftest-canary-{nonce}"
+    linux = backend.name == "bwrap"
     try:
-        policy = _scratch_policy(scratch, home, crew_home)
-        canary = scratch / "canary"
-        canary.write_text("canary\n")
-        if home_canary is not None:
-            home_canary.write_text("canary\n")
-        ok_file = policy.agent_dir / "ok"
-        command = ["/bin/sh", "-c", _SCRIPT, "sh", nonce, str(ok_file)]
-        command += [str(home_file), str(outside or ""), str(canary), str(home_canary or "")]
-        return _judge(backend, policy, command, nonce, ok_file, [home_file, outside])
+        with ExitStack() as listeners:
+            policy = _scratch_policy(scratch, home, crew_home)
+            canary = scratch / "canary"
+            canary.write_text("canary\n")
+            if home_canary is not None:
+                home_canary.write_text("canary\n")
+            ok_file = policy.agent_dir / "ok"
+            sockets = _live_sockets(listeners, home, nonce) if linux else []
+            sysctl = str(SYSCTL) if linux and SYSCTL.exists() else ""
+            command = ["/bin/sh", "-c", _SCRIPT, "sh", nonce, str(ok_file)]
+            command += [str(home_file), str(outside or ""), str(canary), str(home_canary or "")]
+            command += [sysctl, _PYTHON if sockets else "", *map(str, sockets)]
+            return _judge(backend, policy, command, nonce, ok_file, [home_file, outside])
     except OSError as exc:
         return f"the self-test could not prepare its files: {exc}"
     finally:
@@ -77,11 +117,37 @@ def self_test(backend: Backend, home: Path, crew_home: Path) -> str | None:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+_PYTHON = os.path.realpath(sys.executable)
+_PREFIX = Path(os.path.realpath(sys.base_prefix))
+
+
+def _live_sockets(listeners: ExitStack, home: Path, nonce: str) -> list[Path]:
+    """Listening Unix sockets where host services keep theirs: in `$HOME`, in `/run/user/<uid>`."""
+    places = [home / f".crew-st-{nonce}.sock"]
+    run_user = Path(f"/run/user/{os.getuid()}")
+    if run_user.is_dir() and os.access(run_user, os.W_OK):
+        places.append(run_user / f"crew-st-{nonce}.sock")
+    made = []
+    for path in places:
+        if len(str(path)) > MAX_SOCKET_PATH:
+            log.warning("self-test: %s is too long for a Unix socket; not probing it", path)
+            continue
+        listener = listeners.enter_context(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
+        listener.bind(str(path))
+        listeners.callback(path.unlink, missing_ok=True)
+        listener.listen(1)
+        made.append(path)
+    return made
+
+
 def _scratch_policy(scratch: Path, home: Path, crew_home: Path) -> SandboxPolicy:
     agent = scratch / "agents" / "selftest"
     runtime = scratch / "runtime" / "agents" / "selftest"
     for path in (agent / "work", runtime / "tmp", crew_home / "sockets"):
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    # The socket probe runs this interpreter: readable even when it lives in $HOME,
+    # unless its prefix would bring back a whole deny root.
+    hides = any(is_inside(root, _PREFIX) for root in (home, crew_home))
     return SandboxPolicy(
         home=home,
         crew_home=crew_home,
@@ -89,6 +155,7 @@ def _scratch_policy(scratch: Path, home: Path, crew_home: Path) -> SandboxPolicy
         runtime_dir=runtime,
         tmp_dir=runtime / "tmp",
         work_dir=agent / "work",
+        read_dirs=() if hides else (_PREFIX,),
     )
 
 
@@ -110,6 +177,7 @@ def _judge(
     denied: list[Path | None],
 ) -> str | None:
     env = {"PATH": "/usr/bin:/bin", "HOME": str(policy.agent_dir), "TMPDIR": str(policy.tmp_dir)}
+    env["PROBE"] = _SOCKET_PROBE
     try:
         process = subprocess.Popen(
             backend.argv(policy, command),

@@ -7,6 +7,7 @@ import stat
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,6 +27,8 @@ from computer_service.home import (
 )
 from computer_service.texts import MEMORY_TEMPLATE, render_agents_md
 from crew_common.layout import AgentPaths
+from tests.support.ci import required_in_ci
+from tests.support.trees import make_deep_tree
 
 
 @dataclass(frozen=True)
@@ -281,6 +284,47 @@ def test_wrapper_runs_the_interpreter_isolated(tmp_path: Path) -> None:
         check=True,
     )
     assert out.stdout == "-I|-m|crew_shim|reply|a b|$x|"
+
+
+def test_stop_removes_a_1500_level_tree_an_agent_left(tmp_path: Path) -> None:
+    """Red team escape 5: this raised RecursionError at stop, and the Computer exited 1."""
+    crew = tmp_path / "crew"
+    run = RunDirectory(crew, "r")
+    run.prepare()
+    make_deep_tree(run.path / "agents" / "a1" / "tmp" / "bomb", 1500)
+    run.remove()
+    assert not run.path.exists()
+
+
+@pytest.fixture
+def immutable_file(tmp_path: Path) -> Iterator[Path]:
+    """A file not even root can delete (`chattr +i`); made mutable again afterwards."""
+    path = tmp_path / "crew" / "runtime" / "old-run" / "agents" / "a1" / "tmp" / "stuck"
+    path.parent.mkdir(parents=True)
+    path.write_text("x")
+    done = subprocess.run(["chattr", "+i", str(path)], capture_output=True, check=False)
+    if done.returncode != 0:
+        required_in_ci("chattr +i (root, on ext4/xfs/btrfs)")
+    try:
+        yield path
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], capture_output=True, check=False)
+
+
+def test_an_undeletable_runtime_is_moved_aside_not_fatal(
+    tmp_path: Path, immutable_file: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    crew = tmp_path / "crew"
+    RunDirectory(crew, "r2").prepare()
+    assert sorted(p.name for p in (crew / "runtime").iterdir()) == ["r2"]
+    stale = [p for p in crew.iterdir() if p.name.startswith("runtime.stale-")]
+    assert len(stale) == 1 and (stale[0] / "old-run").is_dir()
+    assert "moving it aside" in caplog.text
+    # Once it can be deleted, the next start does.
+    stuck = stale[0] / immutable_file.relative_to(crew / "runtime")
+    subprocess.run(["chattr", "-i", str(stuck)], check=True)
+    RunDirectory(crew, "r3").prepare()
+    assert sorted(p.name for p in crew.iterdir()) == ["runtime"]
 
 
 def test_run_directory_refuses_symlinked_runtime(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from computer_service import safe_fs
 from computer_service.safe_fs import UnsafePath
+from tests.support.trees import make_deep_tree
 
 
 def mode_of(p: Path) -> int:
@@ -209,3 +210,38 @@ def test_clear_dir_refuses_symlinked_dir(tmp_path: Path) -> None:
     with pytest.raises(UnsafePath):
         safe_fs.clear_dir(root, "runtime")
     assert (keep / "precious").exists()
+
+
+def open_fd_count() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_tree_1500_levels_deep_is_removed_within_a_small_fd_limit(tmp_path: Path) -> None:
+    """Red team escape 5: `shutil.rmtree` raised RecursionError here and the Computer died."""
+    import resource
+    import shutil
+
+    root = tmp_path / "root"
+    make_deep_tree(root / "runtime" / "r1" / "tmp", 1500)
+    with pytest.raises(RecursionError):  # the control: what the old code met
+        shutil.rmtree(root / "runtime" / "r1" / "tmp" / "d")
+    make_deep_tree(root / "runtime" / "r2", 1500)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    # Room for what is open now and a handful more: depth must not cost descriptors.
+    resource.setrlimit(resource.RLIMIT_NOFILE, (open_fd_count() + 8, hard))
+    try:
+        safe_fs.remove_tree(root, "runtime/r1")
+        safe_fs.clear_dir(root, "runtime")
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert list((root / "runtime").iterdir()) == []
+
+
+def test_move_aside_renames_without_following(tmp_path: Path) -> None:
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "runtime").symlink_to(keep)
+    safe_fs.move_aside(root, "runtime", "runtime.stale-1")
+    assert (root / "runtime.stale-1").is_symlink() and keep.is_dir()

@@ -8,6 +8,9 @@ from pathlib import Path
 import pytest
 
 from sandbox_launcher.bwrap import (
+    DEV_SHM_BYTES,
+    NPROC_LIMIT,
+    PROC_READ_ONLY,
     BwrapTools,
     LinuxMode,
     SandboxUnavailable,
@@ -23,6 +26,8 @@ TOOLS = BwrapTools(
     python="/usr/bin/python3.11",
     helper="/opt/crew/sandbox_launcher/landlock_exec.py",
     support_dirs=(Path("/usr"), Path("/opt/crew/sandbox_launcher")),
+    socket_dirs=(Path("/run/user"), Path("/run/dbus")),
+    socket_files=(Path("/run/docker.sock"),),
 )
 CMD = ["/home/u/.opencode/bin/opencode", "run", "--model", "a/b"]
 
@@ -48,19 +53,28 @@ R = "/home/u/.crew/runtime/r1/agents/a1"
 BIN = "/home/u/.crew/runtime/r1/bin"
 PY = "/home/u/.pyenv/versions/3.11.7"
 OC = "/home/u/.opencode/bin/opencode"
+PROC_RO = [a for entry in PROC_READ_ONLY for a in ("--ro-bind-try", entry, entry)]
 HEAD = [
     "/usr/bin/env", "--ignore-signal=INT", "/usr/bin/bwrap",
+    "--unshare-user", "--unshare-ipc",
     "--ro-bind", "/", "/", "--dev", "/dev",
-    "--unshare-pid", "--proc", "/proc", "--die-with-parent", "--cap-drop", "ALL",
+    "--size", str(DEV_SHM_BYTES), "--tmpfs", "/dev/shm",
+    "--unshare-pid", "--proc", "/proc", *PROC_RO, "--die-with-parent", "--cap-drop", "ALL",
     "--bind", f"{R}/tmp", "/tmp",
+    "--tmpfs", "/run/user", "--tmpfs", "/run/dbus", "--ro-bind", "/dev/null", "/run/docker.sock",
 ]  # fmt: skip
+HELPER = [
+    "--", "/usr/bin/env", "--default-signal=INT",
+    "/usr/bin/python3.11", "-I", "-S", "/opt/crew/sandbox_launcher/landlock_exec.py",
+    "--seccomp", "--nproc", str(NPROC_LIMIT),
+]  # fmt: skip
+TAIL = ["--remount-ro", "/run/user", "--remount-ro", "/run/dbus", "--remount-ro", "/dev"]
 
 HYBRID = [
     *HEAD,
     "--bind", A, A, "--bind", R, R,
-    "--tmpfs", "/home/u/.crew/sockets",
-    "--chdir", f"{A}/work", "--", "/usr/bin/env", "--default-signal=INT",
-    "/usr/bin/python3.11", "-I", "-S", "/opt/crew/sandbox_launcher/landlock_exec.py",
+    "--tmpfs", "/home/u/.crew/sockets", "--remount-ro", "/home/u/.crew/sockets",
+    *TAIL, "--chdir", f"{A}/work", *HELPER,
     "--deny", "/home/u", "--ro", BIN, "--ro", PY, "--ro", OC, "--rw", A, "--rw", R, "--",
     *CMD,
 ]  # fmt: skip
@@ -71,7 +85,7 @@ TMPFS = [
     "--ro-bind", BIN, BIN, "--ro-bind", PY, PY, "--ro-bind", OC, OC,
     "--bind", A, A, "--bind", R, R,
     "--remount-ro", "/home/u",
-    "--chdir", f"{A}/work", "--", "/usr/bin/env", "--default-signal=INT",
+    *TAIL, "--chdir", f"{A}/work", *HELPER, "--",
     *CMD,
 ]  # fmt: skip
 
@@ -86,15 +100,9 @@ def test_argv_exact(mode: LinuxMode, expected: list[str]) -> None:
 def test_crew_home_outside_home_is_a_second_deny_root() -> None:
     p = policy(crew="/srv/crew")
     hybrid = bwrap_argv(p, LinuxMode.HYBRID, TOOLS, CMD)
-    helper = hybrid[hybrid.index("/opt/crew/sandbox_launcher/landlock_exec.py") :]
-    assert helper[:5] == [
-        "/opt/crew/sandbox_launcher/landlock_exec.py",
-        "--deny",
-        "/home/u",
-        "--deny",
-        "/srv/crew",
-    ]
-    assert helper[5:7] == ["--ro", "/srv/crew/runtime/r1/bin"]
+    helper = hybrid[hybrid.index("--deny") :]
+    assert helper[:4] == ["--deny", "/home/u", "--deny", "/srv/crew"]
+    assert helper[4:6] == ["--ro", "/srv/crew/runtime/r1/bin"]
     tmpfs = bwrap_argv(p, LinuxMode.TMPFS, TOOLS, CMD)
     pairs = list(itertools.pairwise(tmpfs))
     for root in ("/home/u", "/srv/crew"):
@@ -125,6 +133,21 @@ def test_argv_invariants(mode: LinuxMode, home: str) -> None:
         "/usr/bin/env",
         "--default-signal=INT",
     ]
+    # Every mode: own user and IPC namespaces, seccomp and a process cap in the helper.
+    assert sandbox[3:5] == ["--unshare-user", "--unshare-ipc"]
+    assert argv[argv.index("--") + 7 : argv.index("--") + 11] == [
+        "--seccomp",
+        "--nproc",
+        str(NPROC_LIMIT),
+        *(["--deny"] if mode is LinuxMode.HYBRID else ["--"]),
+    ]
+    # What uid 0 could write by mode bits is read-only; /dev only after its shm.
+    for entry in ("/proc/sys", "/proc/sysrq-trigger"):
+        i = sandbox.index(entry)
+        assert sandbox[i - 1 : i + 2] == ["--ro-bind-try", entry, entry]
+        assert sandbox.index("--proc") < i
+    assert sandbox[-4:-2] == ["--remount-ro", "/dev"]
+    assert sandbox.index("/dev/shm") < len(sandbox) - 3
     assert argv[-len(CMD) :] == CMD
     # Nothing writable but the agent's own directories.
     binds = [sandbox[i + 1] for i, a in enumerate(sandbox) if a == "--bind"]

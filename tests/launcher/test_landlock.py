@@ -9,26 +9,27 @@ from pathlib import Path
 import pytest
 
 from sandbox_launcher import landlock, landlock_exec
-from sandbox_launcher.landlock import LandlockError, minimal_roots, parse_args, sibling_grants
+from sandbox_launcher.landlock import SetupError, minimal_roots, parse_args, sibling_grants
 from tests.launcher.helpers import PYTHON
 from tests.support.ci import required_in_ci
 
 
 def test_parse_args() -> None:
-    assert parse_args(["--deny", "/h", "--ro", "/h/a", "--rw", "/h/b", "--", "cat", "x"]) == (
-        ["/h"],
-        ["/h/a"],
-        ["/h/b"],
-        ["cat", "x"],
-    )
+    plan = parse_args(["--deny", "/h", "--ro", "/h/a", "--rw", "/h/b", "--", "cat", "x"])
+    assert (plan.deny, plan.ro, plan.rw, plan.command) == (["/h"], ["/h/a"], ["/h/b"], ["cat", "x"])
+    assert (plan.seccomp, plan.nproc) == (False, None)
+    plan = parse_args(["--seccomp", "--nproc", "64", "--", "cat"])
+    assert (plan.deny, plan.seccomp, plan.nproc, plan.command) == ([], True, 64, ["cat"])
     for bad in (
         ["--deny", "/h", "cat"],
         ["--deny", "/h", "--"],
         ["--ro", "/a", "--", "cat"],
         ["--deny", "relative", "--", "cat"],
         ["--allow", "/x", "--", "cat"],
+        ["--nproc", "0", "--", "cat"],
+        ["--nproc", "many", "--", "cat"],
     ):
-        with pytest.raises(LandlockError):
+        with pytest.raises(SetupError):
             parse_args(bad)
 
 

@@ -188,9 +188,10 @@ def test_a_valid_request_becomes_the_sandboxed_engine_argv(
     argv = run.argv
     assert argv[:3] == ["/usr/bin/env", "--ignore-signal=INT", "/usr/bin/bwrap"]
     helper = argv[argv.index("/x/landlock_exec.py") :]
-    assert ["--deny", str(alice.home)] == helper[1:3]
+    assert helper[1:4] == ["--seccomp", "--nproc", "4096"]
+    assert ["--deny", str(alice.home)] == helper[4:6]
     assert ["--ro", str(interp)] == helper[helper.index(str(interp)) - 1 :][:2]
-    assert ["--ro", str(alice.bin_dir)] == helper[3:5]
+    assert ["--ro", str(alice.bin_dir)] == helper[6:8]
     engine = argv[argv.index("--", argv.index("/x/landlock_exec.py")) + 1 :]
     assert engine[0] == os.path.realpath(fake_opencode)
     assert engine[-2:] == ["--model", "local/scripted"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -15,6 +17,7 @@ from sandbox_launcher.backend import BwrapBackend, open_backend
 from sandbox_launcher.bwrap import LinuxMode
 from sandbox_launcher.policy import SandboxPolicy
 from sandbox_launcher.selftest import self_test
+from tests.support.ci import required_in_ci
 
 
 @dataclass(frozen=True)
@@ -38,9 +41,15 @@ class Rewired:
         assert self.inner is not None
         argv = self.inner.argv(policy, command)
         if self.edit == "home_not_hidden":
-            i = argv.index("--tmpfs")
-            j = argv.index("--remount-ro")
+            pairs = list(itertools.pairwise(argv))
+            i = pairs.index(("--tmpfs", str(policy.home)))
+            j = pairs.index(("--remount-ro", str(policy.home)))
             return argv[:i] + argv[i + 2 : j] + argv[j + 2 :]
+        if self.edit == "sysctl_writable":
+            i = argv.index("/proc/sys")
+            return argv[: i - 1] + argv[i + 2 :]
+        if self.edit == "unix_sockets_open":
+            return [a for a in argv if a != "--seccomp"]
         if self.edit == "root_writable":
             i = argv.index("--chdir")
             return [*argv[:i], "--bind", "/var/tmp", "/var/tmp", *argv[i:]]
@@ -60,6 +69,13 @@ def var_home() -> Iterator[Path]:
 @pytest.fixture
 def tmpfs_backend(needs_bwrap: None) -> BwrapBackend:
     backend, health = open_backend(LinuxMode.TMPFS)
+    assert isinstance(backend, BwrapBackend), health
+    return backend
+
+
+@pytest.fixture
+def hybrid_backend(needs_bwrap: None) -> BwrapBackend:
+    backend, health = open_backend(LinuxMode.HYBRID)
     assert isinstance(backend, BwrapBackend), health
     return backend
 
@@ -95,3 +111,18 @@ def test_the_real_backends_pass(
     crew = tmp_path / "crew" if crew_outside_home else isolated_home / ".crew"
     assert self_test(backend, isolated_home, crew) is None
     assert [p.name for p in crew.iterdir()] == ["sockets"]
+
+
+def test_a_writable_sysctl_fails_the_self_test(tmpfs_backend: BwrapBackend, var_home: Path) -> None:
+    if os.getuid() != 0:
+        required_in_ci("root (an ordinary user cannot write sysctls anyway)")
+    reason = self_test(Rewired(tmpfs_backend, "sysctl_writable"), var_home, var_home / ".crew")
+    assert reason is not None and "writing a sysctl (/proc/sys) was NOT denied" in reason
+
+
+def test_open_unix_sockets_fail_the_self_test(hybrid_backend: BwrapBackend, var_home: Path) -> None:
+    # hybrid: $HOME stays visible, so only seccomp stands between the agent and a socket there.
+    broken = Rewired(hybrid_backend, "unix_sockets_open", mode="hybrid")
+    reason = self_test(broken, var_home, var_home / ".crew")
+    assert reason is not None and "connecting to a host Unix socket was NOT denied" in reason
+    assert not list(var_home.glob(".crew-st-*"))

@@ -1,0 +1,172 @@
+"""A seccomp filter for everything an engine starts, assembled here as classic BPF.
+
+What it denies, and why (issue 12; the same calls sandbox-runtime and Codex
+deny on Linux):
+
+- `socket(AF_UNIX, …)`: Landlock does not govern `connect()`, so without this
+  an agent reaches the user's ssh-agent, gpg-agent, the D-Bus session bus
+  (→ `systemd-run --user` runs anything unsandboxed) and docker/podman. The
+  path of a `connect()` is out of a filter's reach, so, as sandbox-runtime
+  does, new Unix sockets are refused outright; `socketpair()` (pipes between
+  a process and its children: Bun, Node, Python subprocesses) stays allowed.
+  Abstract sockets need `socket(AF_UNIX)` too, so they are covered as well.
+- `socket(AF_VSOCK, …)`: the hypervisor's side of a VM.
+- `unshare`/`clone` with `CLONE_NEWUSER`: a nested user namespace gives back
+  every capability over new namespaces (kernel attack surface). `clone3`
+  passes its flags behind a pointer a filter cannot read: it answers ENOSYS,
+  and libc falls back to `clone` (Docker's default profile does the same).
+- `keyctl`, `add_key`, `request_key`: the kernel keyring is shared with the
+  user's session (Kerberos tickets, ecryptfs keys).
+- `io_uring_*`: its operations (socket, connect, …) bypass this filter.
+- Any other architecture (i386 or x32 calls from an x86-64 process would
+  reach `socketcall` and friends unchecked): the process is killed.
+
+The program is pure data (`program`, table-tested); `install` loads it into
+the calling process. It runs inside bwrap from our helper
+(`landlock_exec.py`, which imports only built-in modules), so this module
+uses `posix` and `_ctypes` only.
+"""
+
+import _ctypes
+import sys
+
+from sandbox_launcher.landlock import SetupError, errno_text, libc_call
+
+# struct sock_filter opcodes (linux/bpf_common.h)
+_LD_W_ABS = 0x20
+_JEQ_K = 0x15
+_JGE_K = 0x35
+_JSET_K = 0x45
+_RET_K = 0x06
+
+RET_ALLOW = 0x7FFF0000
+RET_KILL_PROCESS = 0x80000000
+_RET_ERRNO = 0x00050000
+EPERM = 1
+ENOSYS = 38
+
+AF_UNIX = 1
+AF_VSOCK = 40
+CLONE_NEWUSER = 0x10000000
+_X32_SYSCALL_BIT = 0x40000000
+
+_PR_SET_SECCOMP = 22
+_SECCOMP_MODE_FILTER = 2
+
+# (audit arch, syscall numbers) per machine; numbers from the kernel's syscall tables.
+_ARCHES: dict[str, tuple[int, dict[str, int]]] = {
+    "x86_64": (
+        0xC000003E,
+        {
+            "socket": 41,
+            "clone": 56,
+            "unshare": 272,
+            "clone3": 435,
+            "add_key": 248,
+            "request_key": 249,
+            "keyctl": 250,
+            "io_uring_setup": 425,
+            "io_uring_enter": 426,
+            "io_uring_register": 427,
+        },
+    ),
+    "aarch64": (
+        0xC00000B7,
+        {
+            "socket": 198,
+            "clone": 220,
+            "unshare": 97,
+            "clone3": 435,
+            "add_key": 217,
+            "request_key": 218,
+            "keyctl": 219,
+            "io_uring_setup": 425,
+            "io_uring_enter": 426,
+            "io_uring_register": 427,
+        },
+    ),
+}
+DENIED_OUTRIGHT = (
+    "add_key",
+    "request_key",
+    "keyctl",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+)
+DENIED_SOCKET_FAMILIES = (AF_UNIX, AF_VSOCK)
+
+
+class SeccompUnsupported(SetupError):
+    """This machine's architecture has no filter here; the command must not run."""
+
+
+def supported_machines() -> tuple[str, ...]:
+    """The `uname -m` values a filter exists for."""
+    return tuple(_ARCHES)
+
+
+def program(machine: str) -> bytes:
+    """The filter for `machine` as packed `struct sock_filter`s (8 bytes each)."""
+    if machine not in _ARCHES:
+        raise SeccompUnsupported(f"no seccomp filter for the {machine} architecture")
+    arch, nr = _ARCHES[machine]
+    # struct seccomp_data: int nr; u32 arch; u64 ip; u64 args[6]. The kernel reads
+    # socket's domain and clone's flags as ints: their low 32 bits are what counts.
+    arg0 = 16 if sys.byteorder == "little" else 20
+    # (opcode, jump-if-true label, jump-if-false label, k); labels resolve below.
+    code: list[tuple[int, str | None, str | None, int]] = [
+        (_LD_W_ABS, None, None, 4),  # arch
+        (_JEQ_K, None, "kill", arch),
+        (_LD_W_ABS, None, None, 0),  # syscall number
+    ]
+    if machine == "x86_64":
+        code.append((_JGE_K, "kill", None, _X32_SYSCALL_BIT))
+    code += [(_JEQ_K, "eperm", None, nr[name]) for name in DENIED_OUTRIGHT]
+    code += [
+        (_JEQ_K, "enosys", None, nr["clone3"]),
+        (_JEQ_K, "socket", None, nr["socket"]),
+        (_JEQ_K, "flags", None, nr["clone"]),
+        (_JEQ_K, "flags", None, nr["unshare"]),
+        (_RET_K, None, None, RET_ALLOW),
+    ]
+    labels = {"socket": len(code)}
+    code.append((_LD_W_ABS, None, None, arg0))
+    code += [(_JEQ_K, "eperm", None, family) for family in DENIED_SOCKET_FAMILIES]
+    code.append((_RET_K, None, None, RET_ALLOW))
+    labels["flags"] = len(code)
+    code += [
+        (_LD_W_ABS, None, None, arg0),
+        (_JSET_K, "eperm", None, CLONE_NEWUSER),
+        (_RET_K, None, None, RET_ALLOW),
+    ]
+    for label, k in (
+        ("eperm", _RET_ERRNO | EPERM),
+        ("enosys", _RET_ERRNO | ENOSYS),
+        ("kill", RET_KILL_PROCESS),
+    ):
+        labels[label] = len(code)
+        code.append((_RET_K, None, None, k))
+    out = bytearray()
+    for index, (op, jt, jf, k) in enumerate(code):
+        # Classic BPF jumps only forward, by an offset from the next instruction.
+        offsets = [0 if target is None else labels[target] - index - 1 for target in (jt, jf)]
+        if not all(0 <= o < 256 for o in offsets):
+            raise AssertionError(f"jump out of range at instruction {index}")
+        out += op.to_bytes(2, sys.byteorder) + bytes(offsets) + k.to_bytes(4, sys.byteorder)
+    return bytes(out)
+
+
+class _Byte(_ctypes._SimpleCData):  # ctypes.c_ubyte
+    _type_ = "B"
+
+
+def install(machine: str) -> None:
+    """Load the filter into this process (and so everything it execs). Needs no_new_privs."""
+    filters = program(machine)
+    buffer = (_Byte * len(filters)).from_buffer_copy(filters)
+    # struct sock_fprog: unsigned short len, padding, struct sock_filter *filter
+    fprog = (len(filters) // 8).to_bytes(2, sys.byteorder) + bytes(6)
+    fprog += _ctypes.addressof(buffer).to_bytes(8, sys.byteorder)
+    if libc_call("prctl", _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, fprog, 0, 0) != 0:
+        raise SetupError(f"installing the seccomp filter failed: {errno_text()}")
