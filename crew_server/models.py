@@ -173,7 +173,10 @@ class TurnEvent(BaseModel):
     index: Count | None = None
     type: EventType
     at: Time
-    data: dict[str, Any]
+    data: dict[str, Any] = Field(
+        description="any JSON object; integers must fit in 64 bits (signed), or the batch "
+        "is refused with 422"
+    )
 
 
 class EventsBatch(Request):
@@ -298,7 +301,9 @@ class ReminderCreate(Request):
 
     room_id: Uuid
     title: Title
-    at: Time | None = None
+    at: Time | None = Field(
+        default=None, description="a one-off time; a time already past fires at once"
+    )
     every: Annotated[int, Field(ge=900, le=366 * 86_400), _INTEGRAL] | None = None
     daily: HHMM | None = None
     weekly: Weekly | None = None
