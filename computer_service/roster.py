@@ -22,10 +22,11 @@ import anyio
 from anyio.abc import TaskGroup
 
 from computer_service.engine.base import Engine
+from computer_service.gate import TurnGate
 from computer_service.introspection import AgentDetail, AgentRow, TurnSummary
 from computer_service.metrics import Metrics
 from computer_service.parts_protocol import AgentPreparationFailed, Parts
-from computer_service.runner import Runner, TurnGate
+from computer_service.runner import Runner
 from computer_service.upstream import AgentRecord, Superseded, Upstream, UpstreamError
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""One serial `Runner` per agent, and the `TurnGate` that caps concurrent turns.
+"""One serial `Runner` per agent (the `TurnGate` in `gate.py` caps concurrent turns).
 
 A runner sleeps until woken, then runs one turn (computer.md §2): claim the
 unread messages, build the input, register the turn, run the engine with a
@@ -13,8 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -34,6 +33,7 @@ from computer_service.engine.base import (
     Usage,
 )
 from computer_service.engine.failures import ReplyAttempts
+from computer_service.gate import TurnGate
 from computer_service.metrics import Metrics
 from computer_service.reporter import RunReporter
 from computer_service.upstream import (
@@ -85,81 +85,6 @@ class AgentWorkspace(Protocol):
     def save_session(self, session_id: str, model: str) -> None:
         """Record the session a succeeded turn used (raises on failure)."""
         ...
-
-
-class TurnGate:
-    """At most `capacity` turns at once; the others wait in FIFO order (`queued`)."""
-
-    def __init__(self, capacity: int) -> None:
-        if capacity < 1:
-            raise ValueError("capacity must be at least 1")
-        self.capacity = capacity
-        self.running = 0
-        self.peak = 0
-        self._waiters: deque[anyio.Event] = deque()
-
-    @property
-    def queued(self) -> int:
-        """How many turns wait for a slot."""
-        return len(self._waiters)
-
-    @asynccontextmanager
-    async def slot(self, abort: anyio.Event | None = None) -> AsyncIterator[bool]:
-        """Hold one slot for the body (True); wait in line when all are taken.
-
-        When `abort` is set while waiting, leave the line at once: the body
-        runs with False and no slot (a stopped turn does not wait its turn).
-        """
-        held = await self._acquire(abort)
-        try:
-            yield held
-        finally:
-            if held:
-                self._release()
-
-    async def _acquire(self, abort: anyio.Event | None) -> bool:
-        if self.running < self.capacity and not self._waiters:
-            self._take()
-            return True
-        if abort is not None and abort.is_set():
-            return False
-        granted = anyio.Event()
-        self._waiters.append(granted)
-        try:
-            if abort is None:
-                await granted.wait()
-            else:
-                async with anyio.create_task_group() as waiting:
-
-                    async def give_up() -> None:
-                        await abort.wait()
-                        waiting.cancel_scope.cancel()
-
-                    waiting.start_soon(give_up)
-                    await granted.wait()
-                    waiting.cancel_scope.cancel()
-        except BaseException:
-            # Cancelled in line: leave the line, or pass on a slot handed over meanwhile.
-            if granted.is_set():
-                self._release()
-            else:
-                self._waiters.remove(granted)
-            raise
-        if granted.is_set():
-            return True
-        self._waiters.remove(granted)
-        return False
-
-    def _take(self) -> None:
-        self.running += 1
-        self.peak = max(self.peak, self.running)
-
-    def _release(self) -> None:
-        if self._waiters:
-            # Hand the slot straight to the next in line: `running` stays the same.
-            self._waiters.popleft().set()
-        else:
-            self.running -= 1
 
 
 @dataclass

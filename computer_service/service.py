@@ -26,6 +26,7 @@ import anyio
 
 from computer_service.bootstrap import Bootstrap
 from computer_service.event_stream import SUPERSEDED, Backoff, EventStream
+from computer_service.gate import TurnGate
 from computer_service.home_lock import CrewHomeBusy, CrewHomeLock
 from computer_service.introspection import (
     AgentDetail,
@@ -40,7 +41,6 @@ from computer_service.introspection import (
 from computer_service.metrics import Metrics
 from computer_service.parts_protocol import LauncherStatus, ModelsFailed, Parts, StartupFailed
 from computer_service.roster import Roster
-from computer_service.runner import TurnGate
 from computer_service.upstream import Superseded, Upstream, UpstreamError, UpstreamUnavailable
 from crew_common.unix_socket import SocketInUse
 

@@ -12,9 +12,10 @@ from typing import Any
 import anyio
 import httpx
 
+from computer_service.gate import TurnGate
 from computer_service.home import AgentHome
 from computer_service.metrics import Metrics
-from computer_service.runner import Runner, TurnGate
+from computer_service.runner import Runner
 from computer_service.upstream import Upstream
 from crew_common.layout import AgentPaths
 from crew_testkit.scripted import ScriptedEngine

@@ -26,8 +26,9 @@ from computer_service.engine.base import (
     TurnRequest,
     TurnResult,
 )
+from computer_service.gate import TurnGate
 from computer_service.metrics import Metrics
-from computer_service.runner import Runner, TurnGate
+from computer_service.runner import Runner
 from computer_service.upstream import AgentRecord, UnreadRoom, Upstream
 from crew_testkit.scripted import AT, ScriptedEngine, blocking, succeed
 from crew_testkit.waiting import wait_until_async

@@ -5,7 +5,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from computer_service.runner import TurnGate
+from computer_service.gate import TurnGate
 
 pytestmark = pytest.mark.anyio
 
