@@ -56,6 +56,8 @@ def report(result: StormResult) -> None:
     print(f"  turns                    {sum(result.turns.values()):6d}   ({turns})")
     print(f"  wall time                {result.wall_s:6.1f} s  (first post → every message "
           f"answered or set aside{'' if result.quiet else ': NOT REACHED, timed out'})")  # fmt: skip
+    if result.recovery_s is not None:
+        print(f"  last fault over → quiet  {result.recovery_s:6.1f} s")
     print(f"  crew-computer exit       {result.computer_exit}")
     allowed = sum(n for k, n in result.repeats_by_fault().items() if k == "computer")
     verdict = "met" if not result.lost and allowed == len(twice) else "NOT met"
@@ -73,13 +75,15 @@ def main() -> None:
                         help=f"comma-separated, of {','.join(FAULT_KINDS)}; empty for none")  # fmt: skip
     parser.add_argument("--rate", type=float, default=8.0, help="user messages per second")
     parser.add_argument("--every", type=float, default=8.0, help="mean seconds between faults")
+    parser.add_argument("--think", type=float, default=0.5, help="engine seconds before replying")
+    parser.add_argument("--linger", type=float, default=0.5, help="engine seconds after replying")
     parser.add_argument("--keep", type=Path, default=Path("/tmp/storm-logs"),
                         help="where the logs of a storm that lost messages are copied")  # fmt: skip
     args = parser.parse_args()
     faults = tuple(k for k in args.faults.split(",") if k)
     plan = StormPlan(
         messages=args.messages, agents=args.agents, seed=args.seed, faults=faults,
-        rate=args.rate, fault_every_s=args.every,
+        rate=args.rate, fault_every_s=args.every, think_s=args.think, linger_s=args.linger,
     )  # fmt: skip
     result = run_storm(plan, keep_on_loss=args.keep)
     report(result)

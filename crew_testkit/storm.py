@@ -51,31 +51,32 @@ REPLY = re.compile(r"answered:((?: +m\d{5,})*) *")
 SET_ASIDE = re.compile(r"could not handle .* and set (it|them) aside")
 
 
-def answer_command(room_id: str) -> str:
+def answer_command(room_id: str, think_s: float = 0.0, linger_s: float = 0.0) -> str:
     """The shell line the fake engine runs in a turn: one reply naming every token it got.
 
     The engine's input is in its own dump (`.fake-opencode/<n>.json`, the newest by
     number). A HELD answer lists the messages that came meanwhile (now delivered to
     the agent): their tokens are added and the reply sent again; the third attempt
     is always posted (the server's HELD bound). Any other refusal ends the turn with
-    the refusal standing, so the Computer retries the messages.
+    the refusal standing, so the Computer retries the messages. The engine works
+    `think_s` before it replies and `linger_s` after (a fault may strike in either).
     """
     tokens = "grep -o '{{m[0-9]*}}' | tr -d '{}' | sort -u | tr '\\n' ' '"
     return (
-        "d=.fake-opencode; f=$d/$(ls $d | grep -F .json | sort -n | tail -n 1); "
+        f"sleep {think_s:g}; d=.fake-opencode; f=$d/$(ls $d | grep -F .json | sort -n | tail -n 1); "
         f"ids=$(cat $f | {tokens}); "
         "for t in 1 2 3; do "
         f'out=$(echo "answered: $ids" | crew reply {room_id}); rc=$?; '
         "[ $rc -eq 0 ] && break; "
         'case "$out" in "Not sent:"*) ;; *) break;; esac; '
         f'ids="$ids $(echo "$out" | {tokens})"; '
-        'done; echo "$out"; exit $rc'
+        f'done; echo "$out"; sleep {linger_s:g}; exit $rc'
     )
 
 
-def message_body(number: int, handle: str, room_id: str) -> str:
+def message_body(number: int, handle: str, command: str) -> str:
     """A storm message: its token on the first line, the engine's instruction on the second."""
-    return f"storm message {{{{m{number:05d}}}}} for @{handle}\nFAKE:RUN {answer_command(room_id)}"
+    return f"storm message {{{{m{number:05d}}}}} for @{handle}\nFAKE:RUN {command}"
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,8 @@ class StormPlan:
     fault_counts: Mapping[str, int] | None = None  # exact counts per kind, overriding the gap
     disk_window_s: float = 3.0
     disk_mb: int = 64
+    think_s: float = 0.5  # the engine's work before its reply
+    linger_s: float = 0.5  # and after it, before the turn ends
     quiet_timeout_s: float = 150.0
 
     def posting_s(self) -> float:
@@ -161,6 +164,7 @@ class StormResult:
     quiet: bool
     computer_exit: int | None
     notes: list[str]
+    recovery_s: float | None = None  # the last fault over → quiet
     kept: Path | None = None  # logs kept for a storm that lost messages
 
     @property
@@ -316,6 +320,9 @@ class Storm:
         )
         quiet = self._wait_quiet()
         wall = time.monotonic() - t0
+        recovery = None
+        if quiet and self.faults and self.faults[-1].ended is not None:
+            recovery = (datetime.now(UTC) - self.faults[-1].ended).total_seconds()
         code = self.computer.stop()
         fates = self.account()
         turns: Counter[str] = Counter()
@@ -323,7 +330,7 @@ class Storm:
             turns.update(t["status"] for t in self._turns(agent_id))
         return StormResult(
             self.plan, fates, self.faults, self.posted, self.post_refusals, turns, wall,
-            quiet, code, self.notes,
+            quiet, code, self.notes, recovery,
         )  # fmt: skip
 
     def _guard(self, work: Callable[[], None]) -> None:
@@ -343,7 +350,8 @@ class Storm:
             while self.posted < self.plan.messages and not self._stop.is_set():
                 number += 1
                 _, handle, room_id = self.rooms[rng.randrange(len(self.rooms))]
-                body = message_body(number, handle, room_id)
+                command = answer_command(room_id, self.plan.think_s, self.plan.linger_s)
+                body = message_body(number, handle, command)
                 try:
                     answer = client.post(
                         f"/api/rooms/{room_id}/messages", json={"body": body, "thread_of": None}
