@@ -56,8 +56,8 @@ def report(result: StormResult) -> None:
     print(f"  turns                    {sum(result.turns.values()):6d}   ({turns})")
     print(f"  wall time                {result.wall_s:6.1f} s  (first post → every message "
           f"answered or set aside{'' if result.quiet else ': NOT REACHED, timed out'})")  # fmt: skip
-    if result.recovery_s is not None:
-        print(f"  last fault over → quiet  {result.recovery_s:6.1f} s")
+    if result.drain_s is not None:
+        print(f"  last post → quiet        {result.drain_s:6.1f} s")
     print(f"  crew-computer exit       {result.computer_exit}")
     allowed = sum(n for k, n in result.repeats_by_fault().items() if k == "computer")
     verdict = "met" if not result.lost and allowed == len(twice) else "NOT met"

@@ -164,7 +164,7 @@ class StormResult:
     quiet: bool
     computer_exit: int | None
     notes: list[str]
-    recovery_s: float | None = None  # the last fault over → quiet
+    drain_s: float | None = None  # the last post → quiet
     kept: Path | None = None  # logs kept for a storm that lost messages
 
     @property
@@ -311,6 +311,7 @@ class Storm:
         poster.start()
         striker.start()
         poster.join()
+        self._posting_ended = time.monotonic()
         striker.join()
         if self._errors:
             raise self._errors[0]
@@ -320,9 +321,7 @@ class Storm:
         )
         quiet = self._wait_quiet()
         wall = time.monotonic() - t0
-        recovery = None
-        if quiet and self.faults and self.faults[-1].ended is not None:
-            recovery = (datetime.now(UTC) - self.faults[-1].ended).total_seconds()
+        drain = time.monotonic() - self._posting_ended if quiet else None
         code = self.computer.stop()
         fates = self.account()
         turns: Counter[str] = Counter()
@@ -330,7 +329,7 @@ class Storm:
             turns.update(t["status"] for t in self._turns(agent_id))
         return StormResult(
             self.plan, fates, self.faults, self.posted, self.post_refusals, turns, wall,
-            quiet, code, self.notes, recovery,
+            quiet, code, self.notes, drain,
         )  # fmt: skip
 
     def _guard(self, work: Callable[[], None]) -> None:
