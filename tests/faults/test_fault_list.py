@@ -31,6 +31,9 @@ FAULTS: dict[str, list[str]] = {
         "tests/faults/test_stranded_messages.py::test_a_launcher_killed_mid_turn_leaves_no_message_unanswered",
         "tests/computer/test_parts.py::test_a_run_waits_for_the_launcher_being_replaced",
     ],
+    "a storm of messages while the launcher, the server and its disk fail at random: nothing lost": [
+        "tests/faults/test_storm_smoke.py::test_a_small_storm_with_a_launcher_kill_and_a_server_restart_loses_nothing",
+    ],
     "a hostile agent: ~/.ssh, ~/.bashrc, another agent's token, both sockets, signals, leftovers, links, FIFO": [
         "tests/faults/test_hostile_agent.py::test_hostile_agent_is_contained_and_the_other_agent_carries_on",
         "tests/faults/test_hostile_agent.py::test_a_planted_session_id_does_not_wedge_the_agent",
