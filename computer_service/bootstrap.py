@@ -9,6 +9,8 @@ from typing import Annotated, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator
 
+from computer_service.delivery import RETRY_BASE_S
+
 MAX_BOOTSTRAP_BYTES = 64 * 1024
 
 
@@ -28,6 +30,9 @@ class Bootstrap(BaseModel):
     max_concurrent_turns: Annotated[int, Strict()] | None = Field(default=None, ge=1, le=1024)
     opencode_path: Path | None = None
     sandbox_mode: Literal["hybrid", "tmpfs"] | None = None
+    # The first wait before a failed turn is tried again (doubling to 5 min). Tests
+    # shorten it; an app has no reason to set it.
+    retry_base_s: float = Field(default=RETRY_BASE_S, gt=0, le=300)
 
     @field_validator("server_url")
     @classmethod

@@ -21,6 +21,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
+from computer_service.delivery import RETRY_BASE_S
 from computer_service.engine.base import Engine
 from computer_service.gate import TurnGate
 from computer_service.introspection import AgentDetail, AgentRow, TurnSummary
@@ -47,10 +48,13 @@ class Roster:
         metrics: Metrics,
         publish: Callable[[str, dict[str, Any]], None],
         superseded: Callable[[], None] = lambda: None,
+        retry_base_s: float = RETRY_BASE_S,
     ) -> None:
         self.upstream = upstream
         # Called when the server says a newer connection replaced this Computer.
         self._superseded = superseded
+        # The first wait of a runner's retries after a failed turn (bootstrap `retry_base_s`).
+        self._retry_base_s = retry_base_s
         self.parts = parts
         self.gate = gate
         self.metrics = metrics
@@ -163,6 +167,7 @@ class Roster:
             metrics=self.metrics,
             publish=self._publish,
             on_superseded=self._superseded,
+            retry_base_s=self._retry_base_s,
         )
         self.runners[agent.id] = runner
         assert self._group is not None, "runners are added only inside `running()`"

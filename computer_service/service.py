@@ -78,6 +78,7 @@ class ComputerService:
             metrics=self.metrics,
             publish=self.bus.publish,
             superseded=lambda: self._fail(SUPERSEDED),
+            retry_base_s=bootstrap.retry_base_s,
         )
         self.events = EventStream(self.upstream, self.roster, fail=self._fail)
         self.ready = False

@@ -37,6 +37,10 @@ Behaviour is chosen by markers in the turn input (any line), else by
 - `FAKE:HUGELINE`      step_start, then one text event line of 9 MiB (over the 8 MiB output cap)
 - `FAKE:BADTEXT`       a text event whose JSON string holds invalid UTF-8 bytes, then finish
 - `FAKE:ONCE <marker>` the first run in this work dir behaves as `FAKE:<marker>`, later ones as OK
+- `FAKE:TIMES <n> <marker>` the first n runs in this work dir behave as `FAKE:<marker>`, later
+                       ones as OK
+- `FAKE:RUNS <cmd> ;; <cmd> …` each command in turn as its own bash tool call (`FAKE:RUN`
+                       for several), then a text step
 - `FAKE:HOSTILE <json>` a hostile agent (tests/faults): tries what the sandbox must deny and
                        writes what happened to `$HOME/hostile-<phase>.json` (see `hostile`)
 """
@@ -276,6 +280,19 @@ def run_mode(out: Out, name: str, arg: str) -> int:
         else:
             open(flag, "w").close()
             name, _, arg = arg.partition(" ")
+    if name == "TIMES":
+        times, _, rest = arg.partition(" ")
+        counter = os.path.join(os.environ.get("PWD") or os.getcwd(), ".fake-opencode", "times-done")
+        done = 0
+        if os.path.exists(counter):
+            with open(counter) as f:
+                done = int(f.read())
+        if done >= int(times):
+            name, arg = "OK", ""
+        else:
+            with open(counter, "w") as f:
+                f.write(str(done + 1))
+            name, _, arg = rest.partition(" ")
     if name == "HUGELINE":
         out.step_start()
         out.text("z" * (9 * 1024 * 1024))
@@ -359,6 +376,15 @@ def run_mode(out: Out, name: str, arg: str) -> int:
             ["/bin/sh", "-c", arg], capture_output=True, text=True, stdin=subprocess.DEVNULL
         )
         out.tool(arg, proc.stdout + proc.stderr, proc.returncode, start)
+        out.step_finish(reason="tool-calls")
+    if name == "RUNS":
+        out.step_start()
+        for command in arg.split(" ;; "):
+            start = now_ms()
+            proc = subprocess.run(
+                ["/bin/sh", "-c", command], capture_output=True, text=True, stdin=subprocess.DEVNULL
+            )
+            out.tool(command, proc.stdout + proc.stderr, proc.returncode, start)
         out.step_finish(reason="tool-calls")
     if name == "TOOL":
         out.step_start()

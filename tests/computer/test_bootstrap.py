@@ -17,6 +17,7 @@ def test_valid_bootstrap_with_defaults(monkeypatch: pytest.MonkeyPatch, tmp_path
     assert boot.server_url == "http://127.0.0.1:8765"
     assert boot.resolved_crew_home() == tmp_path / "ch"
     assert boot.turn_capacity() >= 2
+    assert boot.retry_base_s == 5.0
     assert SECRET not in repr(
         parse_bootstrap(f'{{"server_url":"http://x","token":"{SECRET}"}}'.encode())
     )
@@ -25,11 +26,13 @@ def test_valid_bootstrap_with_defaults(monkeypatch: pytest.MonkeyPatch, tmp_path
 def test_explicit_fields() -> None:
     boot = parse_bootstrap(
         b'{"server_url":"https://crew.example","token":"t","crew_home":"/tmp/x",'
-        b'"max_concurrent_turns":3,"opencode_path":"/bin/oc","sandbox_mode":"tmpfs"}'
+        b'"max_concurrent_turns":3,"opencode_path":"/bin/oc","sandbox_mode":"tmpfs",'
+        b'"retry_base_s":0.25}'
     )
     assert boot.resolved_crew_home() == Path("/tmp/x")
     assert boot.turn_capacity() == 3
     assert boot.sandbox_mode == "tmpfs"
+    assert boot.retry_base_s == 0.25
 
 
 @pytest.mark.parametrize(
@@ -48,6 +51,10 @@ def test_explicit_fields() -> None:
         (
             f'{{"server_url": "http://x", "token": "{SECRET}", "sandbox_mode": "none"}}'.encode(),
             "sandbox_mode",
+        ),
+        (
+            f'{{"server_url": "http://x", "token": "{SECRET}", "retry_base_s": 0}}'.encode(),
+            "retry_base_s",
         ),
         (b"{" * 70000, "over"),
     ],

@@ -34,6 +34,23 @@ FAULTS: dict[str, list[str]] = {
     "a storm of messages while the launcher, the server and its disk fail at random: nothing lost": [
         "tests/faults/test_storm_smoke.py::test_a_small_storm_with_a_launcher_kill_and_a_server_restart_loses_nothing",
     ],
+    "a message whose turn fails every time: set aside after 3 attempts, later ones answered": [
+        "tests/faults/test_poison_message.py::test_a_message_failing_every_turn_is_set_aside_and_the_later_ones_are_answered",
+    ],
+    "an environment failure (not logged in): the message is kept and retried by itself": [
+        "tests/faults/test_poison_message.py::test_an_environment_failure_keeps_the_message_and_retries_it_by_itself",
+        "tests/faults/test_stranded_messages.py::test_a_launcher_killed_mid_turn_leaves_no_message_unanswered",
+    ],
+    "the agent's crew reply is refused: the turn fails as reply_refused, the message comes back": [
+        "tests/faults/test_reply_refused.py::test_a_reply_refused_every_time_fails_the_turn_and_the_message_comes_back",
+        "tests/faults/test_reply_refused.py::test_a_refused_reply_sent_again_successfully_is_a_success",
+    ],
+    "the server dies while a turn's last events are on the way: the lost tail is a gap": [
+        "tests/faults/test_lost_tail.py::test_events_lost_while_the_server_was_down_are_a_gap_at_the_end_of_the_turn",
+    ],
+    "steady traffic in a group: a reply is held at most twice, nothing read unseen or lost": [
+        "tests/faults/test_held_storm.py::test_a_reply_under_steady_traffic_is_held_at_most_twice_and_nothing_is_lost",
+    ],
     "a hostile agent: ~/.ssh, ~/.bashrc, another agent's token, both sockets, signals, leftovers, links, FIFO": [
         "tests/faults/test_hostile_agent.py::test_hostile_agent_is_contained_and_the_other_agent_carries_on",
         "tests/faults/test_hostile_agent.py::test_a_planted_session_id_does_not_wedge_the_agent",
