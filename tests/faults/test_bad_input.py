@@ -288,12 +288,14 @@ def test_broken_engine_output_is_recorded_and_a_line_over_the_cap_loses_nothing(
             assert (delivered, read) == (huge["seq"], huge["seq"] - 1)
             assert c.proc.poll() is None
 
-            # The next wake-up handles that message again, with the new one.
+            # The runner tries that message again by itself, alone (a content failure
+            # narrows the claim to the oldest message); the new one follows in its own turn.
             crew_server.post(dm["id"], "are you still there?")
-            *_, again = finished(crew_server, agent["id"], 4)
-            assert again["status"] == "succeeded", again
+            *_, again, after = finished(crew_server, agent["id"], 5)
+            assert (again["status"], after["status"]) == ("succeeded", "succeeded")
             text = crew_server.turn(again["id"])["input"]
-            assert "FAKE:ONCE HUGELINE" in text and "are you still there?" in text
+            assert "FAKE:ONCE HUGELINE" in text and "are you still there?" not in text
+            assert "are you still there?" in crew_server.turn(after["id"])["input"]
             delivered, read = read_positions(crew_server, agent["id"])[dm["id"]]
             assert read == delivered == huge["seq"] + 1
         finally:

@@ -140,10 +140,11 @@ def test_hostile_agent_is_contained_and_the_other_agent_carries_on(
             session_file = evil_dir / "engines" / "opencode" / "session.json"
             assert stat.S_ISFIFO(session_file.lstat().st_mode)
 
-            # The next turn (its message comes back with the new one) meets the FIFO: no
-            # record, a new session, no hang. Then it swaps its directories for links.
-            crew_server.post(evil_dm["id"], "go on")
+            # The runner tries its message again by itself (a failed turn keeps it): that
+            # turn meets the FIFO: no record, a new session, no hang. Then it swaps its
+            # directories for links.
             _, linked = finished(crew_server, evil["id"], 2)
+            assert "FAKE:HOSTILE" in crew_server.turn(linked["id"])["input"]
             swapped = orjson.loads((evil_dir / "hostile-links.json").read_bytes())
             assert swapped["link_work"]["worked"] and swapped["link_engine_dir"]["worked"]
             evil_runs = _dumps(evil_dir / "work.old")
