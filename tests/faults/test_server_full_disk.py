@@ -183,6 +183,8 @@ def test_an_ack_refused_by_a_full_disk_is_made_again_once_space_returns(
                 assert _agent_replies(server, dm["id"]) == ["answer"]
                 succeeded = [t for t in server.turns(agent["id"]) if t["status"] == "succeeded"]
                 assert len(succeeded) == 1, server.turns(agent["id"])
+                # The turn whose ack and finish were refused is not left `running`.
+                assert all(t["status"] != "running" for t in server.turns(agent["id"]))
                 assert "answer, then wait" in server.turn(succeeded[0]["id"])["input"]
                 assert c.proc.poll() is None
             finally:
