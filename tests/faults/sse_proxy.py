@@ -131,7 +131,7 @@ class SSEProxy:
 
 
 def _passed_on(request: Request) -> dict[str, str]:
-    kept = ("authorization", "content-type", "last-event-id")
+    kept = ("authorization", "content-type", "last-event-id", "crew-epoch")
     return {k: v for k, v in request.headers.items() if k.lower() in kept}
 
 
