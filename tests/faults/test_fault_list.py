@@ -59,6 +59,19 @@ FAULTS: dict[str, list[str]] = {
         "tests/computer/test_runner.py::test_a_session_that_cannot_be_saved_still_acks_and_starts_a_new_session",
         "tests/computer_unit/test_engine_sandboxed.py::test_background_process_neither_hangs_nor_outlives_the_turn",
     ],
+    "a second Computer with the same token replaces the first: it exits 1 with one line, nothing lost": [
+        "tests/faults/test_replaced_computer.py::test_a_computer_replaced_by_another_with_its_token_exits_and_nothing_is_lost",
+    ],
+    "a second Computer on the same crew home refuses before it connects": [
+        "tests/faults/test_replaced_computer.py::test_a_second_computer_on_the_same_crew_home_refuses_before_it_connects",
+    ],
+    "the server's disk is full: 503 storage_full on the same connection, recovery when space returns": [
+        "tests/faults/test_server_full_disk.py::test_a_full_disk_answers_503_keeps_the_connection_and_recovers",
+        "tests/faults/test_server_full_disk.py::test_an_ack_refused_by_a_full_disk_is_made_again_once_space_returns",
+    ],
+    "the server is down for a while: the Computer reconnects within seconds of it answering again": [
+        "tests/faults/test_reconnect.py::test_the_event_stream_is_back_within_seconds_of_the_server_and_a_message_is_answered",
+    ],
     "bad input: bootstrap garbage": [
         "tests/faults/test_bad_input.py::test_bootstrap_garbage_exits_1_with_one_line_and_no_token",
         "tests/computer/test_process.py::test_bootstrap_garbage_is_a_clear_error",

@@ -1,0 +1,205 @@
+"""The crew server's disk fills up and frees again (issue 10, item 9); real processes.
+
+The server's database lives on a small tmpfs that the test fills with a
+filler file. What used to happen: a write on the full disk answered 500 "a bug
+of the server" and the connection was reset; the log showed "cannot rollback -
+no transaction is active", hiding "database or disk is full" (the failed
+statement had already rolled the transaction back, and the second ROLLBACK
+raised over it). Now the server answers 503 `storage_full` with `Retry-After`,
+keeps the connection and works again as soon as space is back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from crew_testkit.computer_proc import bootstrap_for, launch, machine
+from crew_testkit.crew_server_proc import CrewServer, start_crew_server
+from crew_testkit.waiting import wait_until
+from tests.faults.chain import need_sandbox, read_positions, usable
+from tests.support.ci import required_in_ci
+
+pytestmark = pytest.mark.timeout(180)
+
+DISK_SIZE = "4m"
+# Enough posts to use up whatever the WAL file can still take without growing.
+MAX_POSTS_TO_FILL = 400
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A directory on a tmpfs of `DISK_SIZE`, unmounted afterwards."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        required_in_ci("root (to mount a small tmpfs for the server's database)")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={DISK_SIZE},mode=0700", "tmpfs", str(disk)],
+        check=True,
+    )
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "--lazy", str(disk)], check=False)
+
+
+def _fill(path: Path) -> None:
+    """Write `path` until the disk has no byte left."""
+    chunk = b"\0" * 65536
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        for size in (65536, 4096, 1):
+            with contextlib.suppress(OSError):
+                while True:
+                    os.write(fd, chunk[:size])
+    finally:
+        os.close(fd)
+    with pytest.raises(OSError) as full:
+        path.with_suffix(".probe").write_bytes(b"x")
+    assert full.value.errno == errno.ENOSPC
+
+
+def _client_port(response: httpx.Response) -> int:
+    """The local port of the connection the answer came on."""
+    return int(response.extensions["network_stream"].get_extra_info("client_addr")[1])
+
+
+def _post_until_refused(client: httpx.Client, room_id: str) -> httpx.Response:
+    """Post messages until the full disk refuses one (the WAL may take a few first)."""
+    for n in range(MAX_POSTS_TO_FILL):
+        answer = client.post(
+            f"/api/rooms/{room_id}/messages", json={"body": f"filling {n} " + "z" * 4000}
+        )
+        if answer.status_code != 201:
+            return answer
+    raise AssertionError(f"{MAX_POSTS_TO_FILL} posts were stored on a full disk")
+
+
+def _assert_storage_full(answer: httpx.Response, server: CrewServer) -> None:
+    assert answer.status_code == 503, f"{answer.status_code} {answer.text}\n{server.output()}"
+    assert answer.json()["error"]["code"] == "storage_full", answer.text
+    assert int(answer.headers["Retry-After"]) > 0, answer.headers
+
+
+def test_a_full_disk_answers_503_keeps_the_connection_and_recovers(
+    small_disk: Path, tmp_path: Path
+) -> None:
+    server = start_crew_server(tmp_path / "srv", db=small_disk / "crew.db")
+    filler = small_disk / "filler"
+    try:
+        agent = server.create_agent("fulldisk1")
+        dm = server.create_room("dm", [agent["id"]])
+        # One connection at most: every request below must travel on the same one.
+        with httpx.Client(
+            base_url=server.url, timeout=10, limits=httpx.Limits(max_connections=1)
+        ) as client:
+            port = _client_port(client.get("/health"))
+            _fill(filler)
+            refused = _post_until_refused(client, dm["id"])
+            _assert_storage_full(refused, server)
+            assert _client_port(refused) == port
+
+            body = "posted while the disk is full"
+            again = client.post(f"/api/rooms/{dm['id']}/messages", json={"body": body})
+            _assert_storage_full(again, server)
+            # Reads still work, on the same connection, and the process lives on.
+            listed = client.get(f"/api/rooms/{dm['id']}/messages")
+            assert listed.status_code == 200 and _client_port(listed) == port
+            assert server.process.poll() is None
+
+            filler.unlink()
+            stored = client.post(f"/api/rooms/{dm['id']}/messages", json={"body": body})
+            assert stored.status_code == 201, stored.text
+            assert _client_port(stored) == port
+        bodies = [m["body"] for m in server.messages(dm["id"])]
+        assert bodies.count(body) == 1
+        assert bodies[-1] == body
+        log = server.output()
+        assert "cannot rollback" not in log, log
+        assert "disk is full" in log, log
+    finally:
+        server.stop()
+
+
+def test_an_ack_refused_by_a_full_disk_is_made_again_once_space_returns(
+    small_disk: Path, tmp_path: Path
+) -> None:
+    """A message answered just before the disk fills is acked after it frees, answered once.
+
+    The engine replies, then waits for `go` in its work dir; the test fills the
+    disk and puts `go` there. The ack gets 503 past the runner's retry window,
+    the turn fails as an environment failure and the runner wakes itself after
+    its backoff: once space is back the message is claimed again (the engine
+    replies only the first time, `FAKE:ONCE`) and acked.
+    """
+    need_sandbox()
+    server = start_crew_server(tmp_path / "srv", db=small_disk / "crew.db")
+    filler = small_disk / "filler"
+    try:
+        comp = server.create_computer()
+        agent = server.create_agent("fulldisk2", computer_id=comp["computer_id"])
+        dm = server.create_room("dm", [agent["id"]])
+        # The posts that fill what the database can still take go elsewhere.
+        elsewhere = server.create_room("dm", [server.create_agent("bystander2")["id"]])
+        with machine() as m:
+            m.log_in()
+            c = launch(m, bootstrap_for(server.url, comp["token"], m))
+            try:
+                usable(c)
+                message = server.post(
+                    dm["id"],
+                    "answer, then wait\n"
+                    f"FAKE:ONCE RUN echo answer | crew reply {dm['id']}; "
+                    "while [ ! -e go ]; do sleep 0.1; done",
+                )
+                wait_until("the agent's reply", lambda: _agent_replies(server, dm["id"]))
+                _fill(filler)
+                with httpx.Client(base_url=server.url, timeout=10) as client:
+                    _assert_storage_full(_post_until_refused(client, elsewhere["id"]), server)
+                (m.crew_home / "agents" / agent["id"] / "work" / "go").touch()
+
+                # The ack was refused for longer than the runner retries it at once:
+                # the runner shows why and when it tries again by itself.
+                row = wait_until("the runner's retry", lambda: _retrying_row(c, agent["id"]), 60)
+                assert "storage_full" in row["last_reason"] or "503" in row["last_reason"], row
+                assert read_positions(server, agent["id"])[dm["id"]][1] < message["seq"]
+
+                filler.unlink()
+                wait_until(
+                    "the message acked",
+                    lambda: read_positions(server, agent["id"])[dm["id"]][1] >= message["seq"],
+                    90,
+                )
+                assert _agent_replies(server, dm["id"]) == ["answer"]
+                succeeded = [t for t in server.turns(agent["id"]) if t["status"] == "succeeded"]
+                assert len(succeeded) == 1, server.turns(agent["id"])
+                # The turn whose ack and finish were refused is not left `running`.
+                assert all(t["status"] != "running" for t in server.turns(agent["id"]))
+                assert "answer, then wait" in server.turn(succeeded[0]["id"])["input"]
+                assert c.proc.poll() is None
+            finally:
+                code = c.stop()
+            assert code == 0, c.stderr()[-3000:]
+        assert "cannot rollback" not in server.output()
+    finally:
+        server.stop()
+
+
+def _agent_replies(server: CrewServer, room_id: str) -> list[str]:
+    return [x["body"] for x in server.messages(room_id) if x["author"]["kind"] == "agent"]
+
+
+def _retrying_row(c: Any, agent_id: str) -> dict[str, Any] | None:
+    """The agent's row on the Computer once it waits to try again after a failure."""
+    [row] = [r for r in c.get("/agents") if r["id"] == agent_id]
+    return row if row["retry_at"] and row["last_reason"] else None
