@@ -254,7 +254,7 @@ def event_reporting(count: int) -> None:
         with start_crew_server(Path(srv)) as server:
 
             async def main() -> tuple[float, float, str]:
-                async with rig(server.url, m.crew_home, engine) as r:
+                async with rig(server, m.crew_home, engine) as r:
                     await r.user.post(r.room["id"], "flood please")
                     cpu0, wall0 = time.process_time(), time.perf_counter()
                     r.runner.wake()

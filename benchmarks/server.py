@@ -55,13 +55,18 @@ def setup(server: CrewServer) -> tuple[dict[str, Any], list[dict[str, Any]], lis
     return computer, agents, groups
 
 
-async def hammer(url: str, clients: int, total: int, request: Any) -> tuple[float, list[float]]:
-    """`total` calls of `request(client, i)` spread over `clients` connections → (seconds, latencies)."""
+async def hammer(
+    server: CrewServer, clients: int, total: int, request: Any
+) -> tuple[float, list[float]]:
+    """`total` calls of `request(client, i)` spread over `clients` connections (as the user)
+    → (seconds, latencies)."""
     latencies: list[float] = []
     counter = iter(range(total))
 
     async def worker() -> None:
-        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        async with httpx.AsyncClient(
+            base_url=server.url, timeout=30, headers=server.user_headers
+        ) as client:
             for i in counter:
                 start = time.perf_counter()
                 response = await request(client, i)
@@ -132,9 +137,9 @@ def main() -> int:
 
         pid = server.process.pid
         cpu0 = cpu_seconds(pid)
-        floor_s, floor_lat = asyncio.run(hammer(server.url, args.clients, args.messages, health))
+        floor_s, floor_lat = asyncio.run(hammer(server, args.clients, args.messages, health))
         cpu1 = cpu_seconds(pid)
-        post_s, post_lat = asyncio.run(hammer(server.url, args.clients, args.messages, post))
+        post_s, post_lat = asyncio.run(hammer(server, args.clients, args.messages, post))
         cpu2 = cpu_seconds(pid)
 
         client = server.client()

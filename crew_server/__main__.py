@@ -1,16 +1,23 @@
-"""`crew-server --db PATH --host 127.0.0.1 --port N [--dev]`: the reference crew server.
+"""`crew-server --db PATH --host 127.0.0.1 --port N [--dev] [--user-token-file PATH]`:
+the reference crew server.
 
 Reads top-down: parse arguments → open the store (migrations run) → make sure a
-user token exists (printed once) → serve with uvicorn until SIGINT/SIGTERM.
+user token exists (printed once, or written to `--user-token-file`) → serve with
+uvicorn until SIGINT/SIGTERM.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import logging
+import os
 import signal
 import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
 from types import FrameType
 
 import uvicorn
@@ -25,7 +32,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="crew-server",
         description="The reference crew server: rooms, messages, turns, tasks, reminders "
-        "and mutes on one SQLite file. The user token is printed once, at first start.",
+        "and mutes on one SQLite file. Every /api/ call needs the user token, which is "
+        "printed once, at first start (or written to --user-token-file).",
     )
     parser.add_argument(
         "--db", required=True, help="SQLite file (created when missing), or :memory:"
@@ -35,12 +43,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--dev",
         action="store_true",
-        help="no user auth and a movable clock (POST /api/dev/clock); loopback only",
+        help="a movable clock (POST /api/dev/clock, with the user token) for tests and "
+        "the demo; loopback only. User auth stays on",
     )
     parser.add_argument(
         "--reset-user-token",
         action="store_true",
-        help="replace the user token and print the new one",
+        help="replace the user token and print the new one (or write it to --user-token-file)",
+    )
+    parser.add_argument(
+        "--user-token-file",
+        type=Path,
+        metavar="PATH",
+        help="when a user token is created (first start, --reset-user-token), write it to "
+        "PATH (mode 0600, atomically) instead of printing it; for systemd units and test "
+        "harnesses. An existing token is never written again",
     )
     parser.add_argument("--log-level", default="warning")
     return parser.parse_args(argv)
@@ -62,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     if args.dev and not is_loopback(args.host):
         print(
-            f"crew-server: --dev turns user auth off, so it may only bind to loopback, "
+            f"crew-server: --dev lets the user move the server clock, so it may only bind "
+            f"to loopback, "
             f"not {args.host}; use --host 127.0.0.1 or drop --dev",
             file=sys.stderr,
         )
@@ -73,12 +91,20 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # any failure to open or migrate the db ends the start
         print(f"crew-server: cannot open the database {args.db}: {exc}", file=sys.stderr)
         return 1
-    if args.reset_user_token:
-        print(f"user token (shown once): {store.reset_user_token()}", flush=True)
-    elif not args.dev:
-        token = store.ensure_user_token()
-        if token is not None:
-            print(f"user token (shown once, keep it): {token}", flush=True)
+    keep = write_token_to(args.user_token_file) if args.user_token_file else print_token
+    try:
+        if args.reset_user_token:
+            store.reset_user_token(keep)
+        else:
+            store.ensure_user_token(keep)
+    except OSError as exc:
+        store.close()
+        print(
+            f"crew-server: cannot write the user token to {args.user_token_file}: {exc}; "
+            f"nothing was changed, fix the path and start again",
+            file=sys.stderr,
+        )
+        return 1
     app = create_app(store, clock, dev=args.dev)
     config = uvicorn.Config(
         app,
@@ -96,6 +122,37 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         store.close()
     return 0
+
+
+def print_token(token: str) -> None:
+    """Show a new user token once: it is stored only as a hash."""
+    print(f"user token (shown once, keep it): {token}", flush=True)
+
+
+def write_token_to(path: Path) -> Callable[[str], None]:
+    """Write a new user token to `path` (0600, atomically) and say where, never what."""
+
+    def keep(token: str) -> None:
+        write_private_file(path, token + "\n")
+        print(f"user token written to {path}", flush=True)
+
+    return keep
+
+
+def write_private_file(path: Path, text: str) -> None:
+    """`path` holds `text`, readable only by us; a reader sees the old file or the whole new one."""
+    # mkstemp creates the file 0600 in the same directory, so the rename is atomic.
+    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
 
 
 class StoppingServer(uvicorn.Server):

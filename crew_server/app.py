@@ -34,7 +34,7 @@ def create_app(
     ping_seconds: float = PING_SECONDS,
     run_scheduler: bool = True,
 ) -> Starlette:
-    """The ASGI app. `dev` turns user auth off and enables `POST /api/dev/clock`."""
+    """The ASGI app. `dev` enables `POST /api/dev/clock` (which wants the user token too)."""
     hub = EventHub()
     store.listener = hub.notify
     scheduler = ReminderScheduler(store, clock)

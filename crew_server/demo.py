@@ -173,6 +173,12 @@ class ServerProcess:
     proc: subprocess.Popen[bytes]
     url: str
     log_path: Path
+    user_token_file: Path
+
+    @property
+    def user_headers(self) -> dict[str, str]:
+        """`Authorization` for the user API (`--dev` keeps user auth on)."""
+        return {"Authorization": f"Bearer {self.user_token_file.read_text().strip()}"}
 
     def stop(self) -> int:
         if self.proc.poll() is None:
@@ -186,22 +192,28 @@ class ServerProcess:
 
 
 def start_server(root: Path) -> ServerProcess:
-    """Start `crew-server` and wait until its user API answers."""
+    """Start `crew-server` and wait until its user API answers the user token (which it
+    writes to `root/user-token` at start)."""
     port = free_port()
     log_path = root / "crew-server.log"
+    token_file = root / "user-token"
     argv = _console_script("crew-server", "crew_server")
     argv += ["--db", str(root / "crew.db"), "--host", "127.0.0.1", "--port", str(port), "--dev"]
+    argv += ["--user-token-file", str(token_file)]
     with log_path.open("wb") as log:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=root)
-    server = ServerProcess(proc, f"http://127.0.0.1:{port}", log_path)
+    server = ServerProcess(proc, f"http://127.0.0.1:{port}", log_path, token_file)
 
     def answers() -> bool:
         if proc.poll() is not None:
             raise DemoError(
                 f"crew-server exited {proc.returncode}: {log_path.read_text(errors='replace')[-2000:]}"
             )
+        if not token_file.exists():
+            return False  # written before the server listens
         try:
-            return httpx.get(f"{server.url}/api/agents", timeout=1).status_code == 200
+            answer = httpx.get(f"{server.url}/api/agents", headers=server.user_headers, timeout=1)
+            return answer.status_code == 200
         except httpx.TransportError:
             return False
 
@@ -355,7 +367,7 @@ def local_stack(
             model = ScriptedModel(script or scenario("crew")).start()
             write_scripted_login(home, model.base_url, price_in_config=price_in_config)
         server = start_server(root)
-        http = httpx.Client(base_url=server.url, timeout=10)
+        http = httpx.Client(base_url=server.url, timeout=10, headers=server.user_headers)
         created = http.post("/api/computers", json={"name": "demo"})
         if created.status_code != 201:
             raise DemoError(f"creating a computer failed: {created.status_code} {created.text}")
@@ -440,7 +452,10 @@ def run_demo(model: str | None, keep: bool, reply_timeout: float) -> int:
     )
     with local_stack(own_login=own, keep=keep) as stack:
         sandbox, engine = stack.health["sandbox"], stack.health["engine"]
-        say(f"  crew-server    {stack.server.url} (dev mode, database in a temp dir)")
+        say(
+            f"  crew-server    {stack.server.url} (dev mode, database in a temp dir, "
+            f"user token in {stack.server.user_token_file})"
+        )
         if stack.model is not None:
             say(f"  model          {stack.model.base_url} (scripted, OpenAI-compatible)")
         say(f"  crew-computer  ready; introspection at {stack.computer.socket}")

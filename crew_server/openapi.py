@@ -153,7 +153,10 @@ def build() -> dict[str, Any]:
             },
             "securitySchemes": {
                 "userToken": bearer
-                | {"description": "printed once at first start; off with --dev"},
+                | {
+                    "description": "printed once at first start (or written to "
+                    "--user-token-file); every /api/ call needs it, with --dev too"
+                },
                 "computerToken": bearer | {"description": "from POST /api/computers"},
                 "agentToken": bearer | {"description": "from POST /computer/agents/{id}/token"},
             },

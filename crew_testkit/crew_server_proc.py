@@ -1,5 +1,9 @@
 """A real `crew-server --dev` subprocess for tests: free loopback port, temp db.
 
+The server writes its user token to `<tmp>/user-token` at first start
+(`--user-token-file`); `CrewServer.client()` sends it, and a restart on the same
+tmp dir and db reads the same file.
+
 with start_crew_server(tmp_path) as server:
     computer = server.create_computer()
     alice = server.create_agent("alice", computer_id=computer["computer_id"])
@@ -24,6 +28,7 @@ import httpx
 from crew_testkit.waiting import WaitTimeout, wait_until
 
 START_TIMEOUT = 20.0
+USER_TOKEN_FILE = "user-token"
 
 
 def computer_connection(client: httpx.Client, token: str) -> dict[str, str]:
@@ -48,19 +53,47 @@ def free_port() -> int:
 class CrewServer:
     """A running reference server; `.url`, `.client()` on the user API, and helpers."""
 
-    def __init__(self, process: subprocess.Popen[bytes], url: str, db: Path, log: Path) -> None:
+    def __init__(
+        self,
+        process: subprocess.Popen[bytes],
+        url: str,
+        db: Path,
+        log: Path,
+        user_token_file: Path | None = None,
+    ) -> None:
         self.process = process
         self.url = url
         self.db = db
         self.log = log
+        self.user_token_file = user_token_file or db.parent / USER_TOKEN_FILE
         self._client: httpx.Client | None = None
 
     # ------------------------------------------------------------ life
 
+    @property
+    def user_token(self) -> str:
+        """The user token the server wrote at first start."""
+        try:
+            return self.user_token_file.read_text().strip()
+        except FileNotFoundError:
+            raise RuntimeError(
+                f"no user token at {self.user_token_file}: the server writes it only when it "
+                f"creates the token, so restart on the tmp dir of the first start"
+            ) from None
+
+    @property
+    def user_headers(self) -> dict[str, str]:
+        """`Authorization` for the user API."""
+        return {"Authorization": f"Bearer {self.user_token}"}
+
     def client(self) -> httpx.Client:
-        """An httpx.Client on the user API (`--dev`: no user token needed); shared, closed at stop."""
+        """An httpx.Client on the user API, sending the user token; shared, closed at stop.
+
+        A request that passes its own `Authorization` (a Computer's or an agent's
+        token) sends that one instead.
+        """
         if self._client is None:
-            self._client = httpx.Client(base_url=self.url, timeout=10.0)
+            self._client = httpx.Client(base_url=self.url, timeout=10.0, headers=self.user_headers)
         return self._client
 
     def stop(self) -> None:
@@ -175,9 +208,14 @@ class CrewServer:
 def start_crew_server(
     tmp_path: Path, *, db: Path | None = None, port: int | None = None
 ) -> CrewServer:
-    """Start `crew-server --dev` on loopback and wait until `/health` answers."""
+    """Start `crew-server --dev` on loopback and wait until `/health` answers.
+
+    The user token goes to `tmp_path/user-token` at first start; a restart with the
+    same `tmp_path` (and `db`) finds it there.
+    """
     tmp_path.mkdir(parents=True, exist_ok=True)
     db = db or tmp_path / "crew.db"
+    user_token_file = tmp_path / USER_TOKEN_FILE
     log = tmp_path / f"crew-server-{time.monotonic_ns()}.log"
     for attempt in range(3):
         chosen = port or free_port()
@@ -195,13 +233,15 @@ def start_crew_server(
                     "--port",
                     str(chosen),
                     "--dev",
+                    "--user-token-file",
+                    str(user_token_file),
                 ],
                 stdout=sink,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
-        server = CrewServer(process, url, db, log)
+        server = CrewServer(process, url, db, log, user_token_file)
         if _wait_ready(server):
             return server
         server.stop()

@@ -18,6 +18,7 @@ from computer_service.metrics import Metrics
 from computer_service.runner import Runner
 from computer_service.upstream import Upstream
 from crew_common.layout import AgentPaths
+from crew_testkit.crew_server_proc import CrewServer
 from crew_testkit.scripted import ScriptedEngine
 from crew_testkit.waiting import wait_until_async
 
@@ -25,10 +26,12 @@ MODEL = "local/scripted"
 
 
 class UserApi:
-    """The reference server's user API (`--dev`: no auth)."""
+    """The reference server's user API, as the user (every call sends the user token)."""
 
-    def __init__(self, url: str) -> None:
-        self.http = httpx.AsyncClient(base_url=url, timeout=10)
+    def __init__(self, url: str, user_token: str) -> None:
+        self.http = httpx.AsyncClient(
+            base_url=url, timeout=10, headers={"Authorization": f"Bearer {user_token}"}
+        )
 
     async def _ok(self, response: httpx.Response) -> Any:
         assert response.status_code < 300, (
@@ -104,7 +107,7 @@ class Rig:
 
 @asynccontextmanager
 async def rig(
-    server_url: str,
+    server: CrewServer,
     crew_home: Path,
     engine: ScriptedEngine,
     *,
@@ -113,7 +116,10 @@ async def rig(
     upstream_class: type[Upstream] = Upstream,
 ) -> AsyncIterator[Rig]:
     """Create a Computer with `agents` agents (one DM each), run their runners, stop at exit."""
-    user = UserApi(server_url)
+    if not isinstance(server, CrewServer):
+        raise TypeError("rig() wants the CrewServer (for its user token), not its url")
+    server_url = server.url
+    user = UserApi(server_url, server.user_token)
     computer_id, token = await user.computer()
     upstream = upstream_class(server_url, token)
     await upstream.connect("test", "linux", "0", capacity)

@@ -1,4 +1,4 @@
-"""What the user calls (`/api/...`, user token; none with --dev): Computers, agents,
+"""What the user calls (`/api/...`, always with the user token): Computers, agents,
 rooms and messages, turns, tasks, and the dev clock."""
 
 from __future__ import annotations
@@ -383,7 +383,8 @@ OPS: list[Op] = [
         "post",
         "/api/dev/clock",
         "devClock",
-        "--dev only: move the server clock forward and fire due reminders.",
+        "--dev only (404 otherwise), with the user token: move the server clock "
+        "forward and fire due reminders.",
         "user",
         m.DevClock,
         answer=m.ClockAnswer,

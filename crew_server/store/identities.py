@@ -6,6 +6,7 @@ import hashlib
 import logging
 import secrets
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +17,9 @@ from crew_server.errors import Conflict, Invalid, NotConnected, NotFound, Supers
 from crew_server.store.db import StorePart, Transaction, new_id
 
 log = logging.getLogger("crew_server.store")
+
+# Where a new user token goes before it is stored (printed, or written to a file).
+TokenKeeper = Callable[[str], None]
 
 
 def hash_token(token: str) -> str:
@@ -109,24 +113,35 @@ class Identities(StorePart):
 
     # ------------------------------------------------------------------ tokens
 
-    def ensure_user_token(self) -> str | None:
-        """Create the user token at first start; returns it then (once), else None."""
+    def ensure_user_token(self, keep: TokenKeeper | None = None) -> str | None:
+        """Create the user token at first start; returns it then (once), else None.
+
+        `keep` gets the new token before it is stored: when it raises (the token file
+        cannot be written), no token is stored, so the next start tries again.
+        """
         with self._database.write() as tx:
             row = tx.execute("SELECT 1 FROM settings WHERE key = 'user_token_hash'").fetchone()
             if row is not None:
                 return None
             token = new_token("cru")
             tx.execute("INSERT INTO settings VALUES ('user_token_hash', ?)", (hash_token(token),))
+            if keep is not None:
+                keep(token)
             return token
 
-    def reset_user_token(self) -> str:
-        """Replace the user token (the old one stops working) and return the new one."""
+    def reset_user_token(self, keep: TokenKeeper | None = None) -> str:
+        """Replace the user token (the old one stops working) and return the new one.
+
+        As with `ensure_user_token`, the old token stays when `keep` raises.
+        """
         token = new_token("cru")
         with self._database.write() as tx:
             tx.execute(
                 "INSERT OR REPLACE INTO settings VALUES ('user_token_hash', ?)",
                 (hash_token(token),),
             )
+            if keep is not None:
+                keep(token)
         return token
 
     def check_user_token(self, token: str) -> bool:

@@ -32,7 +32,7 @@ def crew_home(tmp_path: Path) -> Path:
 
 async def test_success_reports_events_in_order_then_acks(crew_server: Any, crew_home: Path) -> None:
     engine = ScriptedEngine()
-    async with rig(crew_server.url, crew_home, engine) as r:
+    async with rig(crew_server, crew_home, engine) as r:
         await r.user.post(r.room["id"], "please write the release note")
         r.runner.wake()
         [turn] = await r.user.finished(r.runner.agent.id, 1)
@@ -60,7 +60,7 @@ async def test_success_reports_events_in_order_then_acks(crew_server: Any, crew_
 
 async def test_failure_keeps_messages_for_the_next_turn(crew_server: Any, crew_home: Path) -> None:
     engine = ScriptedEngine(script=[fail])
-    async with rig(crew_server.url, crew_home, engine) as r:
+    async with rig(crew_server, crew_home, engine) as r:
         await r.user.post(r.room["id"], "first question")
         r.runner.wake()
         [failed] = await r.user.finished(r.runner.agent.id, 1)
@@ -80,7 +80,7 @@ async def test_wakes_during_a_turn_merge_into_exactly_one_more(
 ) -> None:
     release = anyio.Event()
     engine = ScriptedEngine(script=[blocking(release)])
-    async with rig(crew_server.url, crew_home, engine) as r:
+    async with rig(crew_server, crew_home, engine) as r:
         await r.user.post(r.room["id"], "first-batch-msg")
         r.runner.wake()
         await engine.started.wait()
@@ -104,7 +104,7 @@ async def test_wakes_during_a_turn_merge_into_exactly_one_more(
 
 async def test_stop_cancels_without_ack(crew_server: Any, crew_home: Path) -> None:
     engine = ScriptedEngine(script=[wait_for_stop])
-    async with rig(crew_server.url, crew_home, engine) as r:
+    async with rig(crew_server, crew_home, engine) as r:
         await r.user.post(r.room["id"], "long job")
         r.runner.wake()
         await engine.started.wait()
@@ -132,7 +132,7 @@ async def test_stop_and_completion_at_once_counts_as_stopped(
         return await succeed(engine, request, on_event, stop)
 
     engine = ScriptedEngine(script=[finish_after_stop])
-    async with rig(crew_server.url, crew_home, engine) as r:
+    async with rig(crew_server, crew_home, engine) as r:
         await r.user.post(r.room["id"], "race")
         r.runner.wake()
         await engine.started.wait()
@@ -149,7 +149,7 @@ async def test_a_replaced_connection_stops_without_ack_and_ends_the_runner(
 ) -> None:
     release = anyio.Event()
     engine = ScriptedEngine(script=[blocking(release)])
-    async with rig(crew_server.url, crew_home, engine) as r:
+    async with rig(crew_server, crew_home, engine) as r:
         await r.user.post(r.room["id"], "fenced")
         r.runner.wake()
         await engine.started.wait()
@@ -170,7 +170,7 @@ async def test_a_replaced_connection_stops_without_ack_and_ends_the_runner(
 
 async def test_a_hundred_agents_never_exceed_the_cap(crew_server: Any, crew_home: Path) -> None:
     engine = ScriptedEngine(default=sleeping(0.02))
-    async with rig(crew_server.url, crew_home, engine, agents=100, capacity=3) as r:
+    async with rig(crew_server, crew_home, engine, agents=100, capacity=3) as r:
         for room in r.rooms:
             await r.user.post(room["id"], "hello all")
         for runner in r.runners:
@@ -205,7 +205,7 @@ async def test_stopped_while_claiming_the_turn_is_not_started(
     crew_server: Any, crew_home: Path
 ) -> None:
     engine = ScriptedEngine()
-    async with rig(crew_server.url, crew_home, engine, upstream_class=SlowClaim) as r:
+    async with rig(crew_server, crew_home, engine, upstream_class=SlowClaim) as r:
         upstream = r.upstream
         assert isinstance(upstream, SlowClaim)
         upstream.claiming, upstream.release = anyio.Event(), anyio.Event()
@@ -232,7 +232,7 @@ async def test_an_engine_breaking_its_contract_fails_the_turn_as_processing_fail
         raise RuntimeError("the engine raised")
 
     engine = ScriptedEngine(script=[explode])
-    async with rig(crew_server.url, crew_home, engine) as r:
+    async with rig(crew_server, crew_home, engine) as r:
         await r.user.post(r.room["id"], "contract")
         r.runner.wake()
         [turn] = await r.user.finished(r.runner.agent.id, 1)
@@ -264,7 +264,7 @@ async def test_a_session_that_cannot_be_saved_still_acks_and_starts_a_new_sessio
         return await succeed(engine, request, on_event, stop)
 
     engine = Continuing(script=[plant_then_succeed])
-    async with rig(crew_server.url, crew_home, engine) as r:
+    async with rig(crew_server, crew_home, engine) as r:
         await r.user.post(r.room["id"], "save me")
         r.runner.wake()
         [turn] = await r.user.finished(r.runner.agent.id, 1)
@@ -289,7 +289,7 @@ async def test_the_row_shows_the_session_a_turn_continues(
 
     release = anyio.Event()
     engine = Continuing(script=[blocking(release)])
-    async with rig(crew_server.url, crew_home, engine) as r:
+    async with rig(crew_server, crew_home, engine) as r:
         assert r.runner.row()["session_id"] is None
         await r.user.post(r.room["id"], "go on")
         r.runner.wake()
@@ -310,7 +310,7 @@ async def test_a_queued_turn_that_is_stopped_leaves_the_line_at_once(
 ) -> None:
     release = anyio.Event()
     engine = ScriptedEngine(script=[blocking(release)])
-    async with rig(crew_server.url, crew_home, engine, agents=2, capacity=1) as r:
+    async with rig(crew_server, crew_home, engine, agents=2, capacity=1) as r:
         first, second = r.runners
         for room in r.rooms:
             await r.user.post(room["id"], "hello")
@@ -357,7 +357,7 @@ async def test_a_turn_that_cannot_be_registered_is_only_logged_and_read_again(
     crew_server: Any, crew_home: Path
 ) -> None:
     engine = ScriptedEngine()
-    async with rig(crew_server.url, crew_home, engine, upstream_class=Flaky) as r:
+    async with rig(crew_server, crew_home, engine, upstream_class=Flaky) as r:
         assert isinstance(r.upstream, Flaky)
         r.upstream.fail_register = 1
         await r.user.post(r.room["id"], "register me")
@@ -375,7 +375,7 @@ async def test_an_ack_that_fails_fails_the_turn_as_processing_failed(
     crew_server: Any, crew_home: Path
 ) -> None:
     engine = ScriptedEngine()
-    async with rig(crew_server.url, crew_home, engine, upstream_class=Flaky) as r:
+    async with rig(crew_server, crew_home, engine, upstream_class=Flaky) as r:
         assert isinstance(r.upstream, Flaky)
         r.upstream.fail_ack = 1
         await r.user.post(r.room["id"], "ack me")

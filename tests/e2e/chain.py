@@ -177,7 +177,9 @@ def running_chain() -> Iterator[Chain]:
         model = stack.enter_context(ScriptedModel(Script()))
         server = stack.enter_context(start_crew_server(root / "server"))
         write_scripted_login(home, model.base_url, price_in_config=True)
-        http = stack.enter_context(httpx.Client(base_url=server.url, timeout=10))
+        http = stack.enter_context(
+            httpx.Client(base_url=server.url, timeout=10, headers=server.user_headers)
+        )
         created = server.create_computer("e2e")
         bootstrap = {
             "server_url": server.url,

@@ -168,22 +168,24 @@ async def test_malformed_and_invalid_bodies_get_clear_4xx(world: World) -> None:
     assert seq.status_code == 422
 
 
-async def test_user_api_needs_the_user_token_outside_dev() -> None:
+@pytest.mark.parametrize("dev", [False, True])
+async def test_user_api_needs_the_user_token_with_or_without_dev(dev: bool) -> None:
     clock = Clock()
     store = Store(":memory:", clock)
     token = store.ensure_user_token()
     assert token is not None and store.ensure_user_token() is None  # created once
-    app = create_app(store, clock, dev=False, run_scheduler=False)
+    app = create_app(store, clock, dev=dev, run_scheduler=False)
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://t"
     ) as client:
         assert (await client.get("/api/agents")).status_code == 401
         assert (await client.get("/api/agents", headers=bearer("cru_wrong"))).status_code == 401
         assert (await client.get("/api/agents", headers=bearer(token))).status_code == 200
-        clock_hook = await client.post(
-            "/api/dev/clock", json={"advance_seconds": 1}, headers=bearer(token)
-        )
-        assert clock_hook.status_code == 404
+        tick = {"advance_seconds": 1}
+        assert (await client.post("/api/dev/clock", json=tick)).status_code == 401
+        clock_hook = await client.post("/api/dev/clock", json=tick, headers=bearer(token))
+        # the hook exists only with --dev, and even then only for the user
+        assert clock_hook.status_code == (200 if dev else 404)
     store.close()
 
 
@@ -274,10 +276,12 @@ async def test_an_unexpected_failure_is_a_json_500() -> None:
 
     clock = Clock()
     store = BrokenStore(":memory:", clock)
+    token = store.ensure_user_token()
+    assert token is not None
     app = create_app(store, clock, dev=True, run_scheduler=False)
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
     async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
-        answer = await client.get("/api/agents")
+        answer = await client.get("/api/agents", headers=bearer(token))
     assert answer.status_code == 500
     assert answer.json()["error"]["code"] == "internal"
     assert "GET /api/agents" in answer.json()["error"]["message"]

@@ -1,7 +1,9 @@
-"""`crew-server` as a process: the user token is printed once; --dev only on loopback."""
+"""`crew-server` as a process: the user token is printed once (or written to
+--user-token-file) and always needed, --dev too; --dev only on loopback."""
 
 from __future__ import annotations
 
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -14,8 +16,9 @@ from crew_testkit.crew_server_proc import computer_connection, free_port
 from crew_testkit.waiting import wait_until
 
 
-def run_until_healthy(db: Path, *extra: str) -> tuple[str, str]:
-    """Start crew-server, wait for /health, stop it; return (stdout, url)."""
+def run_until_healthy(db: Path, *extra: str, token_file: Path | None = None) -> tuple[str, str]:
+    """Start crew-server, wait for /health, check the user API wants the user token (the
+    one in `token_file` when given works), stop it; return (stdout, url)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     process = subprocess.Popen(
@@ -33,9 +36,11 @@ def run_until_healthy(db: Path, *extra: str) -> tuple[str, str]:
 
     try:
         wait_until("crew-server to answer /health", healthy, 20)
-        if not extra:
-            # not --dev: the user API wants the token
-            assert httpx.get(f"{url}/api/agents", timeout=5).status_code == 401
+        # with --dev or without, the user API wants the token
+        assert httpx.get(f"{url}/api/agents", timeout=5).status_code == 401
+        if token_file is not None:
+            auth = {"Authorization": f"Bearer {token_file.read_text().strip()}"}
+            assert httpx.get(f"{url}/api/agents", headers=auth, timeout=5).status_code == 200
     finally:
         process.terminate()
         out, _ = process.communicate(timeout=10)
@@ -50,8 +55,73 @@ def test_user_token_is_printed_once_at_first_start(tmp_path: Path) -> None:
     assert len(lines) == 1 and "cru_" in lines[0]
     second, _ = run_until_healthy(db)
     assert "user token" not in second
-    dev, _ = run_until_healthy(tmp_path / "dev.db", "--dev")
-    assert "user token" not in dev
+
+
+@pytest.mark.timeout(60)
+def test_dev_mode_prints_the_user_token_too(tmp_path: Path) -> None:
+    db = tmp_path / "dev.db"
+    first, _ = run_until_healthy(db, "--dev")
+    lines = [line for line in first.splitlines() if line.startswith("user token")]
+    assert len(lines) == 1 and "cru_" in lines[0]
+    second, _ = run_until_healthy(db, "--dev")
+    assert "user token" not in second
+
+
+@pytest.mark.timeout(90)
+def test_user_token_file_is_written_at_first_start_only(tmp_path: Path) -> None:
+    db, token_file = tmp_path / "crew.db", tmp_path / "secrets" / "user-token"
+    token_file.parent.mkdir()
+    first, _ = run_until_healthy(
+        db, "--dev", "--user-token-file", str(token_file), token_file=token_file
+    )
+    token = token_file.read_text().strip()
+    assert token.startswith("cru_") and token not in first and "cru_" not in first
+    assert f"user token written to {token_file}" in first
+    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+    assert [p.name for p in token_file.parent.iterdir()] == ["user-token"]  # no temp left
+    # a restart finds the token in the database and leaves the file alone
+    token_file.write_text("left alone\n")
+    second, _ = run_until_healthy(db, "--dev", "--user-token-file", str(token_file))
+    assert token_file.read_text() == "left alone\n" and "user token" not in second
+
+
+@pytest.mark.timeout(90)
+def test_reset_user_token_writes_the_new_one_to_the_file(tmp_path: Path) -> None:
+    db, token_file = tmp_path / "crew.db", tmp_path / "user-token"
+    run_until_healthy(db, "--user-token-file", str(token_file))
+    old = token_file.read_text().strip()
+    out, _ = run_until_healthy(
+        db, "--reset-user-token", "--user-token-file", str(token_file), token_file=token_file
+    )
+    new = token_file.read_text().strip()
+    assert new != old and new.startswith("cru_") and "cru_" not in out
+    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+
+
+@pytest.mark.timeout(90)
+def test_an_unwritable_token_file_stores_no_token(tmp_path: Path) -> None:
+    db, nowhere = tmp_path / "crew.db", tmp_path / "missing-dir" / "user-token"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "crew_server",
+            "--db",
+            str(db),
+            "--port",
+            str(free_port()),
+            "--user-token-file",
+            str(nowhere),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert str(nowhere) in done.stderr and "cru_" not in done.stdout + done.stderr
+    # the token was not kept, so the next start creates (and shows) one
+    out, _ = run_until_healthy(db)
+    assert "user token (shown once" in out
 
 
 @pytest.mark.timeout(30)

@@ -105,7 +105,10 @@ def test_two_computers_and_the_user_post_into_one_group_over_http(tmp_path: Path
 
         async def writers() -> dict[str, int]:
             held: dict[str, int] = {"alice": 0, "bob": 0}
-            async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            # the user's token by default; the agents send their own
+            async with httpx.AsyncClient(
+                base_url=server.url, timeout=30, headers=server.user_headers
+            ) as client:
 
                 async def agent(handle: str, token: str) -> None:
                     for i in range(PER_WRITER):

@@ -68,7 +68,7 @@ CONFIG = SchemathesisConfig.from_dict(
     }
 )
 schema = schemathesis.openapi.from_path(OPENAPI, config=CONFIG)
-# Not --dev: user auth is on, as the document says (the dev clock hook answers 404).
+# Not --dev, so the dev clock hook answers 404; user auth is on either way.
 schema.app = create_app(STORE, STORE.clock, dev=False, run_scheduler=False)
 # The event stream never ends by design; tests/server/test_sse.py covers it.
 schema = schema.exclude(path="/computer/events")

@@ -149,35 +149,39 @@ def serve_in_thread(store: Store, ping_seconds: float = 15.0) -> Iterator[str]:
 
 
 @pytest.fixture
-def threaded_server() -> Iterator[tuple[str, Store]]:
-    """uvicorn in a thread serving an app whose pings come every 0.2 s."""
+def threaded_server() -> Iterator[tuple[httpx.Client, Store]]:
+    """uvicorn in a thread serving an app whose pings come every 0.2 s; a client on it
+    that sends the user token (calls with their own `Authorization` send that)."""
     store = Store(":memory:", Clock())
+    token = store.ensure_user_token()
     try:
-        with serve_in_thread(store, ping_seconds=0.2) as url:
-            yield url, store
+        with (
+            serve_in_thread(store, ping_seconds=0.2) as url,
+            httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}) as client,
+        ):
+            yield client, store
     finally:
         store.close()
 
 
 @pytest.mark.timeout(30)
-def test_pings_carry_the_stream_position(threaded_server: tuple[str, Store]) -> None:
-    url, store = threaded_server
-    with httpx.Client(base_url=url) as client:
-        made = client.post("/api/computers", json={"name": "box"}).json()
-        alice = client.post(
-            "/api/agents",
-            json={"handle": "alice", "name": "A", "model": "m", "computer_id": made["computer_id"]},
-        ).json()
-        position = str(store.last_event_id())
-        seen: list[tuple[str, str, Any]] = []
-        headers = computer_connection(client, made["token"])
-        with connect_sse(client, "GET", "/computer/events", headers=headers, timeout=10) as source:
-            for sse in source.iter_sse():
-                seen.append((sse.event, sse.id, orjson.loads(sse.data)))
-                if len(seen) == 2:
-                    break
-        assert seen == [("ping", position, {}), ("ping", position, {})]
-        assert alice["handle"] == "alice"
+def test_pings_carry_the_stream_position(threaded_server: tuple[httpx.Client, Store]) -> None:
+    client, store = threaded_server
+    made = client.post("/api/computers", json={"name": "box"}).json()
+    alice = client.post(
+        "/api/agents",
+        json={"handle": "alice", "name": "A", "model": "m", "computer_id": made["computer_id"]},
+    ).json()
+    position = str(store.last_event_id())
+    seen: list[tuple[str, str, Any]] = []
+    headers = computer_connection(client, made["token"])
+    with connect_sse(client, "GET", "/computer/events", headers=headers, timeout=10) as source:
+        for sse in source.iter_sse():
+            seen.append((sse.event, sse.id, orjson.loads(sse.data)))
+            if len(seen) == 2:
+                break
+    assert seen == [("ping", position, {}), ("ping", position, {})]
+    assert alice["handle"] == "alice"
 
 
 def _pruned_world(store: Store) -> tuple[str, str, list[dict[str, Any]]]:
@@ -232,22 +236,21 @@ def test_a_stream_resuming_before_the_log_wakes_every_agent_then_replays_the_res
 
 @pytest.mark.timeout(30)
 def test_a_new_connection_ends_the_stream_of_the_old_one(
-    threaded_server: tuple[str, Store],
+    threaded_server: tuple[httpx.Client, Store],
 ) -> None:
     """The app started twice: the first Computer's stream says `superseded` and ends, and
     that connection cannot open another one."""
-    url, _ = threaded_server
-    with httpx.Client(base_url=url) as client:
-        made = client.post("/api/computers", json={"name": "box"}).json()
-        old = computer_connection(client, made["token"])
-        seen: list[tuple[str, Any]] = []
-        with connect_sse(client, "GET", "/computer/events", headers=old, timeout=10) as source:
-            assert source.response.status_code == 200
-            new = computer_connection(client, made["token"])
-            for sse in source.iter_sse():
-                seen.append((sse.event, orjson.loads(sse.data)))
-        # The loop ended: the server closed the stream after `superseded`.
-        assert [e for e, _ in seen if e != "ping"] == ["superseded"]
-        assert seen[-1] == ("superseded", {"epoch": int(new["Crew-Epoch"])})
-        again = client.get("/computer/events", headers=old)
-        assert again.status_code == 409 and again.json()["error"]["code"] == "superseded"
+    client, _ = threaded_server
+    made = client.post("/api/computers", json={"name": "box"}).json()
+    old = computer_connection(client, made["token"])
+    seen: list[tuple[str, Any]] = []
+    with connect_sse(client, "GET", "/computer/events", headers=old, timeout=10) as source:
+        assert source.response.status_code == 200
+        new = computer_connection(client, made["token"])
+        for sse in source.iter_sse():
+            seen.append((sse.event, orjson.loads(sse.data)))
+    # The loop ended: the server closed the stream after `superseded`.
+    assert [e for e, _ in seen if e != "ping"] == ["superseded"]
+    assert seen[-1] == ("superseded", {"epoch": int(new["Crew-Epoch"])})
+    again = client.get("/computer/events", headers=old)
+    assert again.status_code == 409 and again.json()["error"]["code"] == "superseded"

@@ -92,23 +92,34 @@ def bearer(token: str) -> dict[str, str]:
 class World:
     """Users, Computers and agents acting on one app; asserts every call it expects to succeed."""
 
-    def __init__(self, client: httpx.AsyncClient, store: Store, clock: Clock) -> None:
+    def __init__(
+        self, client: httpx.AsyncClient, store: Store, clock: Clock, user_token: str
+    ) -> None:
         self.client = client
         self.store = store
         self.clock = clock
+        self.user_token = user_token
 
     @classmethod
     @asynccontextmanager
     async def open(cls, app: Any, store: Store, clock: Clock) -> AsyncIterator[World]:
+        """A client on `app` that sends the user token (created here) unless a call passes
+        its own `Authorization` (a Computer's or an agent's token)."""
+
         async def checked(response: httpx.Response) -> None:
             await response.aread()
             check_answer(response)
 
+        user_token = store.ensure_user_token()
+        assert user_token is not None, "World.open wants a store without a user token yet"
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(
-            transport=transport, base_url="http://crew.test", event_hooks={"response": [checked]}
+            transport=transport,
+            base_url="http://crew.test",
+            headers=bearer(user_token),
+            event_hooks={"response": [checked]},
         ) as client:
-            yield cls(client, store, clock)
+            yield cls(client, store, clock, user_token)
 
     async def ok(self, method: str, path: str, *, status: int | None = None, **kw: Any) -> Any:
         response = await self.client.request(method, path, **kw)
