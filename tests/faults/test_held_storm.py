@@ -35,8 +35,8 @@ HELD_LIMIT = 2
 class Traffic:
     """A thread posting a user message to a room every `TRAFFIC_EVERY_S` until stopped."""
 
-    def __init__(self, url: str, room_id: str) -> None:
-        self._client = httpx.Client(base_url=url, timeout=10.0)
+    def __init__(self, url: str, room_id: str, headers: dict[str, str]) -> None:
+        self._client = httpx.Client(base_url=url, timeout=10.0, headers=headers)
         self._room_id = room_id
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._post_until_stopped, daemon=True)
@@ -151,7 +151,7 @@ def test_a_reply_under_steady_traffic_is_held_at_most_twice_and_nothing_is_lost(
         ]
 
     held_per_reply: list[int] = []
-    with Traffic(crew_server.url, room["id"]) as traffic:
+    with Traffic(crew_server.url, room["id"], crew_server.user_headers) as traffic:
         for n in range(REPLIES):
             rooms = wait_until("unread messages", agent.claim)
             turn = agent.start_turn(rooms)

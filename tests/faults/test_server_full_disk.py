@@ -101,7 +101,10 @@ def test_a_full_disk_answers_503_keeps_the_connection_and_recovers(
         dm = server.create_room("dm", [agent["id"]])
         # One connection at most: every request below must travel on the same one.
         with httpx.Client(
-            base_url=server.url, timeout=10, limits=httpx.Limits(max_connections=1)
+            base_url=server.url,
+            timeout=10,
+            limits=httpx.Limits(max_connections=1),
+            headers=server.user_headers,
         ) as client:
             port = _client_port(client.get("/health"))
             _fill(filler)
@@ -164,7 +167,9 @@ def test_an_ack_refused_by_a_full_disk_is_made_again_once_space_returns(
                 )
                 wait_until("the agent's reply", lambda: _agent_replies(server, dm["id"]))
                 _fill(filler)
-                with httpx.Client(base_url=server.url, timeout=10) as client:
+                with httpx.Client(
+                    base_url=server.url, timeout=10, headers=server.user_headers
+                ) as client:
                     _assert_storage_full(_post_until_refused(client, elsewhere["id"]), server)
                 (m.crew_home / "agents" / agent["id"] / "work" / "go").touch()
 
