@@ -109,6 +109,8 @@ class Outcome:
     failure: Failure | None = None
     usage: Usage = field(default_factory=Usage)
     event_count: int = 0
+    # Failed, but its answers had gone out: acked, not to be tried again.
+    acked: bool = False
 
 
 class Runner:
@@ -324,12 +326,12 @@ class Runner:
             ),
             wall_clock_limit_s=self._wall_clock_limit_s,
         )
-        outcome = await self._run_engine(turn, request, stop)
+        outcome = await self._run_engine(turn, request, stop, {r.room.id for r in rooms})
         if self._gone:
             # Another Computer owns the agent: any further write would be refused.
             return
         next_step = NextStep(None)
-        if outcome.status == "succeeded":
+        if outcome.status == "succeeded" or outcome.acked:
             self._retries.forget()
         elif outcome.status == "failed" and outcome.failure is not None:
             claimed = frozenset(m.id for r in rooms for m in r.messages)
@@ -342,9 +344,10 @@ class Runner:
         self._retry_later(next_step.retry_in_s)
 
     async def _run_engine(
-        self, turn: RegisteredTurn, request: TurnRequest, stop: anyio.Event
+        self, turn: RegisteredTurn, request: TurnRequest, stop: anyio.Event, rooms: set[str]
     ) -> Outcome:
-        """Run the engine, then decide the outcome: ack only after a clean success."""
+        """Run the engine, then decide the outcome: ack only after a clean success, or
+        when the turn failed after the agent's answer went out to every room it got."""
 
         async def send(first_index: int, events: list[dict[str, Any]]) -> None:
             await self._upstream.report_events(turn.turn_id, turn.fence, first_index, events)
@@ -392,6 +395,10 @@ class Runner:
             )
         if result.status != "succeeded":
             failure = result.failure or Failure(FailureClass.ENGINE_ERROR, "the engine failed")
+            # The answers went out before it failed (a launcher killed after `crew
+            # reply`): doing the turn again would answer the user twice. Ack.
+            if replies.answered_all(rooms) and await self._ack_answered(turn):
+                return Outcome("failed", failure, result.usage, count, acked=True)
             return Outcome("failed", failure, result.usage, count)
         refused = replies.failure()
         if refused is not None:
@@ -416,6 +423,27 @@ class Runner:
             failure = Failure(failed.cls, failed.reason, environment=True)
             return Outcome("failed", failure, result.usage, count)
         return Outcome("succeeded", None, result.usage, count)
+
+    async def _ack_answered(self, turn: RegisteredTurn) -> bool:
+        """Ack a failed turn whose answers went out; False when the ack did not go through."""
+        log.info(
+            "agent %s: the turn failed after its answers went out; marking its messages read",
+            self.agent.handle,
+        )
+        try:
+            await self._retrying(
+                "the ack", lambda: self._upstream.ack(self.agent.id, turn.turn_id, turn.fence)
+            )
+        except StaleTurn:
+            self._fence_out()
+            return False
+        except Superseded:
+            self._supersede()
+            return False
+        except UpstreamError as exc:
+            log.warning("agent %s: the ack failed: %s", self.agent.handle, exc)
+            return False
+        return True
 
     def _keep_session(self, session_id: str) -> None:
         """Save the session a succeeded turn used; one that cannot be saved is only logged.

@@ -345,7 +345,9 @@ class Storm:
         interval = 1.0 / self.plan.rate
         number = 0
         next_at = time.monotonic()
-        with httpx.Client(base_url=self.server.url, timeout=10.0) as client:
+        with httpx.Client(
+            base_url=self.server.url, timeout=10.0, headers=self.server.user_headers
+        ) as client:
             while self.posted < self.plan.messages and not self._stop.is_set():
                 number += 1
                 _, handle, room_id = self.rooms[rng.randrange(len(self.rooms))]

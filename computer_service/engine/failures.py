@@ -196,6 +196,11 @@ class ReplyAttempts:
 
     def __init__(self) -> None:
         self.refusals: dict[str, str] = {}  # room id → the first line the refusal printed
+        self.answered: set[str] = set()  # rooms a `crew reply` got through to
+
+    def answered_all(self, rooms: set[str]) -> bool:
+        """Whether every one of `rooms` got a reply through and none ended refused."""
+        return bool(rooms) and not self.refusals and rooms <= self.answered
 
     def see(self, event: EngineEvent) -> None:
         """Take one engine event of the turn into account."""
@@ -216,6 +221,7 @@ class ReplyAttempts:
         else:
             for room in rooms:
                 self.refusals.pop(room, None)
+                self.answered.add(room)
 
     def failure(self) -> Failure | None:
         """The `reply_refused` failure, when a room's last `crew reply` of the turn was refused."""

@@ -216,6 +216,48 @@ async def test_a_reply_sent_after_a_refusal_counts_as_answered() -> None:
         assert turn.status == "succeeded" and len(s.server.acks) == 1
 
 
+async def test_a_turn_failing_after_its_answer_went_out_is_acked_not_repeated() -> None:
+    """The launcher was killed after `crew reply` got through: trying the turn again
+    would answer the user twice (the storm benchmark saw it)."""
+
+    async def answered_then_lost(
+        engine: ScriptedEngine, request: TurnRequest, on_event: EventSink, stop: StopSignal
+    ) -> TurnResult:
+        await on_event(crew_reply(0, "Sent: message m9 in room r1."))
+        lost = Failure(FailureClass.PROCESS_CRASHED, "the launcher was lost", environment=True)
+        return TurnResult("failed", lost)
+
+    engine = ScriptedEngine(script=[answered_then_lost])
+    async with running(engine) as s:
+        s.server.post(AGENT, "answer me")
+        s.runner.wake()
+        await wait_until_async("the ack", lambda: s.server.acks, 10)
+        [turn] = s.server.finished_turns(AGENT)
+        assert turn.status == "failed" and turn.failure is not None
+        assert s.server.unread(AGENT) == []
+        assert engine.inputs == ["answer me"]  # not run again
+        assert all(row["retry_at"] is None for row in s.rows[-1:])
+
+
+async def test_a_failed_turn_that_answered_only_some_rooms_is_not_acked() -> None:
+    async def answered_elsewhere(
+        engine: ScriptedEngine, request: TurnRequest, on_event: EventSink, stop: StopSignal
+    ) -> TurnResult:
+        event = crew_reply(0, "Sent.")
+        event.data["input"] = {"command": "crew reply some-other-room <<'EOF'\nHi\nEOF"}
+        await on_event(event)
+        return TurnResult("failed", Failure(FailureClass.PROCESS_CRASHED, "crashed"))
+
+    engine = ScriptedEngine(script=[answered_elsewhere])
+    async with running(engine) as s:
+        s.server.post(AGENT, "answer me")
+        s.runner.wake()
+        await wait_until_async("1 answered", lambda: s.answered(1), 10)
+        first, second = s.server.finished_turns(AGENT)
+        assert first.status == "failed" and second.status == "succeeded"
+        assert engine.inputs == ["answer me", "answer me"]
+
+
 # --- 3. environment and content failures -----------------------------------------
 
 
