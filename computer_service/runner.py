@@ -45,6 +45,7 @@ from computer_service.upstream import (
     UnreadRoom,
     Upstream,
     UpstreamError,
+    UpstreamRejected,
     UpstreamUnavailable,
 )
 
@@ -395,9 +396,12 @@ class Runner:
             )
         if result.status != "succeeded":
             failure = result.failure or Failure(FailureClass.ENGINE_ERROR, "the engine failed")
-            # The answers went out before it failed (a launcher killed after `crew
-            # reply`): doing the turn again would answer the user twice. Ack.
-            if replies.answered_all(rooms) and await self._ack_answered(turn):
+            # The answers may have gone out before it failed (a launcher killed after
+            # `crew reply`): doing the turn again would answer the user twice. When the
+            # events do not show it (the tool never finished), the server knows.
+            if not replies.refusals and await self._ack_answered(
+                turn, checked=not replies.answered_all(rooms)
+            ):
                 return Outcome("failed", failure, result.usage, count, acked=True)
             return Outcome("failed", failure, result.usage, count)
         refused = replies.failure()
@@ -424,16 +428,20 @@ class Runner:
             return Outcome("failed", failure, result.usage, count)
         return Outcome("succeeded", None, result.usage, count)
 
-    async def _ack_answered(self, turn: RegisteredTurn) -> bool:
-        """Ack a failed turn whose answers went out; False when the ack did not go through."""
-        log.info(
-            "agent %s: the turn failed after its answers went out; marking its messages read",
-            self.agent.handle,
-        )
+    async def _ack_answered(self, turn: RegisteredTurn, *, checked: bool) -> bool:
+        """Ack a failed turn whose answers went out; False when they did not (or the ack
+        did not go through). `checked`: the server checks the agent replied in every room."""
         try:
             await self._retrying(
-                "the ack", lambda: self._upstream.ack(self.agent.id, turn.turn_id, turn.fence)
+                "the ack",
+                lambda: self._upstream.ack(
+                    self.agent.id, turn.turn_id, turn.fence, only_if_answered=checked
+                ),
             )
+        except UpstreamRejected as exc:
+            if exc.code != "not_answered":
+                log.warning("agent %s: the ack failed: %s", self.agent.handle, exc)
+            return False
         except StaleTurn:
             self._fence_out()
             return False
@@ -443,6 +451,10 @@ class Runner:
         except UpstreamError as exc:
             log.warning("agent %s: the ack failed: %s", self.agent.handle, exc)
             return False
+        log.info(
+            "agent %s: the turn failed after its answers went out; its messages are read",
+            self.agent.handle,
+        )
         return True
 
     def _keep_session(self, session_id: str) -> None:

@@ -298,7 +298,13 @@ class Upstream:
         await self._call_raw("POST", f"/computer/turns/{turn_id}/finish", body)
 
     async def ack(
-        self, agent_id: str, turn_id: str, fence: int, set_aside: dict[str, str] | None = None
+        self,
+        agent_id: str,
+        turn_id: str,
+        fence: int,
+        set_aside: dict[str, str] | None = None,
+        *,
+        only_if_answered: bool = False,
     ) -> None:
         """`POST …/ack`: the read position moves to the delivered position.
 
@@ -308,6 +314,9 @@ class Upstream:
         body: dict[str, Any] = {"turn_id": turn_id, "fence": fence}
         if set_aside is not None:
             body["set_aside"] = set_aside
+        if only_if_answered:
+            # 409 `not_answered` (an UpstreamRejected) when a room got no reply.
+            body["only_if_answered"] = True
         await self._call_raw("POST", f"/computer/agents/{agent_id}/ack", body)
 
     # The event stream.

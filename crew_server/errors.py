@@ -107,3 +107,10 @@ class StorageFull(ApiError):
 
     status = 503
     code = "storage_full"
+
+
+class NotAnswered(ApiError):
+    """A conditional ack of a turn whose agent did not reply in every room of it."""
+
+    status = 409
+    code = "not_answered"

@@ -221,6 +221,12 @@ class SetAside(Request):
 class Ack(Request):
     turn_id: Uuid
     fence: Int
+    only_if_answered: bool = Field(
+        default=False,
+        description="ack only when the agent posted in every room of the turn since it was "
+        "registered (a turn that failed after its answers went out); else 409 `not_answered` "
+        "and nothing changes",
+    )
     set_aside: SetAside | None = Field(
         default=None,
         description="the turn could not handle its messages and the Computer gives up on "

@@ -153,6 +153,7 @@ async def ack(ctx: Context, request: Request) -> Response:
         body.turn_id,
         body.fence,
         body.set_aside.reason if body.set_aside else None,
+        only_if_answered=body.only_if_answered,
     )
     return no_content()
 

@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 
 from crew_server import rules
-from crew_server.errors import Invalid, NotConnected, NotFound, StaleTurn
+from crew_server.errors import Invalid, NotAnswered, NotConnected, NotFound, StaleTurn
 from crew_server.store.db import StorePart, Transaction, new_id
 from crew_server.store.identities import connection_epoch, own_agent
 from crew_server.store.messages import post
@@ -56,6 +56,25 @@ def record_gap(tx: Transaction, turn_id: str, from_index: int, to_index: int) ->
     )
     gaps.append({"from_index": from_index, "to_index": to_index})
     tx.execute("UPDATE turns SET gaps = ? WHERE id = ?", (orjson.dumps(gaps).decode(), turn_id))
+
+
+def answered_every_room(tx: Transaction, agent_id: str, turn_id: str) -> bool:
+    """Whether the agent posted in each room of the turn (or a thread of it) since the turn
+    was registered."""
+    turn = tx.execute("SELECT rooms, started_at FROM turns WHERE id = ?", (turn_id,)).fetchone()
+    rooms = [r["room_id"] for r in orjson.loads(turn["rooms"])]
+    for room_id in rooms:
+        if (
+            tx.execute(
+                "SELECT 1 FROM messages m JOIN rooms r ON r.id = m.room_id "
+                "WHERE m.author_kind = 'agent' AND m.author_id = ? AND m.created_at >= ? "
+                "AND (m.room_id = ? OR r.parent_room_id = ?) LIMIT 1",
+                (agent_id, turn["started_at"], room_id, room_id),
+            ).fetchone()
+            is None
+        ):
+            return False
+    return bool(rooms)
 
 
 def post_set_aside_notices(tx: Transaction, agent_id: str, turn_id: str, reason: str) -> None:
@@ -202,6 +221,8 @@ class Turns(StorePart):
         turn_id: str,
         fence: int,
         set_aside: str | None = None,
+        *,
+        only_if_answered: bool = False,
     ) -> None:
         """Read := delivered in every room of the agent (the turn handled what it was given).
 
@@ -214,6 +235,11 @@ class Turns(StorePart):
             turn_agent, _ = fenced_turn(tx, computer_id, turn_id, fence)
             if turn_agent != agent_id:
                 raise Invalid(f"turn {turn_id} is not a turn of agent {agent_id}")
+            if only_if_answered and not answered_every_room(tx, agent_id, turn_id):
+                raise NotAnswered(
+                    f"agent {agent_id} did not reply in every room of turn {turn_id}; "
+                    "its messages stay unread"
+                )
             if set_aside is not None:
                 post_set_aside_notices(tx, agent_id, turn_id, set_aside)
             tx.execute(

@@ -320,6 +320,10 @@ class FakeCrewServer:
         return _json({"turn_id": turn_id, "fence": self.epoch})
 
     def _ack(self, agent_id: str, body: dict[str, Any]) -> httpx.Response:
+        if body.get("only_if_answered"):
+            # The fake stores no agent replies: no turn was ever answered.
+            answer = {"error": {"code": "not_answered", "message": "no reply in every room"}}
+            return _json(answer, 409)
         self.acks.append(body)
         turn = self.turns[body["turn_id"]]
         for room in turn.rooms:

@@ -223,3 +223,23 @@ async def test_the_held_count_starts_afresh_after_a_post_and_a_claim(world: Worl
     await world.unread(box, alice)  # a new turn's claim
     await world.post(room["id"], "c4")
     assert (await world.reply(token, room["id"], "c")).status_code == 409
+
+
+async def test_a_conditional_ack_needs_a_reply_in_every_room_of_the_turn(world: World) -> None:
+    """A turn that failed after its answers went out is acked (`only_if_answered`), one
+    that never answered is not: nothing changes and the messages come back."""
+    box = await world.computer()
+    alice = await world.agent("alice", box)
+    room = await world.dm(alice)
+    token = await world.token(box, alice)
+    await world.post(room["id"], "a question")
+    turn = await claimed_turn(world, box, alice)
+    path = f"/computer/agents/{alice['id']}/ack"
+    body = {"turn_id": turn["turn_id"], "fence": turn["fence"], "only_if_answered": True}
+    refused = await world.client.post(path, json=body, headers=box.headers)
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "not_answered"
+    assert (await world.positions(alice))[room["id"]] == (1, 0)
+    assert (await world.reply(token, room["id"], "the answer")).status_code == 201
+    await world.ok("POST", path, json=body, headers=box.headers)
+    delivered, read = (await world.positions(alice))[room["id"]]
+    assert read == delivered >= 1
