@@ -15,6 +15,7 @@ from types import FrameType
 
 import uvicorn
 
+from crew_common.version import VERSION
 from crew_server.app import EventHub, create_app
 from crew_server.clock import Clock
 from crew_server.store import Store
@@ -27,6 +28,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         description="The reference crew server: rooms, messages, turns, tasks, reminders "
         "and mutes on one SQLite file. The user token is printed once, at first start.",
     )
+    parser.add_argument("--version", action="version", version=f"crew-server {VERSION}")
     parser.add_argument(
         "--db", required=True, help="SQLite file (created when missing), or :memory:"
     )
@@ -42,7 +44,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="replace the user token and print the new one",
     )
-    parser.add_argument("--log-level", default="warning")
+    parser.add_argument(
+        "--log-level",
+        default="warning",
+        type=str.lower,
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="how much to log on stderr (default: warning)",
+    )
     return parser.parse_args(argv)
 
 
