@@ -55,8 +55,9 @@ pipe also stops when the pipe closes.
 """
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def parser() -> argparse.ArgumentParser:
+    """The command line of `crew-computer`."""
+    command_line = argparse.ArgumentParser(
         prog="crew-computer",
         description="The Crew Computer: runs this machine's agents for a crew server. "
         "Without a command it reads the bootstrap JSON from stdin (one line from a "
@@ -64,8 +65,8 @@ def _parser() -> argparse.ArgumentParser:
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"crew-computer {VERSION}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    command_line.add_argument("--version", action="version", version=f"crew-computer {VERSION}")
+    sub = command_line.add_subparsers(dest="command", metavar="COMMAND")
     run = sub.add_parser(
         "run",
         help="run with the bootstrap in a config file (for systemd, launchd or a terminal)",
@@ -73,7 +74,7 @@ def _parser() -> argparse.ArgumentParser:
         f"the token comes from the config's token_file or ${TOKEN_ENV}.",
     )
     run.add_argument("--config", required=True, type=Path, metavar="FILE")
-    return parser
+    return command_line
 
 
 def read_bootstrap_line(fd: int) -> bytes:
@@ -102,7 +103,7 @@ def read_bootstrap(fd: int) -> bytes:
 
 def main(argv: list[str] | None = None) -> None:
     """The console script: exits 0 after an orderly stop, else 1, 2 or 130 with a reason."""
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)
     _configure_logging()
     try:
         sys.exit(_run(args))
