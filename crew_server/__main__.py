@@ -10,6 +10,7 @@ import argparse
 import ipaddress
 import logging
 import signal
+import socket
 import sys
 from types import FrameType
 
@@ -64,6 +65,29 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port, as uvicorn would bind it; `OSError` when the port is taken.
+
+    Bound before anything is printed or stored, so a second server on a busy
+    port stops before it mints a user token nobody can use.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, port))
+    except OSError:
+        listener.close()
+        raise
+    return listener
+
+
+def served_url(listener: socket.socket) -> str:
+    """The base URL of the server on `listener` (the real port, also for --port 0)."""
+    host, port = listener.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the server until stopped; the exit code."""
     args = parse_args(argv)
@@ -75,10 +99,21 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    try:
+        listener = listening_socket(args.host, args.port)
+    except OSError as exc:
+        print(
+            f"crew-server: cannot listen on {args.host}:{args.port} ({exc.strerror}); "
+            f"stop what uses it or pick another --port",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"crew-server: serving {served_url(listener)}", flush=True)
     clock = Clock()
     try:
         store = Store(args.db, clock)
     except Exception as exc:  # any failure to open or migrate the db ends the start
+        listener.close()
         print(f"crew-server: cannot open the database {args.db}: {exc}", file=sys.stderr)
         return 1
     if args.reset_user_token:
@@ -100,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     server = StoppingServer(config, app.state.hub)
     try:
-        server.run()
+        server.run(sockets=[listener])
     finally:
         store.close()
     return 0
