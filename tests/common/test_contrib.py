@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from computer_service.__main__ import parser
+from computer_service.__main__ import LOG_LEVELS, parser
 from computer_service.bootstrap import load_config
 
-CONTRIB = Path(__file__).resolve().parents[2] / "contrib"
+ROOT = Path(__file__).resolve().parents[2]
+CONTRIB = ROOT / "contrib"
 UNIT = CONTRIB / "crew-computer.service"
 PLIST = CONTRIB / "com.crew.computer.plist"
 
@@ -88,3 +89,15 @@ def test_the_example_config_loads(tmp_path: Path) -> None:
     boot = load_config(config, {})
     assert boot.token == "crc_example"
     assert boot.server_url.startswith("http")
+
+
+def test_the_readme_says_how_to_run_it_with_these_files() -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Running it for real", 1)[1].split("\n## ", 1)[0]
+    for step in ("Install", "Configure", "Start at login", "Watch", "Stop", "Upgrade"):
+        assert f"**{step}.**" in section
+    for path in CONTRIB.iterdir():
+        assert f"contrib/{path.name}" in section, path.name
+    assert "crew-computer run --config" in section
+    log_level = next(line for line in readme.splitlines() if line.startswith("| `CREW_LOG_LEVEL`"))
+    assert all(f"`{level}`" in log_level for level in LOG_LEVELS)
