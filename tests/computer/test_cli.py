@@ -12,6 +12,7 @@ import os
 import pty
 import select
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -241,3 +242,24 @@ def test_a_missing_config_is_one_line() -> None:
         done.stderr
         == f"crew-computer: cannot read the config {m.root}/nope.json: No such file or directory\n"
     )
+
+
+def test_sockets_of_launchers_that_are_gone_are_removed_at_start(crew_server: Any) -> None:
+    with machine() as m:
+        comp = crew_server.create_computer()
+        sockets = m.crew_home / "sockets"
+        sockets.mkdir(parents=True, mode=0o700)
+        dead = [sockets / f"launcher-0123456789abcdef{s}.sock" for s in ("", "-2")]
+        for path in dead:
+            # What a killed run leaves: bound, nobody listening any more.
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.bind(str(path))
+        boot = m.root / "boot.json"
+        boot.write_bytes(orjson.dumps(bootstrap_for(crew_server.url, comp["token"], m)))
+        with boot.open("rb") as stdin:
+            c = start(m, [], stdin)
+        try:
+            wait_until("the dead sockets removed", lambda: not any(p.exists() for p in dead))
+        finally:
+            assert c.stop("SIGTERM") == 0, c.stderr()[-3000:]
+        assert "removed the socket launcher-0123456789abcdef.sock" in c.stderr()
