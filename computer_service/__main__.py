@@ -59,6 +59,7 @@ def parser() -> argparse.ArgumentParser:
     """The command line of `crew-computer`."""
     command_line = argparse.ArgumentParser(
         prog="crew-computer",
+        usage="%(prog)s [-h] [--version]  < bootstrap.json\n       %(prog)s run --config FILE",
         description="The Crew Computer: runs this machine's agents for a crew server. "
         "Without a command it reads the bootstrap JSON from stdin (one line from a "
         "pipe, or a whole file).",
