@@ -1,24 +1,81 @@
 """`crew-computer` / `python -m computer_service`: read the bootstrap, run the Computer.
 
-Exit status: 0 after an orderly stop (stdin closed, SIGTERM, SIGINT); 1 when
+Two ways to start it:
+- `crew-computer` reads the bootstrap JSON from stdin: one line from a pipe (the
+  desktop app's way; closing the pipe then means "stop"), or a whole regular
+  file (`crew-computer < boot.json`, systemd's `StandardInput=file:`);
+- `crew-computer run --config FILE` reads it from FILE, with the token from the
+  file FILE names or `$CREW_COMPUTER_TOKEN` (for a person, systemd or launchd).
+
+Exit status: 0 after an orderly stop (stdin pipe closed, SIGTERM, SIGINT); 1 when
 the bootstrap is bad, the server refuses the connection, this run cannot be
 prepared, or it cannot go on (`opencode models` gives no list, the server
 refuses the model list or the event stream) — after an orderly stop, with a
-one-line reason on stderr (never the token).
+one-line reason on stderr (never the token); 2 for a usage error; 130 for
+Ctrl+C before the Computer started.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
+import stat
 import sys
+from pathlib import Path
 from typing import NoReturn
 
 import anyio
 
-from computer_service.bootstrap import MAX_BOOTSTRAP_BYTES, BootstrapError, parse_bootstrap
+from computer_service.bootstrap import (
+    MAX_BOOTSTRAP_BYTES,
+    TOKEN_ENV,
+    Bootstrap,
+    BootstrapError,
+    load_config,
+    parse_bootstrap,
+)
 from computer_service.parts_protocol import StartupFailed
 from computer_service.service import ComputerService
+from crew_common.version import VERSION
+
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+_EPILOG = f"""\
+The bootstrap is a JSON object: server_url and token (required), crew_home,
+max_concurrent_turns, opencode_path, sandbox_mode. The config of `run --config`
+holds the same fields, but instead of token a token_file (a path; relative
+paths are relative to the config's directory), or the token is in ${TOKEN_ENV}.
+
+Environment: CREW_HOME (the crew home when the bootstrap names none; default
+~/.crew), CREW_LOG_LEVEL ({", ".join(LOG_LEVELS)}; default info).
+
+Stop it with SIGTERM or Ctrl+C; a Computer started with its bootstrap on a
+pipe also stops when the pipe closes.
+"""
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line of `crew-computer`."""
+    command_line = argparse.ArgumentParser(
+        prog="crew-computer",
+        usage="%(prog)s [-h] [--version]  < bootstrap.json\n       %(prog)s run --config FILE",
+        description="The Crew Computer: runs this machine's agents for a crew server. "
+        "Without a command it reads the bootstrap JSON from stdin (one line from a "
+        "pipe, or a whole file).",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    command_line.add_argument("--version", action="version", version=f"crew-computer {VERSION}")
+    sub = command_line.add_subparsers(dest="command", metavar="COMMAND")
+    run = sub.add_parser(
+        "run",
+        help="run with the bootstrap in a config file (for systemd, launchd or a terminal)",
+        description="Run the Computer with its bootstrap in a JSON config file; "
+        f"the token comes from the config's token_file or ${TOKEN_ENV}.",
+    )
+    run.add_argument("--config", required=True, type=Path, metavar="FILE")
+    return command_line
 
 
 def read_bootstrap_line(fd: int) -> bytes:
@@ -32,36 +89,81 @@ def read_bootstrap_line(fd: int) -> bytes:
     return data.split(b"\n", 1)[0]
 
 
-def main() -> None:
-    """The console script: exits 0 after an orderly stop, 1 with a reason otherwise."""
-    logging.basicConfig(
-        level=os.environ.get("CREW_LOG_LEVEL", "INFO").upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+def read_bootstrap(fd: int) -> bytes:
+    """The bootstrap on stdin: a regular file whole (it may be pretty-printed), else one line."""
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        return read_bootstrap_line(fd)
+    data = b""
+    while len(data) <= MAX_BOOTSTRAP_BYTES:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        data += chunk
+    return data.strip()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The console script: exits 0 after an orderly stop, else 1, 2 or 130 with a reason."""
+    args = parser().parse_args(argv)
+    _configure_logging()
     try:
-        bootstrap = parse_bootstrap(read_bootstrap_line(sys.stdin.fileno()))
-    except (BootstrapError, OSError) as exc:
-        _fail(str(exc))
+        sys.exit(_run(args))
+    except KeyboardInterrupt:
+        # Ctrl+C before the service watches signals itself (e.g. waiting for the bootstrap).
+        _fail("interrupted before the Computer started", status=130)
+
+
+def _run(args: argparse.Namespace) -> int:
+    stdin_fd: int | None = None
+    if args.command == "run":
+        try:
+            bootstrap = load_config(args.config, os.environ)
+        except BootstrapError as exc:
+            _fail(str(exc))
+    else:
+        stdin_fd = sys.stdin.fileno()
+        bootstrap = _bootstrap_from_stdin(stdin_fd)
     # Imported here: the engine side is only needed once the bootstrap is valid.
     from computer_service.parts import LocalParts
 
     parts = LocalParts(bootstrap)
-    service = ComputerService(
-        bootstrap, parts, stdout=sys.stdout.buffer, stdin_fd=sys.stdin.fileno()
-    )
+    service = ComputerService(bootstrap, parts, stdout=sys.stdout.buffer, stdin_fd=stdin_fd)
     try:
-        code = anyio.run(service.serve)
+        return anyio.run(service.serve)
     except StartupFailed as exc:
         _fail(str(exc))
-    sys.exit(code)
 
 
-def _fail(reason: str) -> NoReturn:
+def _bootstrap_from_stdin(fd: int) -> Bootstrap:
+    if os.isatty(fd):
+        # A person ran it in a terminal: say what it waits for instead of hanging silently.
+        sys.stderr.write(
+            "crew-computer: waiting for the bootstrap JSON line on stdin "
+            "(Ctrl+C to quit; crew-computer --help shows other ways to start)\n"
+        )
+        sys.stderr.flush()
+    try:
+        return parse_bootstrap(read_bootstrap(fd))
+    except (BootstrapError, OSError) as exc:
+        _fail(str(exc))
+
+
+def _configure_logging() -> None:
+    level = os.environ.get("CREW_LOG_LEVEL", "info").lower()
+    if level not in LOG_LEVELS:
+        _fail(f"CREW_LOG_LEVEL is {level!r}; use one of {', '.join(LOG_LEVELS)}", status=2)
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+def _fail(reason: str, status: int = 1) -> NoReturn:
     sys.stderr.write(f"crew-computer: {reason.splitlines()[0] if reason else 'failed'}\n")
     sys.stderr.flush()
-    sys.exit(1)
+    sys.exit(status)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,13 @@
-"""The bootstrap JSON the desktop app writes on the Computer's stdin (computer.md §1)."""
+"""The bootstrap: the JSON the desktop app writes on the Computer's stdin (computer.md §1),
+or the config file of `crew-computer run --config FILE` with the token kept elsewhere.
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator
@@ -12,6 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, fiel
 from computer_service.delivery import RETRY_BASE_S
 
 MAX_BOOTSTRAP_BYTES = 64 * 1024
+# Where `crew-computer run --config` finds the token when the config names no token_file.
+TOKEN_ENV = "CREW_COMPUTER_TOKEN"
 
 
 class BootstrapError(Exception):
@@ -33,6 +38,18 @@ class Bootstrap(BaseModel):
     # The first wait before a failed turn is tried again (doubling to 5 min). Tests
     # shorten it; an app has no reason to set it.
     retry_base_s: float = Field(default=RETRY_BASE_S, gt=0, le=300)
+
+    @field_validator("token")
+    @classmethod
+    def _header_safe_token(cls, value: str) -> str:
+        # It goes into an Authorization header: a newline or a space there would make
+        # the HTTP client refuse it with an error that quotes the token.
+        if not all("!" <= char <= "~" for char in value):
+            raise ValueError(
+                "must be printable ASCII without spaces or control characters "
+                "(a newline copied with it? remove it)"
+            )
+        return value
 
     @field_validator("server_url")
     @classmethod
@@ -75,6 +92,67 @@ def parse_bootstrap(line: bytes) -> Bootstrap:
         ) from None
     if not isinstance(raw, dict):
         raise BootstrapError("bootstrap must be a JSON object with server_url and token")
+    return _validated(raw)
+
+
+def load_config(path: Path, environ: Mapping[str, str]) -> Bootstrap:
+    """The bootstrap of `crew-computer run --config FILE`; raise `BootstrapError` (token-free).
+
+    The file holds the bootstrap's fields as one JSON object, except the token:
+    that comes from the file named by its `token_file` field, else from
+    `$CREW_COMPUTER_TOKEN` — never from the command line, where `ps` shows it.
+    Relative paths in it are relative to the file's directory.
+    """
+    try:
+        with path.open("rb") as file:
+            text = file.read(MAX_BOOTSTRAP_BYTES + 1)
+    except OSError as exc:
+        raise BootstrapError(f"cannot read the config {path}: {exc.strerror}") from None
+    if len(text) > MAX_BOOTSTRAP_BYTES:
+        raise BootstrapError(f"the config {path} is over {MAX_BOOTSTRAP_BYTES} bytes")
+    try:
+        raw = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise BootstrapError(f"the config {path} is not valid JSON ({exc.msg})") from None
+    if not isinstance(raw, dict):
+        raise BootstrapError(f"the config {path} must be a JSON object with server_url")
+    if "token" in raw:
+        raise BootstrapError(
+            f"the config {path} must not hold the token: put it in a file (mode 0600) "
+            f"named by token_file, or in ${TOKEN_ENV}"
+        )
+    base = path.parent
+    for field in ("crew_home", "opencode_path"):
+        if isinstance(raw.get(field), str):
+            raw[field] = str(base / Path(raw[field]).expanduser())
+    token_file = raw.pop("token_file", None)
+    if token_file is not None:
+        if not isinstance(token_file, str) or not token_file:
+            raise BootstrapError(f"the config {path}: token_file must be a path")
+        raw["token"] = _read_token_file(base / Path(token_file).expanduser())
+    elif environ.get(TOKEN_ENV):
+        raw["token"] = environ[TOKEN_ENV]
+    else:
+        raise BootstrapError(
+            f"no token: name a token file in the config {path} (token_file) or set ${TOKEN_ENV}"
+        )
+    return _validated(raw)
+
+
+def _read_token_file(path: Path) -> str:
+    try:
+        with path.open("rb") as file:
+            data = file.read(MAX_BOOTSTRAP_BYTES + 1)
+    except OSError as exc:
+        raise BootstrapError(f"cannot read the token file {path}: {exc.strerror}") from None
+    try:
+        # The newline an editor or `echo` leaves at the end is not part of the token.
+        return data.decode().strip()
+    except UnicodeDecodeError:
+        raise BootstrapError(f"the token file {path} is not UTF-8 text") from None
+
+
+def _validated(raw: dict[str, Any]) -> Bootstrap:
     try:
         return Bootstrap.model_validate(raw)
     except ValidationError as exc:

@@ -41,6 +41,7 @@ from computer_service.parts_protocol import (
 from computer_service.safe_fs import UnsafePath
 from computer_service.upstream import AgentRecord
 from crew_common.layout import AgentPaths
+from crew_common.unix_socket import remove_dead_sockets
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +143,13 @@ class LocalParts:
     async def start_launcher(self) -> LauncherStatus:
         """Start a launcher and read its health; one that cannot start means no sandbox."""
         await self.stop_launcher()
+        # Launchers that were killed (this run's earlier ones, or a crashed run's) leave
+        # their sockets behind; only those nobody listens on go.
+        try:
+            for name in remove_dead_sockets(self.crew_home / "sockets", "launcher-*.sock"):
+                log.info("removed the socket %s of a launcher that is gone", name)
+        except OSError as exc:
+            log.warning("could not remove the sockets of launchers that are gone: %s", exc)
         self._launchers += 1
         # A restarted launcher gets a socket of its own: the dead one's may linger.
         suffix = "" if self._launchers == 1 else f"-{self._launchers}"

@@ -20,6 +20,7 @@ import os
 import platform
 import signal
 import socket
+import stat
 from typing import BinaryIO
 
 import anyio
@@ -43,10 +44,9 @@ from computer_service.parts_protocol import LauncherStatus, ModelsFailed, Parts,
 from computer_service.roster import Roster
 from computer_service.upstream import Superseded, Upstream, UpstreamError, UpstreamUnavailable
 from crew_common.unix_socket import SocketInUse
+from crew_common.version import VERSION
 
 log = logging.getLogger(__name__)
-
-VERSION = "0.1.0"
 
 
 class ComputerService:
@@ -290,9 +290,14 @@ class ComputerService:
     # --- stop requests -------------------------------------------------------
 
     async def _watch_stdin(self) -> None:
-        """Stdin closing means stop (the desktop app went away)."""
+        """Stdin closing means stop (the desktop app went away).
+
+        Only a pipe, socket or terminal closes: a regular file (`crew-computer <
+        boot.json`, systemd's `StandardInput=file:`) is at its end from the start,
+        and that asks for nothing — SIGTERM stops that Computer.
+        """
         fd = self._stdin_fd
-        if fd is None:
+        if fd is None or not _can_close(fd):
             await anyio.sleep_forever()
             return
         was_blocking = os.get_blocking(fd)
@@ -354,3 +359,9 @@ class ComputerService:
     def stop_agent(self, agent_id: str) -> bool | None:
         """`POST /agents/{id}/stop`: None unknown, False nothing running, True stopping."""
         return self.roster.stop_agent(agent_id)
+
+
+def _can_close(fd: int) -> bool:
+    """Whether `fd` is a stream whose end means the writer went away (pipe, socket, tty)."""
+    mode = os.fstat(fd).st_mode
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or os.isatty(fd)

@@ -119,6 +119,41 @@ def bind_private_socket(path: Path, backlog: int = BACKLOG) -> socket.socket:
     return sock
 
 
+def remove_dead_sockets(directory: Path, pattern: str) -> list[str]:
+    """Delete the sockets in `directory` named like `pattern` that nobody listens on; their names.
+
+    Dead means a connection is refused (ECONNREFUSED): the process that bound
+    it is gone without removing it. One that answers, is busy, or cannot be
+    probed stays, as does anything that is not a socket. Other `OSError`s
+    (the directory unreadable) are raised.
+    """
+    removed = []
+    for path in sorted(directory.glob(pattern)):
+        try:
+            if not stat.S_ISSOCK(os.lstat(path).st_mode) or not _refused(path):
+                continue
+            os.unlink(path)
+        except FileNotFoundError:
+            continue  # gone meanwhile
+        removed.append(path.name)
+    return removed
+
+
+def _refused(path: Path) -> bool:
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    # Non-blocking: a live listener with a full backlog answers EAGAIN instead of blocking.
+    probe.setblocking(False)
+    try:
+        probe.connect(str(path))
+    except ConnectionRefusedError:
+        return True
+    except OSError:  # busy, or not ours to probe: leave it
+        return False
+    finally:
+        probe.close()
+    return False
+
+
 def _answers(path: Path) -> bool:
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     probe.settimeout(1.0)

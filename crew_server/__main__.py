@@ -14,6 +14,7 @@ import ipaddress
 import logging
 import os
 import signal
+import socket
 import sys
 import tempfile
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from types import FrameType
 
 import uvicorn
 
+from crew_common.version import VERSION
 from crew_server.app import EventHub, create_app
 from crew_server.clock import Clock
 from crew_server.store import Store
@@ -35,6 +37,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "and mutes on one SQLite file. Every /api/ call needs the user token, which is "
         "printed once, at first start (or written to --user-token-file).",
     )
+    parser.add_argument("--version", action="version", version=f"crew-server {VERSION}")
     parser.add_argument(
         "--db", required=True, help="SQLite file (created when missing), or :memory:"
     )
@@ -59,7 +62,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "PATH (mode 0600, atomically) instead of printing it; for systemd units and test "
         "harnesses. An existing token is never written again",
     )
-    parser.add_argument("--log-level", default="warning")
+    parser.add_argument(
+        "--log-level",
+        default="warning",
+        type=str.lower,
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="how much to log on stderr (default: warning)",
+    )
     return parser.parse_args(argv)
 
 
@@ -71,6 +80,29 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port, as uvicorn would bind it; `OSError` when the port is taken.
+
+    Bound before anything is printed or stored, so a second server on a busy
+    port stops before it mints a user token nobody can use.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, port))
+    except OSError:
+        listener.close()
+        raise
+    return listener
+
+
+def served_url(listener: socket.socket) -> str:
+    """The base URL of the server on `listener` (the real port, also for --port 0)."""
+    host, port = listener.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,10 +117,21 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    try:
+        listener = listening_socket(args.host, args.port)
+    except OSError as exc:
+        print(
+            f"crew-server: cannot listen on {args.host}:{args.port} ({exc.strerror}); "
+            f"stop what uses it or pick another --port",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"crew-server: serving {served_url(listener)}", flush=True)
     clock = Clock()
     try:
         store = Store(args.db, clock)
     except Exception as exc:  # any failure to open or migrate the db ends the start
+        listener.close()
         print(f"crew-server: cannot open the database {args.db}: {exc}", file=sys.stderr)
         return 1
     keep = write_token_to(args.user_token_file) if args.user_token_file else print_token
@@ -118,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     server = StoppingServer(config, app.state.hub)
     try:
-        server.run()
+        server.run(sockets=[listener])
     finally:
         store.close()
     return 0

@@ -33,6 +33,11 @@ def error_line(line: str) -> str:
 
 
 def _dispatch(args: list[str]) -> int:
+    if args[:1] == ["--version"]:
+        from crew_common.version import VERSION
+
+        sys.stdout.write(f"crew {VERSION}\n")
+        return 0
     if not args or args[0] in ("-h", "--help", "help"):
         from crew_shim.help import MAIN_HELP
 

@@ -29,7 +29,7 @@ Usage:
   crew unmute <room-id>
 
 {HEREDOC_EXAMPLE}
-Run crew <command> --help for the details of one command.
+Run crew <command> --help for the details of one command; crew --version prints the version.
 """
 
 REPLY_HELP = f"""\

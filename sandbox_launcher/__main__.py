@@ -7,6 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
+from crew_common.version import VERSION
 from sandbox_launcher.bwrap import LinuxMode
 
 
@@ -14,6 +15,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="crew-launcher", description="The crew sandbox launcher: runs engines sandboxed."
     )
+    parser.add_argument("--version", action="version", version=f"crew-launcher {VERSION}")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser(
         "serve",

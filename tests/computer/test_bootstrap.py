@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import orjson
 import pytest
 
-from computer_service.bootstrap import BootstrapError, parse_bootstrap
+from computer_service.bootstrap import TOKEN_ENV, BootstrapError, load_config, parse_bootstrap
 
 SECRET = "tok-very-secret-123"
 
@@ -66,3 +67,72 @@ def test_garbage_is_refused_clearly_without_the_token(line: bytes, expected: str
     assert expected in message
     assert SECRET not in message
     assert "\n" not in message
+
+
+@pytest.mark.parametrize("bad", ["\n", "\r", "\t", " ", "\x00", "\x7f", "é", "\u2028"])
+def test_a_token_that_cannot_be_a_header_value_is_refused_without_echoing_it(bad: str) -> None:
+    line = orjson.dumps({"server_url": "http://x", "token": f"{SECRET}{bad}tail"})
+    with pytest.raises(BootstrapError) as info:
+        parse_bootstrap(line)
+    message = str(info.value)
+    assert "token" in message and "printable ASCII" in message
+    assert SECRET not in message and "tail" not in message
+
+
+def test_every_printable_ascii_character_is_a_valid_token() -> None:
+    token = "".join(chr(c) for c in range(0x21, 0x7F))
+    assert parse_bootstrap(orjson.dumps({"server_url": "http://x", "token": token})).token == token
+
+
+def write_config(tmp_path: Path, **fields: object) -> Path:
+    path = tmp_path / "etc" / "computer.json"
+    path.parent.mkdir(exist_ok=True)
+    path.write_bytes(orjson.dumps({"server_url": "http://127.0.0.1:8765", **fields}))
+    return path
+
+
+def test_config_with_a_token_file_and_paths_relative_to_it(tmp_path: Path) -> None:
+    path = write_config(tmp_path, token_file="token", crew_home="../crew", opencode_path="/bin/oc")
+    (path.parent / "token").write_text(f"{SECRET}\n")
+    boot = load_config(path, {TOKEN_ENV: "not-this-one"})
+    assert boot.token == SECRET  # the file wins, its newline dropped
+    assert boot.resolved_crew_home() == (tmp_path / "etc" / ".." / "crew").absolute()
+    assert boot.opencode_path == Path("/bin/oc")
+
+
+def test_config_with_the_token_in_the_environment(tmp_path: Path) -> None:
+    assert load_config(write_config(tmp_path), {TOKEN_ENV: SECRET}).token == SECRET
+
+
+@pytest.mark.parametrize(
+    ("fields", "env", "expected"),
+    [
+        ({}, {}, "no token"),
+        ({}, {TOKEN_ENV: ""}, "no token"),
+        ({"token": SECRET}, {}, "must not hold the token"),
+        ({"token_file": 7}, {}, "token_file must be a path"),
+        ({"token_file": "absent"}, {}, "cannot read the token file"),
+        ({"server_url": "ftp://x"}, {TOKEN_ENV: SECRET}, "server_url"),
+        ({"extra": 1}, {TOKEN_ENV: SECRET}, "extra"),
+        ({}, {TOKEN_ENV: f"{SECRET}\n"}, "printable ASCII"),
+    ],
+)
+def test_bad_configs_are_refused_clearly_without_the_token(
+    tmp_path: Path, fields: dict[str, object], env: dict[str, str], expected: str
+) -> None:
+    with pytest.raises(BootstrapError) as info:
+        load_config(write_config(tmp_path, **fields), env)
+    assert expected in str(info.value) and SECRET not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [(b"[1]", "must be a JSON object"), (b"{", "not valid JSON"), (b" " * 70000, "over")],
+)
+def test_config_files_that_are_not_one_object(
+    tmp_path: Path, content: bytes, expected: str
+) -> None:
+    path = tmp_path / "computer.json"
+    path.write_bytes(content)
+    with pytest.raises(BootstrapError, match=expected):
+        load_config(path, {TOKEN_ENV: SECRET})

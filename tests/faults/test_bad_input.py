@@ -96,6 +96,27 @@ GOOD = f'"server_url": "http://127.0.0.1:9", "token": "{SECRET}"'
             id="huge-line",
         ),
         pytest.param(b"x" * 300_000, "over", id="huge-no-newline"),
+        # A token httpx would refuse as a header value, quoting it ("Illegal header value").
+        pytest.param(
+            f'{{"server_url": "http://127.0.0.1:9", "token": "{SECRET}\\nrest"}}\n'.encode(),
+            "token: Value error, must be printable ASCII",
+            id="token-newline",
+        ),
+        pytest.param(
+            f'{{"server_url": "http://127.0.0.1:9", "token": "{SECRET}\\u0001"}}\n'.encode(),
+            "control characters",
+            id="token-control",
+        ),
+        pytest.param(
+            f'{{"server_url": "http://127.0.0.1:9", "token": "{SECRET} x"}}\n'.encode(),
+            "without spaces",
+            id="token-space",
+        ),
+        pytest.param(
+            f'{{"server_url": "http://127.0.0.1:9", "token": "{SECRET}é"}}\n'.encode(),
+            "printable ASCII",
+            id="token-non-ascii",
+        ),
         pytest.param(b"\n", "no bootstrap received", id="empty-line"),
         pytest.param(b"   \t  \n", "no bootstrap received", id="blank-line"),
     ],
