@@ -142,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             store.ensure_user_token(keep)
     except OSError as exc:
         store.close()
+        listener.close()
         print(
             f"crew-server: cannot write the user token to {args.user_token_file}: {exc}; "
             f"nothing was changed, fix the path and start again",
