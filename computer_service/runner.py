@@ -78,6 +78,13 @@ class AgentWorkspace(Protocol):
         """The AGENTS.md text written for this runner (its digest decides the session)."""
         ...
 
+    def repair(self) -> str | None:
+        """Before a turn: check the directories, recreate what the Computer owns.
+
+        None when the turn can go on; else why it cannot and what to do.
+        """
+        ...
+
     def render_input(self, rooms: list[UnreadRoom], new_session: bool) -> str:
         """The turn input for these unread rooms (texts.md)."""
         ...
@@ -150,6 +157,8 @@ class Runner:
         self.session_id: str | None = None
         self.fenced_out = False
         self.superseded = False
+        # Why this agent cannot run any more (the workspace could not be repaired).
+        self.problem: str | None = None
         self._on_superseded = on_superseded
         self._retries = Retries(base_s=retry_base_s)
         self._retry_window_s = retry_window_s
@@ -193,9 +202,12 @@ class Runner:
     # The loop.
 
     async def run(self) -> None:
-        """Sleep until woken, run one turn, repeat; return on `close()`, fenced out or superseded."""
+        """Sleep until woken, run one turn, repeat.
+
+        Returns on `close()`, fenced out, superseded, or a `problem`.
+        """
         try:
-            while not self._closing and not self._gone:
+            while not self._closing and not self._gone and self.problem is None:
                 await self._sleep()
                 if self._closing:
                     break
@@ -250,6 +262,12 @@ class Runner:
         self._retry_later(delay)
 
     async def _turn(self) -> None:
+        # Before claiming: a broken directory would fail every turn, and the messages with it.
+        problem = self._workspace.repair()
+        if problem is not None:
+            log.warning("agent %s cannot run: %s", self.agent.handle, problem)
+            self.problem = problem
+            return
         stop = anyio.Event()
         self._stop = stop
         self._set_state(RunnerState.QUEUED)

@@ -273,18 +273,34 @@ class ComputerService:
             await anyio.sleep(backoff.next_delay())
 
     async def _keep_launcher(self) -> None:
-        """A launcher that dies is replaced; its running turns fail as `process_crashed`."""
+        """A launcher that dies is replaced; its running turns fail as `process_crashed`.
+
+        A replacement that is not usable makes every agent a problem with its
+        reason; another one is started after a backoff, and the first usable
+        one prepares the agents again.
+        """
         backoff = Backoff(initial_s=0.5, cap_s=30)
+        usable = True
         while True:
-            code = await self.parts.launcher_exited()
-            log.error("the sandbox launcher died (exit status %s); starting a new one", code)
+            if usable:
+                code = await self.parts.launcher_exited()
+                log.error("the sandbox launcher died (exit status %s); starting a new one", code)
             await anyio.sleep(backoff.next_delay())
             self.launcher = await self.parts.start_launcher()
             reason = self.launcher.unavailable_reason()
+            was_usable, usable = usable, reason is None
             if reason is not None:
-                log.error("the new launcher is not usable either: %s", reason)
-            else:
-                backoff.reset()
+                log.error("the new launcher is not usable either: %s; trying again", reason)
+                await self.roster.launcher_unusable(reason)
+                continue
+            backoff.reset()
+            if not was_usable:
+                log.info("a usable launcher is back: preparing the agents again")
+                try:
+                    await self.roster.launcher_usable()
+                except UpstreamError as exc:
+                    # The event stream's next (re)connect syncs and wakes them.
+                    log.warning("syncing the agents after the launcher came back failed: %s", exc)
 
     # --- stop requests -------------------------------------------------------
 
@@ -346,9 +362,9 @@ class ComputerService:
         """`GET /agents/{id}`; None for an unknown agent."""
         return self.roster.agent_detail(agent_id)
 
-    def wake_agent(self, agent_id: str) -> bool | None:
+    async def wake_agent(self, agent_id: str) -> bool | None:
         """`POST /agents/{id}/wake`: None unknown, False cannot run, True woken."""
-        return self.roster.wake_agent(agent_id)
+        return await self.roster.wake_agent(agent_id)
 
     def stop_agent(self, agent_id: str) -> bool | None:
         """`POST /agents/{id}/stop`: None unknown, False nothing running, True stopping."""
