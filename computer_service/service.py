@@ -243,8 +243,9 @@ class ComputerService:
     async def _report_models(self) -> None:
         """Step 5: `opencode models`, reported upstream; exit 1 if there is no list to report.
 
-        A launcher being replaced or a server that cannot be reached is tried
-        again with backoff; opencode failing or the server refusing is final.
+        A launcher being replaced (or replaced by an unusable one) or a server
+        that cannot be reached is tried again with backoff; opencode failing
+        under a usable launcher, or the server refusing, is final.
         """
         # Paced like the event stream's reconnects.
         backoff = Backoff(initial_s=self.events.backoff.base_s, cap_s=self.events.backoff.cap_s)
@@ -255,8 +256,11 @@ class ComputerService:
                     models = await self.parts.models()
                 await self.upstream.put_models(models)
             except ModelsFailed as exc:
-                self._fail(f"cannot read the available models: {exc}")
-                return
+                if self.launcher.unavailable_reason() is None:
+                    self._fail(f"cannot read the available models: {exc}")
+                    return
+                # A replacement launcher that is not usable: the next usable one may list them.
+                log.warning("reading the available models failed: %s; retrying", exc)
             except Superseded:
                 self._fail(SUPERSEDED)
                 return

@@ -392,6 +392,45 @@ def test_a_dead_launcher_fails_the_turn_and_is_replaced(crew_server: Any) -> Non
         assert run_dir_entries(m) == []
 
 
+def test_an_unusable_replacement_launcher_is_every_agents_problem_until_one_is_usable(
+    crew_server: Any,
+) -> None:
+    """The launcher dies while opencode is gone: the agent says why; back when opencode is."""
+    need_sandbox()
+    with machine() as m:
+        m.log_in()
+        comp = crew_server.create_computer()
+        agent = crew_server.create_agent("unusable1", computer_id=comp["computer_id"])
+        dm = crew_server.create_room("dm", [agent["id"]])
+        opencode = m.root / "opencode"
+        opencode.symlink_to(FAKE_OPENCODE)
+        boot = bootstrap_for(crew_server.url, comp["token"], m)
+        boot["opencode_path"] = str(opencode)
+        c = launch(m, boot)
+        try:
+            usable(c)
+            wait_until("a runner", lambda: [r["state"] for r in c.get("/agents")] == ["idle"])
+            opencode.unlink()
+            [launcher] = _launcher_pids(c.proc.pid)
+            os.kill(launcher, signal.SIGKILL)
+            reason = wait_until("the problem", lambda: problem_of(crew_server, agent["id"]))
+            assert reason.startswith("engine unavailable"), reason
+            assert c.get("/health")["engine"]["found"] is False
+            assert [(r["state"], r["problem"]) for r in c.get("/agents")] == [("problem", reason)]
+            # Messages wait meanwhile: nothing is claimed only to fail.
+            crew_server.post(dm["id"], "are you there?")
+
+            opencode.symlink_to(FAKE_OPENCODE)
+            [turn] = finished(crew_server, agent["id"], 1)
+            assert turn["status"] == "succeeded", turn["failure"]
+            assert "are you there?" in crew_server.turn(turn["id"])["input"]
+            assert problem_of(crew_server, agent["id"]) is None
+            assert c.get("/health")["engine"]["found"] is True
+        finally:
+            assert c.stop() == 0, c.stderr()[-3000:]
+        assert run_dir_entries(m) == []
+
+
 def test_kill_9_mid_turn_then_restart_handles_the_messages_again(crew_server: Any) -> None:
     need_sandbox()
     with machine() as m:
