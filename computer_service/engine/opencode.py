@@ -35,7 +35,7 @@ from computer_service.engine.base import (
     Usage,
 )
 from computer_service.engine.events import engine_event_of
-from computer_service.engine.failures import RunOutcome, classify, redact
+from computer_service.engine.failures import RunOutcome, classify, model_id_failure, redact
 from computer_service.engine.opencode_env import engine_env, opencode_config
 from computer_service.engine.user_opencode import (
     NotLoggedIn,
@@ -192,6 +192,8 @@ class OpenCodeEngine:
     ) -> TurnResult:
         if stop.is_set():
             return _stopped(None, Usage())
+        if (bad_model := model_id_failure(request.model)) is not None:
+            return TurnResult("failed", bad_model)
         try:
             auth = await anyio.to_thread.run_sync(read_auth, self.user.auth_file)
         except NotLoggedIn as exc:
