@@ -28,6 +28,8 @@ class Bootstrap(BaseModel):
     max_concurrent_turns: Annotated[int, Strict()] | None = Field(default=None, ge=1, le=1024)
     opencode_path: Path | None = None
     sandbox_mode: Literal["hybrid", "tmpfs"] | None = None
+    # How long one turn may run before it is ended (computer.md §3; 30 min by default).
+    turn_time_limit_s: Annotated[int, Strict()] = Field(default=30 * 60, ge=1, le=7 * 24 * 3600)
 
     @field_validator("server_url")
     @classmethod

@@ -29,7 +29,7 @@ from computer_service.gate import TurnGate
 from computer_service.introspection import AgentDetail, AgentRow, TurnSummary
 from computer_service.metrics import Metrics
 from computer_service.parts_protocol import AgentPreparationFailed, Parts
-from computer_service.runner import Runner
+from computer_service.runner import DEFAULT_TURN_TIME_LIMIT_S, Runner
 from computer_service.upstream import AgentRecord, Superseded, Upstream, UpstreamError
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,7 @@ class Roster:
         metrics: Metrics,
         publish: Callable[[str, dict[str, Any]], None],
         superseded: Callable[[], None] = lambda: None,
+        turn_time_limit_s: float = DEFAULT_TURN_TIME_LIMIT_S,
     ) -> None:
         self.upstream = upstream
         # Called when the server says a newer connection replaced this Computer.
@@ -58,6 +59,7 @@ class Roster:
         self.gate = gate
         self.metrics = metrics
         self._publish = publish
+        self._turn_time_limit_s = turn_time_limit_s
         self.runners: dict[str, Runner] = {}
         self.problems: dict[str, tuple[AgentRecord, str]] = {}
         # Agents whose turn was fenced out: no runner until the next full sync.
@@ -197,6 +199,7 @@ class Roster:
             gate=self.gate,
             metrics=self.metrics,
             publish=self._publish,
+            wall_clock_limit_s=self._turn_time_limit_s,
             on_superseded=self._superseded,
         )
         self.runners[agent.id] = runner

@@ -55,6 +55,8 @@ FINISH_TIMEOUT_S = 8.0
 # A server that restarts is back within seconds: the ack and the finish wait that long for it.
 RETRY_WINDOW_S = 6.0
 RECENT_TURNS = 20
+# The wall-clock limit of one turn unless the bootstrap says otherwise (computer.md §3).
+DEFAULT_TURN_TIME_LIMIT_S = 30 * 60
 
 Publish = Callable[[str, dict[str, Any]], None]
 TurnStatus = Literal["succeeded", "failed", "cancelled"]
@@ -136,7 +138,7 @@ class Runner:
         gate: TurnGate,
         metrics: Metrics,
         publish: Publish = lambda kind, data: None,
-        wall_clock_limit_s: float = 30 * 60,
+        wall_clock_limit_s: float = DEFAULT_TURN_TIME_LIMIT_S,
         on_superseded: Callable[[], None] = lambda: None,
         retry_base_s: float = RETRY_BASE_S,
         retry_window_s: float = RETRY_WINDOW_S,

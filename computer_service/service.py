@@ -78,6 +78,7 @@ class ComputerService:
             metrics=self.metrics,
             publish=self.bus.publish,
             superseded=lambda: self._fail(SUPERSEDED),
+            turn_time_limit_s=bootstrap.turn_time_limit_s,
         )
         self.events = EventStream(self.upstream, self.roster, fail=self._fail)
         self.ready = False

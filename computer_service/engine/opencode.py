@@ -93,6 +93,7 @@ class _Attempt:
     exit: ExitFrame | None = None
     ending: str | None = None  # "stopped", "timeout" or "guard"
     guard_reason: str = ""
+    time_limit_s: float = 0.0  # the wall-clock limit that ended it ("timeout")
     launcher_failure: Failure | None = None
 
     def track(self, event: EngineEvent, max_steps: int) -> str | None:
@@ -289,6 +290,7 @@ class OpenCodeEngine:
 
         async def watch_clock() -> None:
             await anyio.sleep(request.wall_clock_limit_s)
+            a.time_limit_s = request.wall_clock_limit_s
             await end_run("timeout")
 
         async with anyio.create_task_group() as tg:
@@ -336,8 +338,9 @@ class OpenCodeEngine:
         if a.ending == "timeout":
             failure = Failure(
                 FailureClass.ENGINE_ERROR,
-                "the turn ran past its wall-clock limit and was ended; "
-                "the model may be hanging or retrying silently",
+                f"the turn ran past its wall-clock limit ({_duration(a.time_limit_s)}) and "
+                "was ended; the model may be hanging or retrying silently. A longer job needs "
+                "a higher turn_time_limit_s in the Computer's bootstrap",
             )
         elif a.ending == "guard":
             failure = Failure(FailureClass.ENGINE_ERROR, a.guard_reason)
@@ -362,6 +365,13 @@ class OpenCodeEngine:
             failure = found
         failure = Failure(failure.cls, redact(failure.reason, secrets))
         return TurnResult("failed", failure, a.session_id, a.usage)
+
+
+def _duration(seconds: float) -> str:
+    """`30 min`, `90 s`: the limit as a person reads it."""
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"{int(seconds // 60)} min"
+    return f"{seconds:g} s"
 
 
 def _stopped(session_id: str | None, usage: Usage) -> TurnResult:

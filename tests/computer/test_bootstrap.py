@@ -59,3 +59,14 @@ def test_garbage_is_refused_clearly_without_the_token(line: bytes, expected: str
     assert expected in message
     assert SECRET not in message
     assert "\n" not in message
+
+
+def test_turn_time_limit_defaults_to_30_minutes_and_is_checked() -> None:
+    base = '{"server_url": "http://x", "token": "t"'
+    assert parse_bootstrap(f"{base}}}".encode()).turn_time_limit_s == 30 * 60
+    assert (
+        parse_bootstrap(f'{base}, "turn_time_limit_s": 7200}}'.encode()).turn_time_limit_s == 7200
+    )
+    for bad in ("0", '"60"', "true", "1.5", str(10**9)):
+        with pytest.raises(BootstrapError, match="turn_time_limit_s"):
+            parse_bootstrap(f'{base}, "turn_time_limit_s": {bad}}}'.encode())

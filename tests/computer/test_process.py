@@ -431,6 +431,26 @@ def test_an_unusable_replacement_launcher_is_every_agents_problem_until_one_is_u
         assert run_dir_entries(m) == []
 
 
+def test_the_bootstraps_turn_time_limit_ends_a_hanging_turn(crew_server: Any) -> None:
+    need_sandbox()
+    with machine() as m:
+        m.log_in()
+        comp = crew_server.create_computer()
+        agent = crew_server.create_agent("limit1", computer_id=comp["computer_id"])
+        dm = crew_server.create_room("dm", [agent["id"]])
+        crew_server.post(dm["id"], "think forever:\nFAKE:HANG")
+        c = launch(m, bootstrap_for(crew_server.url, comp["token"], m, turn_time_limit_s=2))
+        try:
+            usable(c)
+            [turn] = finished(crew_server, agent["id"], 1)
+            assert turn["status"] == "failed"
+            assert turn["failure"]["class"] == "engine_error"
+            assert "wall-clock limit (2 s)" in turn["failure"]["reason"]
+            assert "turn_time_limit_s" in turn["failure"]["reason"]
+        finally:
+            assert c.stop() == 0, c.stderr()[-3000:]
+
+
 def test_kill_9_mid_turn_then_restart_handles_the_messages_again(crew_server: Any) -> None:
     need_sandbox()
     with machine() as m:
