@@ -240,15 +240,15 @@ def test_rm_rf_from_inside_the_sandbox_is_repaired_before_the_next_turn(
                 dm["id"],
                 "clean up:\nFAKE:RUN "
                 'rm -rf "$HOME/work" "$XDG_CACHE_HOME" "$XDG_DATA_HOME"; ln -s / "$XDG_DATA_HOME"; '
-                f"echo bye | crew reply {dm['id']}",
+                # Replies only when all of it really happened (any wake-up repairs it at once).
+                'test ! -e "$HOME/work" && test ! -e "$XDG_CACHE_HOME" && test -L "$XDG_DATA_HOME" '
+                f"&& echo bye | crew reply {dm['id']}",
             )
             [first] = finished(crew_server, agent["id"], 1)
             assert first["status"] == "succeeded", first["failure"]
             home = m.crew_home / "agents" / agent["id"]
-            assert not (home / "work").exists()  # the agent really deleted it
             data = home / "engines" / "opencode" / "data"
             [runtime] = (m.crew_home / "runtime").glob(f"*/agents/{agent['id']}")
-            assert data.is_symlink() and not (runtime / "cache").exists()
             for n in (2, 3):
                 crew_server.post(dm["id"], f"again:\nFAKE:RUN echo turn{n} | crew reply {dm['id']}")
                 turns = finished(crew_server, agent["id"], n)
