@@ -39,6 +39,9 @@ class Bootstrap(BaseModel):
     # shorten it; an app has no reason to set it.
     retry_base_s: float = Field(default=RETRY_BASE_S, gt=0, le=300)
 
+    # How long one turn may run before it is ended (computer.md §3; 30 min by default).
+    turn_time_limit_s: Annotated[int, Strict()] = Field(default=30 * 60, ge=1, le=7 * 24 * 3600)
+
     @field_validator("token")
     @classmethod
     def _header_safe_token(cls, value: str) -> str:

@@ -130,8 +130,8 @@ def local_now() -> datetime:
 class AgentHome:
     """One agent's directories and texts, for one run of the Computer.
 
-    Satisfies the runner's `AgentWorkspace`: `agents_md`, `render_input`,
-    `save_session`.
+    Satisfies the runner's `AgentWorkspace`: `agents_md`, `repair`,
+    `render_input`, `save_session`.
     """
 
     def __init__(
@@ -145,6 +145,8 @@ class AgentHome:
         self.agent = agent
         self._clock = clock
         self._agents_md = render_agents_md(agent)
+        # Kept to rewrite the token file should the agent delete it (set by `prepare`).
+        self._token = ""
 
     @property
     def agents_md(self) -> str:
@@ -154,36 +156,85 @@ class AgentHome:
     def prepare(self, token: str) -> None:
         """Create the agent's directories and files; raise `AgentHomeError` with a reason.
 
-        Directories are 0700 and files 0600, every level checked (no symlink,
-        no other file type). Writes the token, AGENTS.md, the npm stub, and the
-        MEMORY.md template when `work/MEMORY.md` does not exist at all.
+        Directories are 0700 and files 0600, every level checked (`repair`
+        says what is fixed and what is refused). Writes the token, AGENTS.md,
+        the npm stub, and the MEMORY.md template when `work/MEMORY.md` does not
+        exist at all.
         """
         p = self.paths
+        self._token = token
         try:
-            for d in (
-                p.agent_dir,
-                p.work_dir,
-                p.data_dir,
-                p.runtime_dir,
-                p.config_dir,
-                p.cache_dir,
-                p.state_dir,
-                p.tmp_dir,
-                p.config_dir / "opencode" / "node_modules",
-            ):
-                safe_fs.ensure_dir(p.crew_home, d)
-            safe_fs.write_file_atomic(p.crew_home, p.token_file, token.encode("utf-8"))
-            safe_fs.write_file_atomic(p.crew_home, p.agents_md, self._agents_md.encode("utf-8"))
-            safe_fs.write_file_atomic(
-                p.crew_home, p.config_dir / "opencode" / "package-lock.json", NPM_STUB_LOCK
-            )
+            self._restore_dirs()
+            for path, data in self._files():
+                safe_fs.write_file_atomic(p.crew_home, path, data)
             # An existing MEMORY.md is the agent's, whatever it is (even a FIFO).
             if safe_fs.lstat_entry(p.crew_home, p.memory_md) is None:
                 safe_fs.write_file_atomic(p.crew_home, p.memory_md, MEMORY_TEMPLATE.encode())
         except (UnsafePath, OSError) as exc:
-            raise AgentHomeError(
-                f"cannot prepare the directories of agent @{self.agent.handle}: {_relative(exc, p)}"
-            ) from exc
+            raise AgentHomeError(self._cannot_prepare(exc)) from exc
+
+    def repair(self) -> str | None:
+        """Before every turn: put back what the agent broke of the Computer's; else the reason.
+
+        The agent can write both of its directories, so one `rm -rf` may take
+        `work/` or its temp dir, or leave a symlink where a directory belongs.
+        Missing directories are recreated and data-less entries in their place
+        (symlinks, FIFOs, sockets) removed; the token, AGENTS.md and the npm
+        stub are rewritten when they are not regular files. A regular file
+        where a directory belongs is not deleted (it may be the agent's work):
+        that is the returned reason. Cheap when all is well: an lstat and an
+        openat per level.
+        """
+        p = self.paths
+        try:
+            repaired = self._restore_dirs()
+            for path, data in self._files():
+                st = safe_fs.lstat_entry(p.crew_home, path)
+                if st is None or not stat.S_ISREG(st.st_mode):
+                    safe_fs.write_file_atomic(p.crew_home, path, data)
+                    repaired.append(f"{_relative_path(path, p)} was rewritten")
+        except (UnsafePath, OSError) as exc:
+            return self._cannot_prepare(exc)
+        if repaired:
+            log.warning(
+                "agent %s: repaired its directories before the turn: %s",
+                self.agent.handle,
+                "; ".join(repaired),
+            )
+        return None
+
+    def _restore_dirs(self) -> list[str]:
+        """The agent's directories and its runtime directories, as `safe_fs.restore_dirs` makes them."""
+        p = self.paths
+        agent_dirs = [p.work_dir, p.data_dir]
+        runtime_dirs = [
+            p.config_dir / "opencode" / "node_modules",
+            p.cache_dir,
+            p.state_dir,
+            p.tmp_dir,
+        ]
+        repaired = safe_fs.restore_dirs(
+            p.crew_home, p.agent_dir, [d.relative_to(p.agent_dir) for d in agent_dirs]
+        )
+        repaired += safe_fs.restore_dirs(
+            p.crew_home, p.runtime_dir, [d.relative_to(p.runtime_dir) for d in runtime_dirs]
+        )
+        return repaired
+
+    def _files(self) -> list[tuple[Path, bytes]]:
+        """The files the Computer writes for this agent, with their content."""
+        p = self.paths
+        return [
+            (p.token_file, self._token.encode("utf-8")),
+            (p.agents_md, self._agents_md.encode("utf-8")),
+            (p.config_dir / "opencode" / "package-lock.json", NPM_STUB_LOCK),
+        ]
+
+    def _cannot_prepare(self, exc: BaseException) -> str:
+        return (
+            f"cannot prepare the directories of agent @{self.agent.handle}: "
+            f"{_relative(exc, self.paths)}"
+        )
 
     def memory_size(self) -> int | None:
         """MEMORY.md's size in bytes; None when missing or not a regular file."""
@@ -230,6 +281,10 @@ def copy_price_table(paths: AgentPaths, source: Path) -> bool:
             _relative(exc, paths),
         )
         return False
+
+
+def _relative_path(path: Path, paths: AgentPaths) -> str:
+    return str(path.relative_to(paths.crew_home))
 
 
 def _relative(exc: BaseException, paths: AgentPaths) -> str:

@@ -124,8 +124,11 @@ class ComputerView(Protocol):
 
     def agent_detail(self, agent_id: str) -> AgentDetail | None: ...
 
-    def wake_agent(self, agent_id: str) -> bool | None:
-        """None: no such agent; False: it cannot run now (a problem); True: woken."""
+    async def wake_agent(self, agent_id: str) -> bool | None:
+        """None: no such agent; False: it cannot run now (a problem); True: woken.
+
+        A problem agent is prepared again first (its problem clears on success).
+        """
         ...
 
     def stop_agent(self, agent_id: str) -> bool | None:
@@ -207,7 +210,7 @@ def create_app(view: ComputerView, bus: EventBus) -> Starlette:
 
     async def wake(request: Request) -> Response:
         agent_id = request.path_params["agent_id"]
-        woken = view.wake_agent(agent_id)
+        woken = await view.wake_agent(agent_id)
         if woken is None:
             raise _no_agent(agent_id)
         if not woken:

@@ -3,8 +3,11 @@
 computer.md §1 step 6 and §2. `sync_agents` makes the runners match the
 server's agent list: new agents get their directories, token and a runner;
 changed ones are replaced; agents moved away are dropped. An agent that
-cannot run (no sandbox, no engine, a directory that cannot be prepared) is
-kept as a problem, reported upstream once, and tried again at the next sync.
+cannot run (no sandbox, no engine, a directory that cannot be prepared or
+repaired before a turn) is kept as a problem, reported upstream once, and
+prepared again at the next sync and at its next wake-up (from the server or
+the introspection socket); a success clears the problem. A launcher replaced
+by an unusable one makes every agent a problem until a later one is usable.
 A runner fenced out by a newer connection stays dropped until the next sync.
 
 The roster owns its runners' task group (`running`); leaving it stops every
@@ -27,7 +30,7 @@ from computer_service.gate import TurnGate
 from computer_service.introspection import AgentDetail, AgentRow, TurnSummary
 from computer_service.metrics import Metrics
 from computer_service.parts_protocol import AgentPreparationFailed, Parts
-from computer_service.runner import Runner
+from computer_service.runner import DEFAULT_TURN_TIME_LIMIT_S, Runner
 from computer_service.upstream import AgentRecord, Superseded, Upstream, UpstreamError
 
 log = logging.getLogger(__name__)
@@ -49,6 +52,7 @@ class Roster:
         publish: Callable[[str, dict[str, Any]], None],
         superseded: Callable[[], None] = lambda: None,
         retry_base_s: float = RETRY_BASE_S,
+        turn_time_limit_s: float = DEFAULT_TURN_TIME_LIMIT_S,
     ) -> None:
         self.upstream = upstream
         # Called when the server says a newer connection replaced this Computer.
@@ -59,6 +63,7 @@ class Roster:
         self.gate = gate
         self.metrics = metrics
         self._publish = publish
+        self._turn_time_limit_s = turn_time_limit_s
         self.runners: dict[str, Runner] = {}
         self.problems: dict[str, tuple[AgentRecord, str]] = {}
         # Agents whose turn was fenced out: no runner until the next full sync.
@@ -70,6 +75,8 @@ class Roster:
         # Set after the first complete sync.
         self.synced = anyio.Event()
         self._group: TaskGroup | None = None
+        # One preparation at a time: a sync and a wake-up must not both add a runner.
+        self._preparing = anyio.Lock()
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
@@ -93,6 +100,10 @@ class Roster:
 
     async def sync_agents(self) -> list[Runner]:
         """Create, replace and drop runners to match the server's agent list; the new runners."""
+        async with self._preparing:
+            return await self._sync_agents()
+
+    async def _sync_agents(self) -> list[Runner]:
         agents = {agent.id: agent for agent in await self.upstream.agents()}
         self.fenced.clear()
         for agent_id in [a for a in self.runners if a not in agents]:
@@ -113,15 +124,41 @@ class Roster:
         return created
 
     async def wake_from_server(self, agent_id: str) -> None:
-        """A `wake` event: wake its runner; an agent not known yet is synced first."""
-        runner = self.runners.get(agent_id)
-        if runner is not None:
-            runner.wake()
-        elif agent_id not in self.problems and agent_id not in self.fenced:
-            # Not known yet (e.g. just assigned): a sync creates it; then wake it.
+        """A `wake` event: wake its runner; a problem agent is prepared again first.
+
+        An agent not known yet (e.g. just assigned) is synced first.
+        """
+        if agent_id in self.fenced:
+            return
+        if agent_id in self.problems:
+            await self._prepare_again(agent_id)
+        elif agent_id not in self.runners:
             await self.sync_agents()
-            if (runner := self.runners.get(agent_id)) is not None:
-                runner.wake()
+        if (runner := self.runners.get(agent_id)) is not None:
+            runner.wake()
+
+    async def _prepare_again(self, agent_id: str) -> None:
+        """Try a problem agent again (its reason told the user to fix something, then wake it)."""
+        async with self._preparing:
+            # Another sync or wake-up may have got there first.
+            if (problem := self.problems.get(agent_id)) is not None:
+                await self._add_runner(problem[0])
+
+    async def launcher_unusable(self, reason: str) -> None:
+        """The launcher was replaced by an unusable one: every runner's agent gets the reason.
+
+        The runners are dropped, so none claims messages only to fail them.
+        """
+        self.unavailable = reason
+        async with self._preparing:
+            for agent_id, runner in list(self.runners.items()):
+                await self._drop_runner(agent_id)
+                await self._report_problem(runner.agent, reason)
+
+    async def launcher_usable(self) -> None:
+        """A later launcher is usable: prepare every agent again (clearing problems), wake them."""
+        self.unavailable = None
+        await self.agents_changed()
 
     async def agents_changed(self) -> None:
         """An `agents` event: sync, and wake the new runners."""
@@ -166,6 +203,7 @@ class Roster:
             gate=self.gate,
             metrics=self.metrics,
             publish=self._publish,
+            wall_clock_limit_s=self._turn_time_limit_s,
             on_superseded=self._superseded,
             retry_base_s=self._retry_base_s,
         )
@@ -181,14 +219,19 @@ class Roster:
         return runner
 
     async def _run_runner(self, runner: Runner) -> None:
+        current = False
         try:
             await runner.run()
         finally:
             if self.runners.get(runner.agent.id) is runner:
+                current = True
                 # Fenced out: dropped until the next agent sync says otherwise.
                 del self.runners[runner.agent.id]
                 if runner.fenced_out and not runner.superseded:
                     self.fenced.add(runner.agent.id)
+        if current and runner.problem is not None:
+            # Its workspace could not be repaired: a problem until a wake-up prepares it again.
+            await self._report_problem(runner.agent, runner.problem)
 
     async def _report_problem(self, agent: AgentRecord, reason: str) -> None:
         known = self.problems.get(agent.id)
@@ -224,8 +267,13 @@ class Roster:
             return AgentDetail.model_validate({**row.model_dump(), "recent_turns": []})
         return None
 
-    def wake_agent(self, agent_id: str) -> bool | None:
-        """`POST /agents/{id}/wake`: None unknown, False cannot run, True woken."""
+    async def wake_agent(self, agent_id: str) -> bool | None:
+        """`POST /agents/{id}/wake`: None unknown, False cannot run, True woken.
+
+        A problem agent is prepared again first: woken when that succeeds.
+        """
+        if agent_id in self.problems:
+            await self._prepare_again(agent_id)
         if (runner := self.runners.get(agent_id)) is not None:
             runner.wake()
             return True

@@ -56,6 +56,8 @@ FINISH_TIMEOUT_S = 8.0
 # A server that restarts is back within seconds: the ack and the finish wait that long for it.
 RETRY_WINDOW_S = 6.0
 RECENT_TURNS = 20
+# The wall-clock limit of one turn unless the bootstrap says otherwise (computer.md §3).
+DEFAULT_TURN_TIME_LIMIT_S = 30 * 60
 
 Publish = Callable[[str, dict[str, Any]], None]
 TurnStatus = Literal["succeeded", "failed", "cancelled"]
@@ -77,6 +79,13 @@ class AgentWorkspace(Protocol):
     @property
     def agents_md(self) -> str:
         """The AGENTS.md text written for this runner (its digest decides the session)."""
+        ...
+
+    def repair(self) -> str | None:
+        """Before a turn: check the directories, recreate what the Computer owns.
+
+        None when the turn can go on; else why it cannot and what to do.
+        """
         ...
 
     def render_input(self, rooms: list[UnreadRoom], new_session: bool) -> str:
@@ -132,7 +141,7 @@ class Runner:
         gate: TurnGate,
         metrics: Metrics,
         publish: Publish = lambda kind, data: None,
-        wall_clock_limit_s: float = 30 * 60,
+        wall_clock_limit_s: float = DEFAULT_TURN_TIME_LIMIT_S,
         on_superseded: Callable[[], None] = lambda: None,
         retry_base_s: float = RETRY_BASE_S,
         retry_window_s: float = RETRY_WINDOW_S,
@@ -153,6 +162,8 @@ class Runner:
         self.session_id: str | None = None
         self.fenced_out = False
         self.superseded = False
+        # Why this agent cannot run any more (the workspace could not be repaired).
+        self.problem: str | None = None
         self._on_superseded = on_superseded
         self._retries = Retries(base_s=retry_base_s)
         self._retry_window_s = retry_window_s
@@ -196,9 +207,12 @@ class Runner:
     # The loop.
 
     async def run(self) -> None:
-        """Sleep until woken, run one turn, repeat; return on `close()`, fenced out or superseded."""
+        """Sleep until woken, run one turn, repeat.
+
+        Returns on `close()`, fenced out, superseded, or a `problem`.
+        """
         try:
-            while not self._closing and not self._gone:
+            while not self._closing and not self._gone and self.problem is None:
                 await self._sleep()
                 if self._closing:
                     break
@@ -253,6 +267,12 @@ class Runner:
         self._retry_later(delay)
 
     async def _turn(self) -> None:
+        # Before claiming: a broken directory would fail every turn, and the messages with it.
+        problem = self._workspace.repair()
+        if problem is not None:
+            log.warning("agent %s cannot run: %s", self.agent.handle, problem)
+            self.problem = problem
+            return
         stop = anyio.Event()
         self._stop = stop
         self._set_state(RunnerState.QUEUED)

@@ -17,7 +17,7 @@ import logging
 import os
 import secrets
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path, PurePath
 
 log = logging.getLogger(__name__)
@@ -134,6 +134,81 @@ def ensure_dir(root: Path, path: PurePath | str, mode: int = 0o700) -> None:
     The final directory's mode is set to `mode` even when it already existed.
     """
     with open_dir(root, path, create=True) as fd:
+        os.fchmod(fd, mode)
+
+
+def restore_dirs(
+    root: Path, base: PurePath | str, paths: Iterable[PurePath | str], mode: int = 0o700
+) -> list[str]:
+    """Make each of `paths` (relative to `base` under `root`) a real directory again.
+
+    Returns what was repaired, one line each (empty when all was well: then it
+    cost an `lstat` and an `openat` per level). `base` and the levels above it
+    are walked as `open_dir(create=True)` does. The levels below `base` are the
+    Computer's own, in a directory the agent can write:
+    - a missing level is created;
+    - a symlink, FIFO or socket in a level's place is removed (never followed;
+      it holds no data) and replaced by a directory;
+    - a regular file or a device there raises `UnsafePath`: it may hold the
+      agent's work, so only a person may remove it.
+    Every level below `base` (and `base`) gets `mode`: a `chmod 000` breaks
+    the engine as surely as an `rm -rf`.
+    """
+    repaired: list[str] = []
+    base_parts = _parts(root, base)
+    with open_dir(root, base, create=True) as base_fd:
+        _set_mode(base_fd, mode)
+        for path in paths:
+            parts = _parts(root, PurePath(path))
+            fd = os.dup(base_fd)
+            try:
+                for i, name in enumerate(parts):
+                    where = _describe((*base_parts, *parts[: i + 1]))
+                    if (fixed := _restore_level(fd, name, where, mode)) is not None:
+                        repaired.append(fixed)
+                    nxt = _open_child_dir(fd, name, where, False, mode)
+                    os.close(fd)
+                    fd = nxt
+                    _set_mode(fd, mode)
+            finally:
+                os.close(fd)
+    return repaired
+
+
+def _restore_level(fd: int, name: str, where: str, mode: int) -> str | None:
+    """Make `name` in `fd` a directory when it is missing or a data-less entry; what was done."""
+    try:
+        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+    except FileNotFoundError:
+        st = None
+    done = f"{where} was missing"
+    if st is not None:
+        if stat.S_ISDIR(st.st_mode):
+            return None
+        kind = _kind_of(fd, name)
+        if not (stat.S_ISLNK(st.st_mode) or stat.S_ISFIFO(st.st_mode) or stat.S_ISSOCK(st.st_mode)):
+            raise UnsafePath(
+                f"{where} is a {kind}, not a directory. It may hold the agent's work, so the "
+                "Computer leaves it alone: move it away, then wake the agent (a new message, or "
+                "POST /agents/<id>/wake on the Computer's socket) and the Computer recreates "
+                "the directory."
+            )
+        try:
+            os.unlink(name, dir_fd=fd)
+        except OSError as exc:
+            raise UnsafePath(f"cannot remove the {kind} at {where}: {exc.strerror}.") from exc
+        done = f"{where} was a {kind} (removed, not followed)"
+    try:
+        os.mkdir(name, mode, dir_fd=fd)
+    except FileExistsError:
+        pass  # created meanwhile: the open that follows checks what it is
+    except OSError as exc:
+        raise UnsafePath(f"cannot create {where}: {exc.strerror}.") from exc
+    return done
+
+
+def _set_mode(fd: int, mode: int) -> None:
+    if stat.S_IMODE(os.fstat(fd).st_mode) != mode:
         os.fchmod(fd, mode)
 
 

@@ -79,6 +79,7 @@ class ComputerService:
             publish=self.bus.publish,
             superseded=lambda: self._fail(SUPERSEDED),
             retry_base_s=bootstrap.retry_base_s,
+            turn_time_limit_s=bootstrap.turn_time_limit_s,
         )
         self.events = EventStream(self.upstream, self.roster, fail=self._fail)
         self.ready = False
@@ -244,8 +245,9 @@ class ComputerService:
     async def _report_models(self) -> None:
         """Step 5: `opencode models`, reported upstream; exit 1 if there is no list to report.
 
-        A launcher being replaced or a server that cannot be reached is tried
-        again with backoff; opencode failing or the server refusing is final.
+        A launcher being replaced (or replaced by an unusable one) or a server
+        that cannot be reached is tried again with backoff; opencode failing
+        under a usable launcher, or the server refusing, is final.
         """
         # Paced like the event stream's reconnects.
         backoff = Backoff(initial_s=self.events.backoff.base_s, cap_s=self.events.backoff.cap_s)
@@ -256,8 +258,11 @@ class ComputerService:
                     models = await self.parts.models()
                 await self.upstream.put_models(models)
             except ModelsFailed as exc:
-                self._fail(f"cannot read the available models: {exc}")
-                return
+                if self.launcher.unavailable_reason() is None:
+                    self._fail(f"cannot read the available models: {exc}")
+                    return
+                # A replacement launcher that is not usable: the next usable one may list them.
+                log.warning("reading the available models failed: %s; retrying", exc)
             except Superseded:
                 self._fail(SUPERSEDED)
                 return
@@ -274,18 +279,34 @@ class ComputerService:
             await anyio.sleep(backoff.next_delay())
 
     async def _keep_launcher(self) -> None:
-        """A launcher that dies is replaced; its running turns fail as `process_crashed`."""
+        """A launcher that dies is replaced; its running turns fail as `process_crashed`.
+
+        A replacement that is not usable makes every agent a problem with its
+        reason; another one is started after a backoff, and the first usable
+        one prepares the agents again.
+        """
         backoff = Backoff(initial_s=0.5, cap_s=30)
+        usable = True
         while True:
-            code = await self.parts.launcher_exited()
-            log.error("the sandbox launcher died (exit status %s); starting a new one", code)
+            if usable:
+                code = await self.parts.launcher_exited()
+                log.error("the sandbox launcher died (exit status %s); starting a new one", code)
             await anyio.sleep(backoff.next_delay())
             self.launcher = await self.parts.start_launcher()
             reason = self.launcher.unavailable_reason()
+            was_usable, usable = usable, reason is None
             if reason is not None:
-                log.error("the new launcher is not usable either: %s", reason)
-            else:
-                backoff.reset()
+                log.error("the new launcher is not usable either: %s; trying again", reason)
+                await self.roster.launcher_unusable(reason)
+                continue
+            backoff.reset()
+            if not was_usable:
+                log.info("a usable launcher is back: preparing the agents again")
+                try:
+                    await self.roster.launcher_usable()
+                except UpstreamError as exc:
+                    # The event stream's next (re)connect syncs and wakes them.
+                    log.warning("syncing the agents after the launcher came back failed: %s", exc)
 
     # --- stop requests -------------------------------------------------------
 
@@ -352,9 +373,9 @@ class ComputerService:
         """`GET /agents/{id}`; None for an unknown agent."""
         return self.roster.agent_detail(agent_id)
 
-    def wake_agent(self, agent_id: str) -> bool | None:
+    async def wake_agent(self, agent_id: str) -> bool | None:
         """`POST /agents/{id}/wake`: None unknown, False cannot run, True woken."""
-        return self.roster.wake_agent(agent_id)
+        return await self.roster.wake_agent(agent_id)
 
     def stop_agent(self, agent_id: str) -> bool | None:
         """`POST /agents/{id}/stop`: None unknown, False nothing running, True stopping."""

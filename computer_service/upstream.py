@@ -173,12 +173,15 @@ class Upstream:
         *,
         transport: httpx.AsyncBaseTransport | None = None,
         timeout_s: float = 10.0,
+        sse_read_timeout_s: float = SSE_READ_TIMEOUT_S,
     ) -> None:
         self.server_url = server_url.rstrip("/")
         if transport is None and self.server_url.startswith("http://"):
             # No TLS to verify on http:// (and redirects are not followed): skip
             # loading the CA bundle, ~30 ms of start-up before `ready`.
             transport = httpx.AsyncHTTPTransport(verify=False)
+        # The event stream's watchdog: this long without a byte (not even a ping) is a dead stream.
+        self._sse_read_timeout_s = sse_read_timeout_s
         # The epoch `connect` returned; sent with every later request.
         self.epoch: int | None = None
         self._client = httpx.AsyncClient(
@@ -334,7 +337,7 @@ class Upstream:
                 "resuming without it",
                 last_event_id,
             )
-        timeout = httpx.Timeout(10.0, read=SSE_READ_TIMEOUT_S)
+        timeout = httpx.Timeout(10.0, read=self._sse_read_timeout_s)
         try:
             async with aconnect_sse(
                 self._client, "GET", "/computer/events", headers=headers, timeout=timeout

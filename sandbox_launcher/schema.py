@@ -12,6 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from crew_common.model_id import MODEL_PATTERN
+
 MIB = 1024 * 1024
 DEFAULT_STDOUT_LIMIT = 8 * MIB
 MAX_STDOUT_LIMIT = 256 * MIB
@@ -22,7 +24,6 @@ MAX_ENV_VALUE = 120 * 1024
 MAX_ENV_TOTAL = 1 * MIB
 
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
-MODEL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}/[A-Za-z0-9._:@+/-]{1,200}$"
 SESSION_PATTERN = r"^ses_[A-Za-z0-9]{1,100}$"
 TITLE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9 ._:-]{0,79}$"
 

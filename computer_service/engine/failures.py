@@ -4,6 +4,7 @@ Input is what the run left behind — exit status, the launcher's reason, the
 last `error` event, whether stdout was empty, the last 64 KiB of stderr — and
 the output is a `Failure` with a fixed class and a short English reason, or
 None for success. Reasons are redacted: no agent directory path, no token.
+`model_id_failure` checks a model id before any run.
 """
 
 from __future__ import annotations
@@ -13,11 +14,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from computer_service.engine.base import EngineEvent, Failure, FailureClass
+from crew_common.model_id import is_model_id
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _RATE_LIMIT = re.compile(r"rate.?limit|too many requests|quota", re.IGNORECASE)
 _MODEL_NOT_FOUND = re.compile(r"Model not found: ?([^\s\"'\\]*)")
 _SESSION_NOT_FOUND = "Session not found"
+# What the sandbox's own tools print when they cannot set up a run (before OpenCode starts):
+# bubblewrap, the Landlock helper (sandbox_launcher/landlock.py), macOS sandbox-exec.
+_SANDBOX_SETUP = re.compile(r"^(?:bwrap|crew-landlock|sandbox-exec): ")
 _REASON_LIMIT = 500
 
 
@@ -85,6 +90,14 @@ def _classify(o: RunOutcome) -> Failure | None:
     if o.exit_code == 0 and o.signal is None and o.last_error is None:
         return None
 
+    if o.stdout_empty and o.signal is None and (setup := _sandbox_setup_line(o.stderr_tail)):
+        return Failure(
+            FailureClass.SANDBOX,
+            f"the sandbox could not start OpenCode ({setup}). The messages are kept; "
+            "check the sandbox in the Computer's /health, and that the agent's "
+            "directories were not changed by hand.",
+        )
+
     model = _MODEL_NOT_FOUND.search(o.stderr_tail)
     if model:
         name = model.group(1).rstrip(".") or "the configured model"
@@ -109,6 +122,32 @@ def _classify(o: RunOutcome) -> Failure | None:
     detail = _last_error_line(o.stderr_tail)
     reason = f"OpenCode {how}" + (f": {detail}" if detail else " with no error message")
     return Failure(FailureClass.PROCESS_CRASHED, reason)
+
+
+def _sandbox_setup_line(stderr: str) -> str | None:
+    """The last line a sandbox tool printed about a run it could not set up, if any."""
+    lines = [_ANSI.sub("", x).strip() for x in stderr.splitlines()]
+    return next((x for x in reversed(lines) if _SANDBOX_SETUP.match(x)), None)
+
+
+def model_id_failure(model: str) -> Failure | None:
+    """`model_unavailable` for a model id OpenCode cannot take (not `provider/model`); else None.
+
+    Checked before a run: the launcher would refuse it, and the user would read
+    a sandbox refusal where they need to pick another model.
+    """
+    if is_model_id(model):
+        return None
+    shown = model if len(model) <= 80 else model[:79] + "…"
+    return Failure(
+        FailureClass.MODEL_UNAVAILABLE,
+        _short(
+            f"the model {shown!r} is not a model id OpenCode can use: ids are "
+            "`provider/model`, e.g. `anthropic/claude-sonnet-4-5`. Pick one of the models "
+            "this Computer reported (the model list in the agent's settings, or "
+            "`opencode models` on this machine) and set it as the agent's model."
+        ),
+    )
 
 
 def _classify_error_event(event: EngineEvent) -> Failure:

@@ -35,7 +35,7 @@ from computer_service.engine.base import (
     Usage,
 )
 from computer_service.engine.events import engine_event_of
-from computer_service.engine.failures import RunOutcome, classify, redact
+from computer_service.engine.failures import RunOutcome, classify, model_id_failure, redact
 from computer_service.engine.opencode_env import engine_env, opencode_config
 from computer_service.engine.user_opencode import (
     NotLoggedIn,
@@ -93,6 +93,7 @@ class _Attempt:
     exit: ExitFrame | None = None
     ending: str | None = None  # "stopped", "timeout" or "guard"
     guard_reason: str = ""
+    time_limit_s: float = 0.0  # the wall-clock limit that ended it ("timeout")
     launcher_failure: Failure | None = None
 
     def track(self, event: EngineEvent, max_steps: int) -> str | None:
@@ -192,6 +193,8 @@ class OpenCodeEngine:
     ) -> TurnResult:
         if stop.is_set():
             return _stopped(None, Usage())
+        if (bad_model := model_id_failure(request.model)) is not None:
+            return TurnResult("failed", bad_model)
         try:
             auth = await anyio.to_thread.run_sync(read_auth, self.user.auth_file)
         except NotLoggedIn as exc:
@@ -287,6 +290,7 @@ class OpenCodeEngine:
 
         async def watch_clock() -> None:
             await anyio.sleep(request.wall_clock_limit_s)
+            a.time_limit_s = request.wall_clock_limit_s
             await end_run("timeout")
 
         async with anyio.create_task_group() as tg:
@@ -334,8 +338,9 @@ class OpenCodeEngine:
         if a.ending == "timeout":
             failure = Failure(
                 FailureClass.ENGINE_ERROR,
-                "the turn ran past its wall-clock limit and was ended; "
-                "the model may be hanging or retrying silently",
+                f"the turn ran past its wall-clock limit ({_duration(a.time_limit_s)}) and "
+                "was ended; the model may be hanging or retrying silently. A longer job needs "
+                "a higher turn_time_limit_s in the Computer's bootstrap",
             )
         elif a.ending == "guard":
             failure = Failure(FailureClass.ENGINE_ERROR, a.guard_reason)
@@ -360,6 +365,13 @@ class OpenCodeEngine:
             failure = found
         failure = Failure(failure.cls, redact(failure.reason, secrets))
         return TurnResult("failed", failure, a.session_id, a.usage)
+
+
+def _duration(seconds: float) -> str:
+    """`30 min`, `90 s`: the limit as a person reads it."""
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"{int(seconds // 60)} min"
+    return f"{seconds:g} s"
 
 
 def _stopped(session_id: str | None, usage: Usage) -> TurnResult:

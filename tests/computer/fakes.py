@@ -54,19 +54,27 @@ class FakeParts:
         # Raised by models(), one per call, before answering; then the list.
         self.models_errors: list[Exception] = []
         self.models_calls = 0
+        self.launcher_starts = 0
+        self._launcher_died = anyio.Event()
 
     async def start_launcher(self) -> LauncherStatus:
         self.launcher_starting.set()
         if self.launcher_release is not None:
             await self.launcher_release.wait()
+        self.launcher_starts += 1
+        self._launcher_died = anyio.Event()
         return self.status
 
     async def stop_launcher(self) -> None:
         self.launcher_stopped = True
 
+    def kill_launcher(self) -> None:
+        """The launcher dies on its own (what `kill -9` of the real one does)."""
+        self._launcher_died.set()
+
     async def launcher_exited(self) -> int:
-        await anyio.sleep_forever()
-        return 0
+        await self._launcher_died.wait()
+        return -9
 
     async def models(self) -> list[str]:
         self.models_calls += 1

@@ -69,7 +69,7 @@ class StaticView:
         ]
         return AgentDetail(**self._row(agent_id).model_dump(), recent_turns=turns)
 
-    def wake_agent(self, agent_id: str) -> bool | None:
+    async def wake_agent(self, agent_id: str) -> bool | None:
         if agent_id == "a2":
             return False
         if agent_id != "a1":

@@ -136,3 +136,14 @@ def test_config_files_that_are_not_one_object(
     path.write_bytes(content)
     with pytest.raises(BootstrapError, match=expected):
         load_config(path, {TOKEN_ENV: SECRET})
+
+
+def test_turn_time_limit_defaults_to_30_minutes_and_is_checked() -> None:
+    base = '{"server_url": "http://x", "token": "t"'
+    assert parse_bootstrap(f"{base}}}".encode()).turn_time_limit_s == 30 * 60
+    assert (
+        parse_bootstrap(f'{base}, "turn_time_limit_s": 7200}}'.encode()).turn_time_limit_s == 7200
+    )
+    for bad in ("0", '"60"', "true", "1.5", str(10**9)):
+        with pytest.raises(BootstrapError, match="turn_time_limit_s"):
+            parse_bootstrap(f'{base}, "turn_time_limit_s": {bad}}}'.encode())

@@ -50,6 +50,9 @@ class Workspace:
     def agents_md(self) -> str:
         return "# Ada"
 
+    def repair(self) -> str | None:
+        return None
+
     def render_input(self, rooms: list[UnreadRoom], new_session: bool) -> str:
         bodies = [str(m.model_dump().get("body")) for r in rooms for m in r.messages]
         return "\n".join(bodies)

@@ -72,7 +72,7 @@ def test_messages_before_start_wakes_and_new_agents_then_a_clean_exit(crew_serve
             health = usable(c)
             assert health["engine"]["found"]
             [first] = finished(crew_server, alice["id"], 1)
-            assert first["status"] == "succeeded", first
+            assert first["status"] == "succeeded", first["failure"]
             assert "posted before the Computer started" in crew_server.turn(first["id"])["input"]
             # The engine's `crew reply`, from inside the sandbox, reached the room.
             replies = [x for x in crew_server.messages(dm["id"]) if x["author"]["kind"] == "agent"]
@@ -163,19 +163,24 @@ def test_sigterm_during_a_turn_cancels_it_and_exits_cleanly(crew_server: Any) ->
         assert run_dir_entries(m) == []
 
 
-def test_planted_symlink_is_that_agents_problem_others_run(crew_server: Any) -> None:
+def test_planted_file_is_that_agents_problem_a_planted_link_is_repaired_others_run(
+    crew_server: Any,
+) -> None:
     need_sandbox()
     with machine() as m:
         m.log_in()
         comp = crew_server.create_computer()
         agents = {
             h: crew_server.create_agent(h, computer_id=comp["computer_id"])
-            for h in ("linked", "fifo", "plain")
+            for h in ("filed", "linked", "fifo", "plain")
         }
         rooms = {h: crew_server.create_room("dm", [a["id"]]) for h, a in agents.items()}
         # What an agent could have planted from inside its sandbox in an earlier run.
         elsewhere = m.root / "elsewhere"
         elsewhere.mkdir()
+        filed_dir = m.crew_home / "agents" / agents["filed"]["id"]
+        filed_dir.mkdir(parents=True)
+        (filed_dir / "work").write_text("the agent's data")
         linked_dir = m.crew_home / "agents" / agents["linked"]["id"]
         linked_dir.mkdir(parents=True)
         (linked_dir / "work").symlink_to(elsewhere)
@@ -190,22 +195,71 @@ def test_planted_symlink_is_that_agents_problem_others_run(crew_server: Any) -> 
             assert finished(crew_server, agents["plain"]["id"], 1)[0]["status"] == "succeeded"
             # A FIFO session.json counts as no record: never blocks, the agent runs.
             assert finished(crew_server, agents["fifo"]["id"], 1)[0]["status"] == "succeeded"
+            # The link held no data: removed, never followed, the directory made again.
+            assert finished(crew_server, agents["linked"]["id"], 1)[0]["status"] == "succeeded"
+            assert not list(elsewhere.iterdir())
             reason = wait_until(
-                "the problem", lambda: problem_of(crew_server, agents["linked"]["id"])
+                "the problem", lambda: problem_of(crew_server, agents["filed"]["id"])
             )
-            assert "work" in reason and str(m.crew_home) not in reason
-            assert crew_server.turns(agents["linked"]["id"]) == []
+            assert "work is a file" in reason and str(m.crew_home) not in reason
+            assert crew_server.turns(agents["filed"]["id"]) == []
             rows = {row["handle"]: row for row in c.get("/agents")}
-            assert rows["linked"]["state"] == "problem"
-            assert not list(elsewhere.iterdir())  # nothing written through the link
+            assert rows["filed"]["state"] == "problem"
+            assert (filed_dir / "work").read_text() == "the agent's data"
 
             # Fixed, and the next sync (a settings change) prepares it and clears the problem.
-            (linked_dir / "work").unlink()
+            (filed_dir / "work").unlink()
             crew_server.client().patch(
-                f"/api/agents/{agents['linked']['id']}", json={"persona": "Fixed."}
+                f"/api/agents/{agents['filed']['id']}", json={"persona": "Fixed."}
             ).raise_for_status()
-            assert finished(crew_server, agents["linked"]["id"], 1)[0]["status"] == "succeeded"
-            assert problem_of(crew_server, agents["linked"]["id"]) is None
+            assert finished(crew_server, agents["filed"]["id"], 1)[0]["status"] == "succeeded"
+            assert problem_of(crew_server, agents["filed"]["id"]) is None
+        finally:
+            assert c.stop() == 0, c.stderr()[-3000:]
+
+
+def test_rm_rf_from_inside_the_sandbox_is_repaired_before_the_next_turn(
+    crew_server: Any,
+) -> None:
+    """The agent deletes its work and cache dirs and plants a link: the next turns still run.
+
+    (Its temp dir cannot be deleted here: with the crew home below /tmp, as in
+    these tests, the sandbox's mount points sit inside it. The unit tests of
+    `AgentHome.repair` cover it.)
+    """
+    need_sandbox()
+    with machine() as m:
+        m.log_in()
+        comp = crew_server.create_computer()
+        agent = crew_server.create_agent("rmrf1", computer_id=comp["computer_id"])
+        dm = crew_server.create_room("dm", [agent["id"]])
+        c = launch(m, bootstrap_for(crew_server.url, comp["token"], m))
+        try:
+            usable(c)
+            crew_server.post(
+                dm["id"],
+                "clean up:\nFAKE:RUN "
+                'rm -rf "$HOME/work" "$XDG_CACHE_HOME" "$XDG_DATA_HOME"; ln -s / "$XDG_DATA_HOME"; '
+                # Replies only when all of it really happened (any wake-up repairs it at once).
+                'test ! -e "$HOME/work" && test ! -e "$XDG_CACHE_HOME" && test -L "$XDG_DATA_HOME" '
+                f"&& echo bye | crew reply {dm['id']}",
+            )
+            [first] = finished(crew_server, agent["id"], 1)
+            assert first["status"] == "succeeded", first["failure"]
+            home = m.crew_home / "agents" / agent["id"]
+            data = home / "engines" / "opencode" / "data"
+            [runtime] = (m.crew_home / "runtime").glob(f"*/agents/{agent['id']}")
+            for n in (2, 3):
+                crew_server.post(dm["id"], f"again:\nFAKE:RUN echo turn{n} | crew reply {dm['id']}")
+                turns = finished(crew_server, agent["id"], n)
+                assert turns[0]["status"] == "succeeded", (n, turns[0]["failure"])
+            assert (home / "work").is_dir() and (runtime / "cache").is_dir()
+            assert data.is_dir() and not data.is_symlink()
+            replies = [
+                x["body"] for x in crew_server.messages(dm["id"]) if x["author"]["kind"] == "agent"
+            ]
+            assert replies == ["bye", "turn2", "turn3"]
+            assert problem_of(crew_server, agent["id"]) is None
         finally:
             assert c.stop() == 0, c.stderr()[-3000:]
 
@@ -336,6 +390,65 @@ def test_a_dead_launcher_fails_the_turn_and_is_replaced(crew_server: Any) -> Non
         finally:
             assert c.stop() == 0, c.stderr()[-3000:]
         assert run_dir_entries(m) == []
+
+
+def test_an_unusable_replacement_launcher_is_every_agents_problem_until_one_is_usable(
+    crew_server: Any,
+) -> None:
+    """The launcher dies while opencode is gone: the agent says why; back when opencode is."""
+    need_sandbox()
+    with machine() as m:
+        m.log_in()
+        comp = crew_server.create_computer()
+        agent = crew_server.create_agent("unusable1", computer_id=comp["computer_id"])
+        dm = crew_server.create_room("dm", [agent["id"]])
+        opencode = m.root / "opencode"
+        opencode.symlink_to(FAKE_OPENCODE)
+        boot = bootstrap_for(crew_server.url, comp["token"], m)
+        boot["opencode_path"] = str(opencode)
+        c = launch(m, boot)
+        try:
+            usable(c)
+            wait_until("a runner", lambda: [r["state"] for r in c.get("/agents")] == ["idle"])
+            opencode.unlink()
+            [launcher] = _launcher_pids(c.proc.pid)
+            os.kill(launcher, signal.SIGKILL)
+            reason = wait_until("the problem", lambda: problem_of(crew_server, agent["id"]))
+            assert reason.startswith("engine unavailable"), reason
+            assert c.get("/health")["engine"]["found"] is False
+            assert [(r["state"], r["problem"]) for r in c.get("/agents")] == [("problem", reason)]
+            # Messages wait meanwhile: nothing is claimed only to fail.
+            crew_server.post(dm["id"], "are you there?")
+
+            opencode.symlink_to(FAKE_OPENCODE)
+            [turn] = finished(crew_server, agent["id"], 1)
+            assert turn["status"] == "succeeded", turn["failure"]
+            assert "are you there?" in crew_server.turn(turn["id"])["input"]
+            assert problem_of(crew_server, agent["id"]) is None
+            assert c.get("/health")["engine"]["found"] is True
+        finally:
+            assert c.stop() == 0, c.stderr()[-3000:]
+        assert run_dir_entries(m) == []
+
+
+def test_the_bootstraps_turn_time_limit_ends_a_hanging_turn(crew_server: Any) -> None:
+    need_sandbox()
+    with machine() as m:
+        m.log_in()
+        comp = crew_server.create_computer()
+        agent = crew_server.create_agent("limit1", computer_id=comp["computer_id"])
+        dm = crew_server.create_room("dm", [agent["id"]])
+        crew_server.post(dm["id"], "think forever:\nFAKE:HANG")
+        c = launch(m, bootstrap_for(crew_server.url, comp["token"], m, turn_time_limit_s=2))
+        try:
+            usable(c)
+            [turn] = finished(crew_server, agent["id"], 1)
+            assert turn["status"] == "failed"
+            assert turn["failure"]["class"] == "engine_error"
+            assert "wall-clock limit (2 s)" in turn["failure"]["reason"]
+            assert "turn_time_limit_s" in turn["failure"]["reason"]
+        finally:
+            assert c.stop() == 0, c.stderr()[-3000:]
 
 
 def test_kill_9_mid_turn_then_restart_handles_the_messages_again(crew_server: Any) -> None:

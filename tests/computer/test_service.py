@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.abc
 import httpx
 import pytest
 
@@ -14,7 +15,7 @@ from computer_service.bootstrap import Bootstrap
 from computer_service.event_stream import Backoff, agent_id_of
 from computer_service.parts_protocol import StartupFailed
 from computer_service.service import ComputerService
-from computer_service.upstream import Upstream
+from computer_service.upstream import Upstream, UpstreamUnavailable
 from crew_testkit.crew_server_proc import start_crew_server
 from crew_testkit.scripted import ScriptedEngine, blocking
 from crew_testkit.waiting import wait_until_async
@@ -231,3 +232,30 @@ async def test_a_replaced_computer_exits_1_with_one_line_and_acks_nothing(
 )
 def test_malformed_wake_events_are_recognised(data: str, expected: str | None) -> None:
     assert agent_id_of(data) == expected
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(30)
+async def test_an_event_stream_gone_silent_is_dead_after_the_watchdogs_setting() -> None:
+    """A server that opens the stream, pings once, then says nothing (a half-open connection)."""
+
+    async def silent_server(stream: anyio.abc.SocketStream) -> None:
+        await stream.receive()  # the request
+        await stream.send(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\nevent: ping\ndata: {}\n\n"
+        )
+        await anyio.sleep_forever()
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    upstream = Upstream(f"http://127.0.0.1:{port}", "t", sse_read_timeout_s=0.5)
+    seen: list[str] = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, silent_server)
+        with anyio.fail_after(10), pytest.raises(UpstreamUnavailable, match="event stream"):
+            async with upstream.events(None) as source:
+                async for event in source.aiter_sse():
+                    seen.append(event.event)
+        tg.cancel_scope.cancel()
+    await upstream.aclose()
+    assert seen == ["ping"]

@@ -8,6 +8,7 @@ for the launcher; everything else is real, the socket included.
 from __future__ import annotations
 
 import re
+import shutil
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -22,7 +23,7 @@ from computer_service.service import ComputerService
 from computer_service.upstream import AgentRecord
 from crew_testkit.scripted import ScriptedEngine, fail, succeed, wait_for_stop
 from crew_testkit.waiting import wait_until_async
-from tests.computer.fakes import UNUSABLE, FakeParts
+from tests.computer.fakes import UNUSABLE, USABLE, FakeParts
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -79,38 +80,50 @@ async def test_sandbox_unusable_no_runner_and_every_agent_told_also_later_ones(
         assert not (crew_home / "agents" / early["id"]).exists()  # nothing prepared
 
 
-async def test_a_failed_preparation_is_that_agents_problem_until_a_later_one_succeeds(
+async def test_a_failed_preparation_is_that_agents_problem_until_a_wake_prepares_it_again(
     crew_server: Any, tmp_path: Path
 ) -> None:
     comp = crew_server.create_computer()
     broken = crew_server.create_agent("broken2", computer_id=comp["computer_id"])
-    fine = crew_server.create_agent("fine2", computer_id=comp["computer_id"])
+    linked = crew_server.create_agent("linked2", computer_id=comp["computer_id"])
     crew_home = tmp_path / "crew"
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
+    # Planted by the agents in an earlier run: a file where `work/` belongs, and a link.
     agent_dir = crew_home / "agents" / broken["id"]
     agent_dir.mkdir(parents=True)
-    (agent_dir / "work").symlink_to(elsewhere)  # planted by the agent in an earlier run
+    (agent_dir / "work").write_text("notes the agent may still want")
+    linked_dir = crew_home / "agents" / linked["id"]
+    linked_dir.mkdir(parents=True)
+    (linked_dir / "work").symlink_to(elsewhere)
     parts = FakeParts(crew_home, ScriptedEngine())
     async with serving(crew_server, crew_home, parts, comp["token"]) as (service, local):
         reason = await wait_until_async(
             "the problem", lambda: problem_of(crew_server, broken["id"])
         )
-        assert "work" in reason and str(crew_home) not in reason
-        assert fine["id"] in service.roster.runners and broken["id"] not in service.roster.runners
+        assert "work is a file" in reason and "move it away" in reason
+        assert str(crew_home) not in reason
+        # The link held no data: removed (never followed) and the directory made again.
+        assert linked["id"] in service.roster.runners and (linked_dir / "work").is_dir()
+        assert list(elsewhere.iterdir()) == []
+        assert broken["id"] not in service.roster.runners
         # The runner that was created got its token file and AGENTS.md.
-        runtime = crew_home / "runtime" / "testrun" / "agents" / fine["id"]
+        runtime = crew_home / "runtime" / "testrun" / "agents" / linked["id"]
         assert (runtime / "token").read_text().strip()
-        assert "@fine2" in (crew_home / "agents" / fine["id"] / "AGENTS.md").read_text()
+        assert "@linked2" in (linked_dir / "AGENTS.md").read_text()
         detail = (await local.get(f"/agents/{broken['id']}")).json()
         assert detail["state"] == "problem" and detail["problem"] == reason
-        assert list(elsewhere.iterdir()) == []
 
-        (agent_dir / "work").unlink()
-        crew_server.client().patch(
-            f"/api/agents/{broken['id']}", json={"persona": "Fixed."}
-        ).raise_for_status()
-        await wait_until_async("a runner", lambda: broken["id"] in service.roster.runners)
+        # A wake-up while it is still broken: tried again, still refused with the reason.
+        refused = await local.post(f"/agents/{broken['id']}/wake")
+        assert refused.status_code == 409
+        assert (agent_dir / "work").read_text() == "notes the agent may still want"
+
+        # Fixed as the reason says, then woken from the socket: prepared and running.
+        (agent_dir / "work").rename(agent_dir / "work.saved")
+        woken = await local.post(f"/agents/{broken['id']}/wake")
+        assert woken.status_code == 202, woken.text
+        assert broken["id"] in service.roster.runners
         # The service forgets the problem once the server has cleared it.
         await wait_until_async(
             "the problem cleared",
@@ -119,6 +132,90 @@ async def test_a_failed_preparation_is_that_agents_problem_until_a_later_one_suc
                 and broken["id"] not in service.roster.problems
             ),
         )
+
+
+async def test_an_agent_that_breaks_its_home_mid_run_is_repaired_or_told_and_healed_on_a_wake(
+    crew_server: Any, tmp_path: Path
+) -> None:
+    comp = crew_server.create_computer()
+    agent = crew_server.create_agent("rmrf2", computer_id=comp["computer_id"])
+    room = crew_server.create_room("dm", [agent["id"]])
+    crew_home = tmp_path / "crew"
+    engine = ScriptedEngine()
+    parts = FakeParts(crew_home, engine)
+    async with serving(crew_server, crew_home, parts, comp["token"]) as (service, local):
+        home = crew_home / "agents" / agent["id"]
+        tmp = crew_home / "runtime" / "testrun" / "agents" / agent["id"] / "tmp"
+        # What `rm -rf ~/work $TMPDIR; ln -s / $TMPDIR` inside the sandbox leaves.
+        shutil.rmtree(home / "work")
+        shutil.rmtree(tmp)
+        tmp.symlink_to("/")
+        crew_server.post(room["id"], "first")
+        [first] = await wait_until_async("a turn", lambda: finished(crew_server, agent["id"], 1))
+        assert first["status"] == "succeeded"
+        assert (home / "work").is_dir() and tmp.is_dir() and not tmp.is_symlink()
+
+        # A file where a directory belongs cannot be repaired: the agent's problem, nothing claimed.
+        shutil.rmtree(home / "work")
+        (home / "work").write_text("the agent's data")
+        crew_server.post(room["id"], "second")
+        reason = await wait_until_async("the problem", lambda: problem_of(crew_server, agent["id"]))
+        assert "work is a file" in reason and str(crew_home) not in reason
+        rows = (await local.get("/agents")).json()
+        assert [(r["state"], r["problem"]) for r in rows] == [("problem", reason)]
+        assert len(crew_server.turns(agent["id"])) == 1
+
+        # Fixed; the next message's wake-up (from the server) prepares it again and runs.
+        (home / "work").unlink()
+        crew_server.post(room["id"], "third")
+        turns = await wait_until_async("a turn", lambda: finished(crew_server, agent["id"], 2))
+        assert turns[0]["status"] == "succeeded"
+        assert "second" in engine.inputs[-1] and "third" in engine.inputs[-1]
+        await wait_until_async(
+            "the problem cleared",
+            lambda: (
+                problem_of(crew_server, agent["id"]) is None
+                and agent["id"] not in service.roster.problems
+            ),
+        )
+
+
+async def test_an_unusable_replacement_launcher_is_every_agents_problem_until_one_is_usable(
+    crew_server: Any, tmp_path: Path
+) -> None:
+    comp = crew_server.create_computer()
+    agent = crew_server.create_agent("relaunch2", computer_id=comp["computer_id"])
+    room = crew_server.create_room("dm", [agent["id"]])
+    crew_home = tmp_path / "crew"
+    engine = ScriptedEngine()
+    parts = FakeParts(crew_home, engine)
+    async with serving(crew_server, crew_home, parts, comp["token"]) as (service, local):
+        assert agent["id"] in service.roster.runners
+        parts.status = UNUSABLE
+        parts.kill_launcher()
+        reason = await wait_until_async("the problem", lambda: problem_of(crew_server, agent["id"]))
+        assert reason == f"sandbox unavailable: {UNUSABLE.reason}"
+        assert service.roster.runners == {}
+        rows = (await local.get("/agents")).json()
+        assert [(r["state"], r["problem"]) for r in rows] == [("problem", reason)]
+        assert (await local.get("/health")).json()["sandbox"]["ok"] is False
+        # Messages wait meanwhile: nothing is claimed only to fail.
+        crew_server.post(room["id"], "are you there?")
+        starts = parts.launcher_starts
+        await wait_until_async("another attempt", lambda: parts.launcher_starts > starts)
+        assert crew_server.turns(agent["id"]) == []
+
+        parts.status = USABLE
+        [turn] = await wait_until_async("a turn", lambda: finished(crew_server, agent["id"], 1))
+        assert turn["status"] == "succeeded" and "are you there?" in engine.inputs[-1]
+        assert problem_of(crew_server, agent["id"]) is None
+        assert (await local.get("/health")).json()["sandbox"]["ok"] is True
+
+
+def finished(server: Any, agent_id: str, count: int) -> list[dict[str, Any]] | None:
+    """The agent's finished turns, newest first, once there are `count`."""
+    done = [t for t in server.turns(agent_id) if t["status"] != "running"]
+    return done if len(done) >= count else None
 
 
 async def test_a_settings_change_mid_turn_stops_the_old_runner_and_the_new_one_takes_over(

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+import sandbox_launcher
 from computer_service.engine.base import EngineEvent, FailureClass
 from computer_service.engine.events import engine_event_of
-from computer_service.engine.failures import RunOutcome, classify, redact
+from computer_service.engine.failures import RunOutcome, classify, model_id_failure, redact
+from tests.support.ci import required_in_ci
 
 SAMPLES = Path(__file__).resolve().parents[2] / "tests" / "samples" / "opencode"
 
@@ -147,3 +152,56 @@ def test_reasons_are_redacted_and_short() -> None:
 def test_redact_prefers_longest() -> None:
     assert redact("/a/bcd/efg and /a/bcd", ["/a/bcd", "/a/bcd/efg"]) == "<redacted> and <redacted>"
     assert redact("a b", ["a"]) == "a b"
+
+
+def _real_setup_failure(argv: list[str]) -> RunOutcome:
+    """What the launcher reports when the sandbox tool itself fails: its real exit and stderr."""
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode != 0 and not done.stdout, done
+    return RunOutcome(done.returncode, None, None, None, True, done.stderr)
+
+
+def test_bwrap_failing_at_run_start_is_a_sandbox_failure(tmp_path: Path) -> None:
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        required_in_ci("bubblewrap (apt-get install bubblewrap)")
+        return
+    missing = tmp_path / "agents" / "a1" / "work"
+    outcome = _real_setup_failure([bwrap, "--ro-bind", str(missing), "/mnt", "true"])
+    failure = classify(outcome, [str(tmp_path)])
+    assert failure is not None and failure.cls is FailureClass.SANDBOX, failure
+    assert "bwrap: Can't find source path <redacted>/agents/a1/work" in failure.reason
+    assert str(tmp_path) not in failure.reason
+
+
+def test_the_landlock_helper_failing_at_run_start_is_a_sandbox_failure(tmp_path: Path) -> None:
+    helper = Path(sandbox_launcher.__file__).with_name("landlock_exec.py")
+    argv = [sys.executable, "-I", "-S", str(helper), "--ro", str(tmp_path / "gone")]
+    outcome = _real_setup_failure([*argv, "--deny", str(tmp_path), "--", "true"])
+    assert outcome.exit_code == 126
+    failure = classify(outcome, [str(tmp_path)])
+    assert failure is not None and failure.cls is FailureClass.SANDBOX, failure
+    assert "crew-landlock: cannot open allowed path" in failure.reason
+    assert "the command was not started" in failure.reason
+
+
+def test_opencode_printing_bwrap_like_text_after_output_is_not_a_sandbox_failure() -> None:
+    # Only a run that printed nothing can have failed before OpenCode started.
+    outcome = RunOutcome(1, None, None, None, False, "bwrap: something a tool printed\n")
+    failure = classify(outcome)
+    assert failure is not None and failure.cls is FailureClass.PROCESS_CRASHED
+
+
+@pytest.mark.parametrize("model", ["gpt-4o", "", "anthropic/", "/claude", "a b/c", "x" * 300])
+def test_a_model_id_without_provider_is_model_unavailable_with_how_to_pick_one(
+    model: str,
+) -> None:
+    failure = model_id_failure(model)
+    assert failure is not None and failure.cls is FailureClass.MODEL_UNAVAILABLE
+    assert "provider/model" in failure.reason and "opencode models" in failure.reason
+    assert len(failure.reason) <= 500
+
+
+@pytest.mark.parametrize("model", ["anthropic/claude-sonnet-4-5", "local/qwen2.5:7b", "a/b/c"])
+def test_provider_model_ids_pass(model: str) -> None:
+    assert model_id_failure(model) is None

@@ -96,18 +96,79 @@ def test_existing_memory_is_left_alone_even_a_fifo(tmp_path: Path) -> None:
     assert home.memory_size() is None
 
 
-def test_symlinked_work_dir_fails_with_reason_and_writes_nothing(tmp_path: Path) -> None:
+def test_symlinked_work_dir_is_removed_and_recreated_nothing_written_through_it(
+    tmp_path: Path,
+) -> None:
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     home = make_home(tmp_path)
     home.paths.agent_dir.mkdir(parents=True)
     home.paths.work_dir.symlink_to(elsewhere)
+    home.prepare("t")
+    assert home.paths.work_dir.is_dir() and not home.paths.work_dir.is_symlink()
+    assert mode(home.paths.work_dir) == 0o700
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_file_where_work_belongs_fails_with_what_to_do_and_is_kept(tmp_path: Path) -> None:
+    home = make_home(tmp_path)
+    home.paths.agent_dir.mkdir(parents=True)
+    home.paths.work_dir.write_text("the agent's notes")
     with pytest.raises(AgentHomeError) as info:
         home.prepare("t")
     msg = str(info.value)
-    assert "@alice" in msg and "symlink" in msg and "agents/agent-1/work" in msg
+    assert "@alice" in msg and "agents/agent-1/work is a file" in msg
+    assert "move it away" in msg and "wake" in msg
     assert str(tmp_path) not in msg  # no absolute paths in a reason sent upstream
+    assert home.paths.work_dir.read_text() == "the agent's notes"
+
+
+def _break_everything_an_agent_can(home: AgentHome, elsewhere: Path) -> None:
+    """What one `rm -rf` and a few links from inside the sandbox leave behind."""
+    p = home.paths
+    subprocess.run(["rm", "-rf", str(p.work_dir), str(p.tmp_dir), str(p.engine_dir)], check=True)
+    p.tmp_dir.symlink_to(elsewhere)
+    os.mkfifo(p.state_dir / "x")  # inside: the agent's own, left alone
+    subprocess.run(["rm", "-rf", str(p.cache_dir)], check=True)
+    os.mkfifo(p.cache_dir)
+    p.token_file.unlink()
+    p.agents_md.unlink()
+    p.agents_md.symlink_to(elsewhere / "AGENTS.md")
+    p.config_dir.chmod(0o000)
+
+
+def test_repair_before_a_turn_puts_back_what_the_agent_broke(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    home = make_home(tmp_path)
+    home.prepare("tok-1")
+    assert home.repair() is None  # nothing to do: nothing changes
+    _break_everything_an_agent_can(home, elsewhere)
+
+    assert home.repair() is None
+    p = home.paths
+    for d in (p.work_dir, p.data_dir, p.tmp_dir, p.cache_dir, p.state_dir, p.config_dir):
+        assert d.is_dir() and not d.is_symlink(), d
+        assert mode(d) == 0o700, d
+    assert (p.config_dir / "opencode" / "node_modules").is_dir()
+    assert stat.S_ISFIFO(os.lstat(p.state_dir / "x").st_mode)
+    assert p.token_file.read_text() == "tok-1" and mode(p.token_file) == 0o600
+    assert p.agents_md.read_text() == render_agents_md(AGENT) and not p.agents_md.is_symlink()
     assert list(elsewhere.iterdir()) == []
+
+
+def test_repair_says_what_to_do_when_a_file_holds_the_place(tmp_path: Path) -> None:
+    home = make_home(tmp_path)
+    home.prepare("t")
+    subprocess.run(["rm", "-rf", str(home.paths.tmp_dir)], check=True)
+    home.paths.tmp_dir.write_text("data")
+    reason = home.repair()
+    assert reason is not None
+    assert "tmp is a file, not a directory" in reason and "move it away" in reason
+    assert str(tmp_path) not in reason
+    assert home.paths.tmp_dir.read_text() == "data"
+    home.paths.tmp_dir.unlink()
+    assert home.repair() is None and home.paths.tmp_dir.is_dir()
 
 
 def test_symlinked_agents_md_is_replaced_not_followed(tmp_path: Path) -> None:

@@ -302,6 +302,7 @@ async def test_vanished_session_retried_only_once(tmp_path: Path) -> None:
         ("FAKE:401", "local/scripted", FailureClass.NOT_LOGGED_IN, "HTTP 401"),
         ("FAKE:429", "local/scripted", FailureClass.RATE_LIMITED, "Rate limit"),
         ("hi", "local/nope", FailureClass.MODEL_UNAVAILABLE, "model not found: local/nope"),
+        ("hi", "gpt-4o", FailureClass.MODEL_UNAVAILABLE, "`provider/model`"),
         ("FAKE:CRASH", "local/scripted", FailureClass.PROCESS_CRASHED, "signal 11"),
         ("FAKE:EXIT 3", "local/scripted", FailureClass.PROCESS_CRASHED, "exited with code 3"),
     ],
@@ -318,6 +319,19 @@ async def test_failure_classes(
     assert in_reason in result.failure.reason
     assert str(rig.crew_home) not in result.failure.reason
     assert AGENT_TOKEN not in result.failure.reason
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(60)
+async def test_a_model_id_without_provider_never_reaches_the_launcher(tmp_path: Path) -> None:
+    rig = make_rig(tmp_path)
+    async with standin_launcher() as (client, state):
+        rig.use(client)
+        result = await rig.turn("hi", model="gpt-4o")
+    assert result.failure is not None
+    assert result.failure.cls is FailureClass.MODEL_UNAVAILABLE
+    assert "opencode models" in result.failure.reason
+    assert state.requests == [] and rig.dumps() == []
 
 
 @pytest.mark.anyio

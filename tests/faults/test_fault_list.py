@@ -55,7 +55,7 @@ FAULTS: dict[str, list[str]] = {
         "tests/faults/test_hostile_agent.py::test_hostile_agent_is_contained_and_the_other_agent_carries_on",
         "tests/faults/test_hostile_agent.py::test_a_planted_session_id_does_not_wedge_the_agent",
         "tests/launcher/test_hostile.py::test_hostile_engine_is_contained",
-        "tests/computer/test_process.py::test_planted_symlink_is_that_agents_problem_others_run",
+        "tests/computer/test_process.py::test_planted_file_is_that_agents_problem_a_planted_link_is_repaired_others_run",
         "tests/computer/test_runner.py::test_a_session_that_cannot_be_saved_still_acks_and_starts_a_new_session",
         "tests/computer_unit/test_engine_sandboxed.py::test_background_process_neither_hangs_nor_outlives_the_turn",
     ],
@@ -71,6 +71,16 @@ FAULTS: dict[str, list[str]] = {
     ],
     "the server is down for a while: the Computer reconnects within seconds of it answering again": [
         "tests/faults/test_reconnect.py::test_the_event_stream_is_back_within_seconds_of_the_server_and_a_message_is_answered",
+    ],
+    "an agent breaks its own home (rm -rf, links, a file where a directory belongs)": [
+        "tests/computer/test_process.py::test_rm_rf_from_inside_the_sandbox_is_repaired_before_the_next_turn",
+        "tests/computer/test_service_agents.py::test_an_agent_that_breaks_its_home_mid_run_is_repaired_or_told_and_healed_on_a_wake",
+        "tests/computer/test_service_agents.py::test_a_failed_preparation_is_that_agents_problem_until_a_wake_prepares_it_again",
+        "tests/computer_unit/test_home.py::test_repair_before_a_turn_puts_back_what_the_agent_broke",
+    ],
+    "the launcher is replaced by an unusable one: every agent is told, and recovers": [
+        "tests/computer/test_process.py::test_an_unusable_replacement_launcher_is_every_agents_problem_until_one_is_usable",
+        "tests/computer/test_service_agents.py::test_an_unusable_replacement_launcher_is_every_agents_problem_until_one_is_usable",
     ],
     "bad input: bootstrap garbage": [
         "tests/faults/test_bad_input.py::test_bootstrap_garbage_exits_1_with_one_line_and_no_token",

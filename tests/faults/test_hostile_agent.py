@@ -158,16 +158,26 @@ def test_hostile_agent_is_contained_and_the_other_agent_carries_on(
             delivered, read = read_positions(crew_server, evil["id"])[evil_dm["id"]]
             assert read > 0  # the turn's messages were marked read
 
-            # A wake-up with the links in place: the launcher refuses to run in a linked work/.
+            # A wake-up with the links in place: before the turn the Computer removes them
+            # (never following them: the other agent's tree is checked below) and makes the
+            # directories again; the turn runs in a fresh work/ of its own.
             crew_server.post(evil_dm["id"], "and again")
-            *_, refused = finished(crew_server, evil["id"], 3)
-            assert refused["status"] == "failed", refused
-            assert refused["failure"]["class"] == "sandbox", refused["failure"]
-            assert "symbolic link" in refused["failure"]["reason"], refused["failure"]
-            assert "and again" in crew_server.turn(refused["id"])["input"]
+
+            def healed_turn() -> dict[str, Any] | None:
+                turns = finished(crew_server, evil["id"], 3)
+                return next(
+                    (t for t in turns if "and again" in crew_server.turn(t["id"])["input"]), None
+                )
+
+            healed = wait_until("the turn with the new message", healed_turn)
+            assert healed["status"] == "succeeded", healed
+            for name in ("work", "engines/opencode"):
+                assert (evil_dir / name).is_dir() and not (evil_dir / name).is_symlink(), name
+            assert any("and again" in d["stdin"] for d in _dumps(evil_dir / "work"))
+            assert len(_dumps(evil_dir / "work.old")) == 2  # what it moved aside is kept
             acked = read
             delivered, read = read_positions(crew_server, evil["id"])[evil_dm["id"]]
-            assert read == acked < delivered  # kept for when the agent is fixed
+            assert read == delivered > acked
 
             # The other agent is untouched, and its next turn continues its own session.
             assert _tree(good_dir) == good_before
