@@ -462,6 +462,12 @@ def test_kill_9_mid_turn_then_restart_handles_the_messages_again(crew_server: An
         first = launch(m, bootstrap_for(crew_server.url, comp["token"], m))
         try:
             usable(first)
+            # Mid-turn: registered on the server and its engine started (the runner's
+            # `running` state starts earlier, at the claim).
+            wait_until(
+                "the turn registered",
+                lambda: any(t["status"] == "running" for t in crew_server.turns(agent["id"])),
+            )
             wait_until(
                 "the engine running",
                 lambda: any(r["state"] == "running" for r in first.get("/agents")),
