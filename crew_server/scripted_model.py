@@ -1,7 +1,8 @@
 """A scripted OpenAI-compatible model server for the e2e tests, the demo and the benchmark.
 
 It answers `POST /v1/chat/completions` the way OpenCode 1.18 expects
-(`../shared/samples/opencode/REPORT.md`): SSE chunks with text, streamed tool
+(`tests/samples/opencode/`, real OpenCode output, and docs/contracts.md "Scripted
+model"): SSE chunks with text, streamed tool
 calls, a final chunk with `finish_reason`, then a usage chunk (because OpenCode
 sends `stream_options.include_usage`). Non-streaming requests get one JSON body.
 
