@@ -118,7 +118,10 @@ class Positions(StorePart):
                 limit = max(1, min(limit, max_messages))
             budget = ClaimBudget(limit, self._claim_max_chars)
             # A new claim starts the HELD bound afresh.
-            tx.execute("UPDATE positions SET held_count = 0 WHERE agent_id = ?", (agent_id,))
+            tx.execute(
+                "UPDATE positions SET held_count = 0 WHERE agent_id = ? AND held_count != 0",
+                (agent_id,),
+            )
             answer: list[dict[str, Any]] = []
             more = False
             for room in rooms:

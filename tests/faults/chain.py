@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from typing import Any
 
@@ -43,3 +44,12 @@ def read_positions(server: Any, agent_id: str) -> dict[str, tuple[int, int]]:
 def wake_event(agent_id: str) -> bytes:
     """A well-formed SSE `wake` for `agent_id`, as a proxy injects it."""
     return b"event: wake\ndata: " + orjson.dumps({"agent_id": agent_id}) + b"\n\n"
+
+
+def dropped_batches(c: ComputerProc) -> int:
+    """How many event batches the Computer gave up sending (its `/metrics`)."""
+    with c.local() as local:
+        text = local.get("/metrics").text
+    found = re.search(r'^crew_report_batches_total\{outcome="dropped"\} (\d+)$', text, re.M)
+    assert found, text
+    return int(found.group(1))

@@ -11,15 +11,14 @@ the missing tail as a gap ending at `event_count - 1`.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 
-from crew_testkit.computer_proc import ComputerProc, bootstrap_for, launch, machine
+from crew_testkit.computer_proc import bootstrap_for, launch, machine
 from crew_testkit.crew_server_proc import start_crew_server
 from crew_testkit.waiting import wait_until
-from tests.faults.chain import finished, need_sandbox, read_positions, usable
+from tests.faults.chain import dropped_batches, finished, need_sandbox, read_positions, usable
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -28,14 +27,6 @@ TAIL_TOOLS = 25
 # Every event of the turn: step_start, the 3 + 1 + TAIL_TOOLS tool calls and
 # their step_finish, then a text step (step_start, text, step_finish).
 EVENT_COUNT = 1 + 3 + 1 + TAIL_TOOLS + 1 + 3
-
-
-def _dropped_batches(c: ComputerProc) -> int:
-    with c.local() as local:
-        text = local.get("/metrics").text
-    found = re.search(r'^crew_report_batches_total\{outcome="dropped"\} (\d+)$', text, re.M)
-    assert found, text
-    return int(found.group(1))
 
 
 def test_events_lost_while_the_server_was_down_are_a_gap_at_the_end_of_the_turn(
@@ -73,7 +64,7 @@ def test_events_lost_while_the_server_was_down_are_a_gap_at_the_end_of_the_turn(
                 server.stop()
                 # The engine produces the rest of the turn while the server is away.
                 wait_until("the engine's end", lambda: (work / "reached-the-end").exists())
-                wait_until("a dropped report", lambda: _dropped_batches(c) >= 1)
+                wait_until("a dropped report", lambda: dropped_batches(c) >= 1)
                 server = start_crew_server(tmp_path / "srv", db=server.db, port=port)
 
                 [turn] = finished(server, agent["id"], 1)

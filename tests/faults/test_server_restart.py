@@ -7,25 +7,16 @@ here the whole chain runs: real Computer, real launcher and sandbox, fake engine
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 
-from crew_testkit.computer_proc import ComputerProc, bootstrap_for, launch, machine
+from crew_testkit.computer_proc import bootstrap_for, launch, machine
 from crew_testkit.crew_server_proc import start_crew_server
 from crew_testkit.waiting import wait_until
-from tests.faults.chain import finished, need_sandbox, read_positions, usable
+from tests.faults.chain import dropped_batches, finished, need_sandbox, read_positions, usable
 
 pytestmark = pytest.mark.timeout(150)
-
-
-def _dropped_batches(c: ComputerProc) -> int:
-    with c.local() as local:
-        text = local.get("/metrics").text
-    found = re.search(r'^crew_report_batches_total\{outcome="dropped"\} (\d+)$', text, re.M)
-    assert found, text
-    return int(found.group(1))
 
 
 def test_server_killed_and_restarted_mid_turn_reports_dropped_nothing_lost_or_acked_twice(
@@ -60,7 +51,7 @@ def test_server_killed_and_restarted_mid_turn_reports_dropped_nothing_lost_or_ac
                 wait_until("the Computer to notice", lambda: not c.get("/health")["connected"])
                 # The engine finishes while the server is away: its reports are dropped.
                 wait_until("the engine's end", lambda: (work / "reached-the-end").exists())
-                wait_until("a dropped report", lambda: _dropped_batches(c) >= 1)
+                wait_until("a dropped report", lambda: dropped_batches(c) >= 1)
                 server = start_crew_server(tmp_path / "srv", db=server.db, port=port)
 
                 # The ack and the finish waited for the server; the turn ends once.
