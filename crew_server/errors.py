@@ -36,6 +36,15 @@ class Invalid(ApiError):
     code = "invalid"
 
 
+class UnknownModel(Invalid):
+    """An agent's model its Computer cannot run; `nearest` lists the closest it reported."""
+
+    code = "unknown_model"
+
+    def __init__(self, message: str, nearest: list[str]) -> None:
+        super().__init__(message, extra={"nearest": nearest})
+
+
 class Unauthorized(ApiError):
     status = 401
     code = "unauthorized"

@@ -21,6 +21,8 @@ from pydantic import (
 )
 from pydantic.config import JsonDict
 
+from crew_common.model_id import MODEL_PATTERN
+
 
 def _integral(value: Any) -> Any:
     """JSON `3.0` is the integer 3 (JSON Schema agrees); strict mode still refuses `true`, `"3"`."""
@@ -57,6 +59,28 @@ HandleRef = Annotated[
 ]
 Body = Annotated[str, Field(min_length=1, max_length=20_000, pattern=r"\S")]
 Title = Annotated[str, Field(min_length=1, max_length=500, pattern=r"\S")]
+# The pattern is documented, and checked by the store (`rules.check_model`), which says
+# how to pick a model, where a pattern mismatch could not.
+ModelId = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=200,
+        json_schema_extra={"pattern": MODEL_PATTERN},
+        description="`provider/model`, one of the models the agent's Computer reported",
+    ),
+]
+# An agent's own wall-clock limit of one turn: 10 s to 24 h (null: its Computer's default).
+TurnTimeLimit = Annotated[
+    int,
+    Field(
+        ge=10,
+        le=86_400,
+        description="seconds one turn of this agent may run before it is ended; null: the "
+        "Computer's bootstrap `turn_time_limit_s` (default 30 min)",
+    ),
+    _INTEGRAL,
+]
 Name = Annotated[str, Field(min_length=1, max_length=200, pattern=r"\S")]
 HHMM = Annotated[str, Field(pattern=r"^([01]?[0-9]|2[0-3]):[0-5][0-9]$")]
 Status = Literal["todo", "in_progress", "in_review", "done"]
@@ -82,17 +106,20 @@ class AgentCreate(Request):
     handle: Handle
     name: Name
     persona: Annotated[str, Field(max_length=20_000)] = ""
-    model: Name
+    model: ModelId
     engine: Literal["opencode"] = "opencode"
     computer_id: Uuid | None = None
+    turn_time_limit_s: TurnTimeLimit | None = None
 
 
 class AgentPatch(Request):
     name: Name | None = None
     persona: Annotated[str, Field(max_length=20_000)] | None = None
-    model: Name | None = None
+    model: ModelId | None = None
     engine: Literal["opencode"] | None = None
     computer_id: Uuid | None = None
+    # null takes the agent back to its Computer's default
+    turn_time_limit_s: TurnTimeLimit | None = None
 
 
 _ROOM_SHAPES: JsonDict = {
@@ -343,6 +370,11 @@ class MuteSet(Request):
 class ErrorDetail(BaseModel):
     code: str
     message: str
+    nearest: list[str] | None = Field(
+        default=None,
+        description="`unknown_model` only: the models the agent's Computer reported that "
+        "come closest to the one given, best first",
+    )
 
 
 class ErrorAnswer(BaseModel):
@@ -423,6 +455,14 @@ class Agent(BaseModel):
     engine: str
     model: str
     computer_id: str | None
+    turn_time_limit_s: int | None
+
+
+class AgentSaved(Agent):
+    """A created or changed agent, with what the user should know (the Docker API's
+    `Warnings`): e.g. that its model could not be checked yet."""
+
+    warnings: list[str]
 
 
 class AgentWithStatus(Agent):

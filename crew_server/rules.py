@@ -5,11 +5,14 @@ No I/O here; the store feeds these functions what it read and writes what they d
 
 from __future__ import annotations
 
+import difflib
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone, tzinfo
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from crew_common.model_id import is_model_id
 
 HANDLE_RE = re.compile(r"^[a-z0-9_-]{1,32}$")
 _MENTION_RE = re.compile(r"(?<![A-Za-z0-9_@.-])@([a-z0-9_-]{1,32})")
@@ -235,3 +238,86 @@ def usage_from_events(events: Iterable[Mapping[str, object]]) -> dict[str, float
         if (cost := counted(data.get("cost"), USAGE_MAX_COST)) is not None:
             totals["cost"] = min(totals["cost"] + cost, USAGE_MAX_COST)
     return totals
+
+
+@dataclass(frozen=True)
+class ModelCheck:
+    """What the server says about an agent's model on its Computer.
+
+    `refusal` (with the `nearest` reported models) refuses the change; `unchecked`
+    says why an accepted model could not be checked against a list.
+    """
+
+    refusal: str | None = None
+    nearest: tuple[str, ...] = ()
+    unchecked: str | None = None
+
+
+NEAREST_MODELS = 5
+_PICK = (
+    "Pick one of the models the agent's Computer reported (`models` in GET /api/computers; "
+    "`opencode models` on that machine lists the same)"
+)
+
+
+def check_model(model: str, computer: str | None, reported: Sequence[str]) -> ModelCheck:
+    """Whether `model` may be the model of an agent on `computer` (its name; None: no
+    Computer), which reported `reported` (empty: nothing reported yet).
+
+    Ids that are not `provider/model` are always refused; a model missing from a
+    non-empty list is refused with the nearest ones. With no list to compare, the
+    model is accepted and `unchecked` says so: agents are usually created before
+    their Computer first connects.
+    """
+    nearest = tuple(nearest_models(model, reported))
+    if not is_model_id(model):
+        shown = model if len(model) <= 80 else model[:79] + "…"
+        return ModelCheck(
+            f"the model {shown!r} is not a model id OpenCode can use: ids are "
+            f"`provider/model`, e.g. `anthropic/claude-sonnet-4-5`. {_PICK}"
+            + _nearest_text(nearest),
+            nearest,
+        )
+    if computer is None:
+        return ModelCheck(unchecked="the model was not checked: the agent has no Computer yet")
+    if not reported:
+        return ModelCheck(
+            unchecked=f"the model was not checked: Computer {computer!r} has not reported "
+            "its models yet (it does when it connects). If the model is unknown there, the "
+            "agent's turns fail with `model_unavailable`"
+        )
+    if model in reported:
+        return ModelCheck()
+    return ModelCheck(
+        f"Computer {computer!r} did not report the model {model!r}. {_PICK}"
+        + _nearest_text(nearest),
+        nearest,
+    )
+
+
+def nearest_models(model: str, reported: Sequence[str]) -> list[str]:
+    """The reported models closest to `model`, best first (a bare `gpt-4o` finds
+    `openai/gpt-4o`: the part after `provider/` is compared too)."""
+    bare = model.split("/", 1)[-1]
+    scores: dict[str, float] = {}
+    for candidate in reported:
+        score = max(_similarity(model, candidate), _similarity(bare, candidate.split("/", 1)[-1]))
+        if score >= _NEAR:
+            scores[candidate] = score
+    return sorted(scores, key=lambda c: (-scores[c], c))[:NEAREST_MODELS]
+
+
+_NEAR = 0.6
+
+
+def _similarity(a: str, b: str) -> float:
+    """difflib's ratio, skipping the full comparison when the cheap bounds rule it out
+    (as `difflib.get_close_matches` does): a Computer may report 2,000 models."""
+    matcher = difflib.SequenceMatcher(None, a, b)
+    if matcher.real_quick_ratio() < _NEAR or matcher.quick_ratio() < _NEAR:
+        return 0.0
+    return matcher.ratio()
+
+
+def _nearest_text(nearest: Sequence[str]) -> str:
+    return f"; the nearest: {', '.join(nearest)}" if nearest else ""

@@ -151,7 +151,7 @@ class CrewServer:
         *,
         name: str | None = None,
         persona: str = "",
-        model: str = "scripted/model",
+        model: str = "local/scripted",
         computer_id: str | None = None,
     ) -> dict[str, Any]:
         """→ the agent (`id`, `handle`, …)."""

@@ -35,12 +35,22 @@ async def list_computers(ctx: Context, request: Request) -> Response:
     return json_response(ctx.store.list_computers())
 
 
+# PATCH fields where null is a value, not "no change".
+_NULLABLE = frozenset({"computer_id", "turn_time_limit_s"})
+
+
 async def create_agent(ctx: Context, request: Request) -> Response:
-    """A new agent."""
+    """A new agent (422 `unknown_model` for a model its Computer did not report)."""
     ctx.user(request)
     body = await read_body(request, m.AgentCreate)
     created = ctx.store.create_agent(
-        body.handle, body.name, body.persona, body.model, body.engine, body.computer_id
+        body.handle,
+        body.name,
+        body.persona,
+        body.model,
+        body.engine,
+        body.computer_id,
+        body.turn_time_limit_s,
     )
     return json_response(created, 201)
 
@@ -49,11 +59,12 @@ async def patch_agent(ctx: Context, request: Request) -> Response:
     """Change an agent's settings."""
     ctx.user(request)
     body = await read_body(request, m.AgentPatch)
-    # null means "no change", except computer_id: null takes the agent off its Computer
+    # null means "no change", except computer_id (off its Computer) and
+    # turn_time_limit_s (back to the Computer's default)
     changes = {
         k: v
         for k, v in body.model_dump(exclude_unset=True).items()
-        if v is not None or k == "computer_id"
+        if v is not None or k in _NULLABLE
     }
     return json_response(ctx.store.update_agent(request.path_params["agent_id"], changes))
 
@@ -207,11 +218,13 @@ OPS: list[Op] = [
         "post",
         "/api/agents",
         "createAgent",
-        "A new agent (its Computer gets `agents`).",
+        "A new agent (its Computer gets `agents`). A model its Computer did not report is "
+        "refused (422 `unknown_model` with the `nearest` ones); when the Computer has not "
+        "reported any yet, the model is accepted and `warnings` says it was not checked.",
         "user",
         m.AgentCreate,
         status=201,
-        answer=m.Agent,
+        answer=m.AgentSaved,
         handler=create_agent,
     ),
     Op(
@@ -228,10 +241,12 @@ OPS: list[Op] = [
         "patch",
         "/api/agents/{agent_id}",
         "patchAgent",
-        "Change settings (its Computer, old and new, gets `agents`).",
+        "Change settings (its Computer, old and new, gets `agents`). A new model or Computer "
+        "is checked as in createAgent. null leaves a field as it is, except `computer_id` "
+        "(takes the agent off its Computer) and `turn_time_limit_s` (the Computer's default).",
         "user",
         m.AgentPatch,
-        answer=m.Agent,
+        answer=m.AgentSaved,
         handler=patch_agent,
     ),
     Op(

@@ -13,7 +13,15 @@ from typing import Any
 import orjson
 
 from crew_server import rules
-from crew_server.errors import Conflict, Invalid, NotConnected, NotFound, Superseded, Unauthorized
+from crew_server.errors import (
+    Conflict,
+    Invalid,
+    NotConnected,
+    NotFound,
+    Superseded,
+    Unauthorized,
+    UnknownModel,
+)
 from crew_server.store.db import StorePart, Transaction, new_id
 
 log = logging.getLogger("crew_server.store")
@@ -53,7 +61,7 @@ class AgentIdentity:
     computer_id: str
 
 
-AGENT_COLS = "id, handle, name, persona, engine, model, computer_id"
+AGENT_COLS = "id, handle, name, persona, engine, model, computer_id, turn_time_limit_s"
 
 
 def agent_of(row: sqlite3.Row) -> dict[str, Any]:
@@ -66,6 +74,7 @@ def agent_of(row: sqlite3.Row) -> dict[str, Any]:
         "engine": row["engine"],
         "model": row["model"],
         "computer_id": row["computer_id"],
+        "turn_time_limit_s": row["turn_time_limit_s"],
     }
 
 
@@ -76,6 +85,22 @@ def check_computer(tx: Transaction, computer_id: str | None) -> None:
         and tx.execute("SELECT 1 FROM computers WHERE id = ?", (computer_id,)).fetchone() is None
     ):
         raise NotFound(f"no computer {computer_id}; create it with POST /api/computers first")
+
+
+def check_model(tx: Transaction, model: str, computer_id: str | None) -> list[str]:
+    """`UnknownModel` unless the agent's Computer can run `model` (`rules.check_model`);
+    else the warnings of the answer (why the model could not be checked)."""
+    name, reported = None, []
+    if computer_id is not None:
+        row = tx.execute(
+            "SELECT name, models FROM computers WHERE id = ?", (computer_id,)
+        ).fetchone()
+        if row is not None:
+            name, reported = row["name"], orjson.loads(row["models"])
+    check = rules.check_model(model, name, reported)
+    if check.refusal is not None:
+        raise UnknownModel(check.refusal, list(check.nearest))
+    return [check.unchecked] if check.unchecked is not None else []
 
 
 def connection_epoch(tx: Transaction, computer_id: str, epoch: int | None) -> int:
@@ -237,22 +262,42 @@ class Identities(StorePart):
     # ------------------------------------------------------------------ agents
 
     def create_agent(
-        self, handle: str, name: str, persona: str, model: str, engine: str, computer_id: str | None
+        self,
+        handle: str,
+        name: str,
+        persona: str,
+        model: str,
+        engine: str,
+        computer_id: str | None,
+        turn_time_limit_s: int | None = None,
     ) -> dict[str, Any]:
-        """A new agent; its Computer (if any) hears `agents`. Handles are unique."""
+        """A new agent; its Computer (if any) hears `agents`. Handles are unique; a model
+        its Computer did not report is refused (`check_model`). The agent comes with
+        `warnings` (e.g. the model could not be checked)."""
         agent_id = new_id()
         with self._database.write() as tx:
             check_computer(tx, computer_id)
             if tx.execute("SELECT 1 FROM agents WHERE handle = ?", (handle,)).fetchone():
                 raise Conflict(f"the handle @{handle} is taken; choose another handle")
+            warnings = check_model(tx, model, computer_id)
             tx.execute(
-                "INSERT INTO agents (id, handle, name, persona, engine, model, computer_id, created_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (agent_id, handle, name, persona, engine, model, computer_id, tx.now()),
+                "INSERT INTO agents (id, handle, name, persona, engine, model, computer_id, "
+                "turn_time_limit_s, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    agent_id,
+                    handle,
+                    name,
+                    persona,
+                    engine,
+                    model,
+                    computer_id,
+                    turn_time_limit_s,
+                    tx.now(),
+                ),
             )
             if computer_id is not None:
                 tx.emit(computer_id, "agents", {"agent_id": agent_id})
-        return self.get_agent(agent_id)
+        return {**self.get_agent(agent_id), "warnings": warnings}
 
     def get_agent(self, agent_id: str) -> dict[str, Any]:
         """One agent (without status)."""
@@ -265,23 +310,34 @@ class Identities(StorePart):
         return agent_of(row)
 
     def update_agent(self, agent_id: str, changes: dict[str, Any]) -> dict[str, Any]:
-        """Change an agent's settings; its Computer (old and new) hears `agents`."""
-        allowed = {"name", "persona", "model", "engine", "computer_id"}
+        """Change an agent's settings; its Computer (old and new) hears `agents`.
+
+        A new model, or a new Computer, is checked as at creation (`check_model`); the
+        agent comes with `warnings`.
+        """
+        allowed = {"name", "persona", "model", "engine", "computer_id", "turn_time_limit_s"}
         fields = {k: v for k, v in changes.items() if k in allowed}
+        warnings: list[str] = []
         with self._database.write() as tx:
-            row = tx.execute("SELECT computer_id FROM agents WHERE id = ?", (agent_id,)).fetchone()
+            row = tx.execute(
+                "SELECT computer_id, model FROM agents WHERE id = ?", (agent_id,)
+            ).fetchone()
             if row is None:
                 raise NotFound(f"no agent {agent_id}")
             old_computer = row["computer_id"]
             if "computer_id" in fields:
                 check_computer(tx, fields["computer_id"])
+            if "model" in fields or "computer_id" in fields:
+                warnings = check_model(
+                    tx, fields.get("model", row["model"]), fields.get("computer_id", old_computer)
+                )
             if fields:
                 sets = ", ".join(f"{k} = ?" for k in fields)
                 tx.execute(f"UPDATE agents SET {sets} WHERE id = ?", [*fields.values(), agent_id])
             new_computer = fields.get("computer_id", old_computer)
             for computer_id in {old_computer, new_computer} - {None}:
                 tx.emit(computer_id, "agents", {"agent_id": agent_id})
-        return self.get_agent(agent_id)
+        return {**self.get_agent(agent_id), "warnings": warnings}
 
     def list_agents(self) -> list[dict[str, Any]]:
         """Every agent with its status (derived from its latest turn) and problem."""

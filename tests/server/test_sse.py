@@ -170,7 +170,7 @@ def test_pings_carry_the_stream_position(threaded_server: tuple[httpx.Client, St
     made = client.post("/api/computers", json={"name": "box"}).json()
     alice = client.post(
         "/api/agents",
-        json={"handle": "alice", "name": "A", "model": "m", "computer_id": made["computer_id"]},
+        json={"handle": "alice", "name": "A", "model": "m/x", "computer_id": made["computer_id"]},
     ).json()
     position = str(store.last_event_id())
     seen: list[tuple[str, str, Any]] = []
