@@ -114,6 +114,7 @@ class Roster:
         for agent in agents.values():
             current = self.runners.get(agent.id)
             if current is not None and current.agent.settings() == agent.settings():
+                current.update_agent(agent)
                 continue
             if current is not None:
                 await self._drop_runner(agent.id)

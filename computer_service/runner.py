@@ -233,6 +233,18 @@ class Runner:
             self.finished.set()
 
     @property
+    def wall_clock_limit_s(self) -> float:
+        """The limit of this agent's next turn: its own when the server gives one, else
+        the Computer's (bootstrap `turn_time_limit_s`)."""
+        return self.agent.turn_time_limit_s or self._wall_clock_limit_s
+
+    def update_agent(self, agent: AgentRecord) -> None:
+        """The server's record of this agent changed in what needs no new runner (its
+        `settings()` are the same): later turns use it (e.g. its time limit)."""
+        assert agent.settings() == self.agent.settings(), "a new runner is needed"
+        self.agent = agent
+
+    @property
     def _gone(self) -> bool:
         """Another Computer (or connection) owns the agent: nothing more may be written."""
         return self.fenced_out or self.superseded
@@ -345,7 +357,7 @@ class Runner:
                 if new_session == plan.is_new
                 else self._workspace.render_input(rooms, new_session)
             ),
-            wall_clock_limit_s=self._wall_clock_limit_s,
+            wall_clock_limit_s=self.wall_clock_limit_s,
         )
         outcome = await self._run_engine(turn, request, stop, {r.room.id for r in rooms})
         if self._gone:

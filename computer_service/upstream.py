@@ -89,6 +89,9 @@ class AgentRecord(_Answer):
     persona: str = ""
     engine: str = "opencode"
     model: str
+    # This agent's own wall-clock limit of one turn (None: the bootstrap's). Not a
+    # setting that replaces the runner: that would end the very turn it is raised for.
+    turn_time_limit_s: float | None = Field(default=None, gt=0, le=7 * 24 * 3600)
 
     def settings(self) -> tuple[str, str, str, str, str]:
         """The fields that, when changed, require a new runner (computer.md §1)."""

@@ -153,6 +153,7 @@ class CrewServer:
         persona: str = "",
         model: str = "local/scripted",
         computer_id: str | None = None,
+        turn_time_limit_s: int | None = None,
     ) -> dict[str, Any]:
         """→ the agent (`id`, `handle`, …)."""
         body = {
@@ -162,6 +163,7 @@ class CrewServer:
             "model": model,
             "engine": "opencode",
             "computer_id": computer_id,
+            "turn_time_limit_s": turn_time_limit_s,
         }
         return dict(self._ok(self.client().post("/api/agents", json=body)))
 

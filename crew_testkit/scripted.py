@@ -90,6 +90,8 @@ class ScriptedEngine:
     name: str = "opencode"
     inputs: list[str] = field(default_factory=list)
     agents: list[str] = field(default_factory=list)
+    # The wall-clock limit each turn was given.
+    limits: list[float] = field(default_factory=list)
     running: int = 0
     peak: int = 0
     started: anyio.Event = field(default_factory=anyio.Event)
@@ -102,6 +104,7 @@ class ScriptedEngine:
     ) -> TurnResult:
         self.inputs.append(request.render_input(request.plan.is_new))
         self.agents.append(request.agent_id)
+        self.limits.append(request.wall_clock_limit_s)
         behaviour = self.script.pop(0) if self.script else self.default
         self.running += 1
         self.peak = max(self.peak, self.running)

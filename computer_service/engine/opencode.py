@@ -340,7 +340,8 @@ class OpenCodeEngine:
                 FailureClass.ENGINE_ERROR,
                 f"the turn ran past its wall-clock limit ({_duration(a.time_limit_s)}) and "
                 "was ended; the model may be hanging or retrying silently. A longer job needs "
-                "a higher turn_time_limit_s in the Computer's bootstrap",
+                "a higher turn_time_limit_s: the agent's own (PATCH /api/agents/{id}) or the "
+                "Computer's bootstrap",
             )
         elif a.ending == "guard":
             failure = Failure(FailureClass.ENGINE_ERROR, a.guard_reason)

@@ -451,6 +451,36 @@ def test_the_bootstraps_turn_time_limit_ends_a_hanging_turn(crew_server: Any) ->
             assert c.stop() == 0, c.stderr()[-3000:]
 
 
+def test_an_agents_own_turn_time_limit_ends_its_slow_turn_under_a_long_default(
+    crew_server: Any,
+) -> None:
+    """The server's per-agent limit (10 s, its least) reaches the runner through the agent
+    sync; another agent's equally slow turn runs to its end under the bootstrap's hour."""
+    need_sandbox()
+    with machine() as m:
+        m.log_in()
+        comp = crew_server.create_computer()
+        quick = crew_server.create_agent(
+            "limit2", computer_id=comp["computer_id"], turn_time_limit_s=10
+        )
+        patient = crew_server.create_agent("limit3", computer_id=comp["computer_id"])
+        for agent in (quick, patient):
+            dm = crew_server.create_room("dm", [agent["id"]])
+            crew_server.post(dm["id"], "a slow build:\nFAKE:SLOW 13")
+        c = launch(m, bootstrap_for(crew_server.url, comp["token"], m, turn_time_limit_s=3600))
+        try:
+            usable(c)
+            [ended] = finished(crew_server, quick["id"], 1, timeout=60)
+            assert ended["status"] == "failed", ended
+            assert ended["failure"]["class"] == "engine_error"
+            assert "wall-clock limit (10 s)" in ended["failure"]["reason"]
+            assert "PATCH /api/agents/{id}" in ended["failure"]["reason"]
+            [done] = finished(crew_server, patient["id"], 1, timeout=60)
+            assert done["status"] == "succeeded", done["failure"]
+        finally:
+            assert c.stop() == 0, c.stderr()[-3000:]
+
+
 def test_kill_9_mid_turn_then_restart_handles_the_messages_again(crew_server: Any) -> None:
     need_sandbox()
     with machine() as m:

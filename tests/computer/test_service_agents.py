@@ -21,7 +21,7 @@ import pytest
 from computer_service.bootstrap import Bootstrap
 from computer_service.service import ComputerService
 from computer_service.upstream import AgentRecord
-from crew_testkit.scripted import ScriptedEngine, fail, succeed, wait_for_stop
+from crew_testkit.scripted import ScriptedEngine, blocking, fail, succeed, wait_for_stop
 from crew_testkit.waiting import wait_until_async
 from tests.computer.fakes import UNUSABLE, USABLE, FakeParts
 
@@ -34,9 +34,9 @@ def problem_of(server: Any, agent_id: str) -> str | None:
 
 @asynccontextmanager
 async def serving(
-    server: Any, crew_home: Path, parts: FakeParts, token: str
+    server: Any, crew_home: Path, parts: FakeParts, token: str, **settings: Any
 ) -> AsyncIterator[tuple[ComputerService, httpx.AsyncClient]]:
-    boot = Bootstrap(server_url=server.url, token=token, crew_home=crew_home)
+    boot = Bootstrap(server_url=server.url, token=token, crew_home=crew_home, **settings)
     service = ComputerService(boot, parts, handle_signals=False)
     async with anyio.create_task_group() as tg:
         tg.start_soon(service.serve)
@@ -343,6 +343,54 @@ async def test_introspection_of_the_running_service(crew_server: Any, tmp_path: 
         assert families["crew_report_batches_total"].samples[("outcome", "sent")] >= 2
 
 
+async def test_an_agents_own_turn_time_limit_reaches_its_turns_and_a_change_keeps_the_turn(
+    crew_server: Any, tmp_path: Path
+) -> None:
+    comp = crew_server.create_computer()
+    timed = crew_server.create_agent(
+        "timed2", computer_id=comp["computer_id"], turn_time_limit_s=60
+    )
+    plain = crew_server.create_agent("plain2", computer_id=comp["computer_id"])
+    timed_dm = crew_server.create_room("dm", [timed["id"]])
+    plain_dm = crew_server.create_room("dm", [plain["id"]])
+    release = anyio.Event()
+    engine = ScriptedEngine(script=[blocking(release)])
+    crew_home = tmp_path / "crew"
+    parts = FakeParts(crew_home, engine)
+    async with serving(crew_server, crew_home, parts, comp["token"], turn_time_limit_s=3600) as (
+        service,
+        _,
+    ):
+        turns = service.metrics.turns
+        runner = service.roster.runners[timed["id"]]
+        crew_server.post(timed_dm["id"], "a long build")
+        with anyio.fail_after(20):
+            await engine.started.wait()
+        assert engine.limits == [60]
+        # Raised while the build runs: the runner stays (replacing it would end the build).
+        crew_server.client().patch(
+            f"/api/agents/{timed['id']}", json={"turn_time_limit_s": 7200}
+        ).raise_for_status()
+        await wait_until_async("the new limit", lambda: runner.wall_clock_limit_s == 7200)
+        assert service.roster.runners[timed["id"]] is runner
+        release.set()
+        await wait_until_async("the build", lambda: turns["succeeded"] == 1)
+        assert turns["cancelled"] == 0
+        crew_server.post(timed_dm["id"], "another build")
+        await wait_until_async("the second turn", lambda: turns["succeeded"] == 2)
+        crew_server.post(plain_dm["id"], "and you?")
+        await wait_until_async("the plain agent's turn", lambda: turns["succeeded"] == 3)
+        # null: back to the Computer's bootstrap default.
+        crew_server.client().patch(
+            f"/api/agents/{timed['id']}", json={"turn_time_limit_s": None}
+        ).raise_for_status()
+        await wait_until_async("the default again", lambda: runner.wall_clock_limit_s == 3600)
+        crew_server.post(timed_dm["id"], "a short one")
+        await wait_until_async("the last turn", lambda: turns["succeeded"] == 4)
+        assert engine.limits == [60, 7200, 3600, 3600]
+        assert engine.agents == [timed["id"], timed["id"], plain["id"], timed["id"]]
+
+
 @pytest.mark.parametrize("field", ["name", "handle", "persona", "engine", "model"])
 def test_each_setting_that_replaces_a_runner(field: str) -> None:
     base = {
@@ -356,7 +404,9 @@ def test_each_setting_that_replaces_a_runner(field: str) -> None:
     before = AgentRecord.model_validate(base)
     after = AgentRecord.model_validate({**base, field: base[field] + "2"})
     assert before.settings() != after.settings()
-    unrelated = AgentRecord.model_validate({**base, "status": "replying", "problem": "x"})
+    unrelated = AgentRecord.model_validate(
+        {**base, "status": "replying", "problem": "x", "turn_time_limit_s": 60}
+    )
     assert before.settings() == unrelated.settings()
 
 
