@@ -121,6 +121,8 @@ class Outcome:
     event_count: int = 0
     # Failed, but its answers had gone out: acked, not to be tried again.
     acked: bool = False
+    # The input the engine got when it is not the registered one (a new session's).
+    engine_input: str | None = None
 
 
 class Runner:
@@ -346,20 +348,28 @@ class Runner:
         # The session this turn continues (None: a new one, known when it succeeds).
         self.session_id = plan.session_id
         self._changed()
+        # The input the engine got last: the recorded one, unless it had to restart a
+        # vanished session (a new session's input, recorded when the turn finishes).
+        engine_input = turn_input
+
+        def render_input(new_session: bool) -> str:
+            nonlocal engine_input
+            if new_session == plan.is_new:
+                engine_input = turn_input
+            else:
+                engine_input = self._workspace.render_input(rooms, new_session)
+            return engine_input
+
         request = TurnRequest(
             agent_id=agent.id,
             model=agent.model,
             plan=plan,
-            render_input=lambda new_session: (
-                # The engine gets exactly the input recorded with the turn, unless it
-                # has to restart a vanished session (then a new-session input).
-                turn_input
-                if new_session == plan.is_new
-                else self._workspace.render_input(rooms, new_session)
-            ),
+            render_input=render_input,
             wall_clock_limit_s=self.wall_clock_limit_s,
         )
         outcome = await self._run_engine(turn, request, stop, {r.room.id for r in rooms})
+        if engine_input != turn_input:
+            outcome.engine_input = engine_input
         if self._gone:
             # Another Computer owns the agent: any further write would be refused.
             return
@@ -548,6 +558,7 @@ class Runner:
                         failure_body,
                         usage.as_upstream(),
                         event_count=outcome.event_count,
+                        engine_input=outcome.engine_input,
                     ),
                 )
             except StaleTurn:

@@ -287,11 +287,13 @@ class Upstream:
         failure: dict[str, str] | None,
         usage: dict[str, Any],
         event_count: int | None = None,
+        engine_input: str | None = None,
     ) -> None:
         """`POST /computer/turns/{id}/finish`: the turn's result.
 
         `event_count` is how many events the turn produced, sent or not: the
-        server records a missing tail as a gap.
+        server records a missing tail as a gap. `engine_input` is the input the
+        engine got when it is not the registered one (a vanished session restarted).
         """
         body: dict[str, Any] = {
             "fence": fence,
@@ -301,6 +303,8 @@ class Upstream:
         }
         if event_count is not None:
             body["event_count"] = event_count
+        if engine_input is not None:
+            body["input"] = engine_input
         await self._call_raw("POST", f"/computer/turns/{turn_id}/finish", body)
 
     async def ack(

@@ -239,6 +239,12 @@ class TurnFinish(Request):
         default=None,
         description="how many events the turn produced; a tail the server never got becomes a gap",
     )
+    input: Annotated[str, Field(max_length=1_000_000)] | None = Field(
+        default=None,
+        description="the input the engine got, when it is not the one registered: the saved "
+        "session had vanished and the turn ran in a new one (with a new session's input); "
+        "it replaces the recorded input",
+    )
 
 
 class SetAside(Request):

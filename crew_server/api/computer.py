@@ -139,6 +139,7 @@ async def finish_turn(ctx: Context, request: Request) -> Response:
         body.failure.model_dump(by_alias=True) if body.failure else None,
         body.usage.model_dump() if body.usage else None,
         body.event_count,
+        body.input,
     )
     return no_content()
 

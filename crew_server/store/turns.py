@@ -184,11 +184,13 @@ class Turns(StorePart):
         failure: dict[str, Any] | None,
         usage: dict[str, Any] | None,
         event_count: int | None = None,
+        input_text: str | None = None,
     ) -> None:
         """Record a turn's result; usage summed from `step_finish` events when absent.
 
         `event_count` is how many events the turn produced: a tail the server never got
-        (the Computer could not send it) is recorded as a gap.
+        (the Computer could not send it) is recorded as a gap. `input_text`, when given,
+        replaces the registered input (the engine had to start a new session).
         """
         with self._database.write() as tx:
             _, next_index = fenced_turn(tx, computer_id, turn_id, fence)
@@ -204,12 +206,14 @@ class Turns(StorePart):
                 ]
                 usage = rules.usage_from_events(events)
             tx.execute(
-                "UPDATE turns SET status = ?, failure = ?, usage = ?, finished_at = ? WHERE id = ?",
+                "UPDATE turns SET status = ?, failure = ?, usage = ?, finished_at = ?, "
+                "input = COALESCE(?, input) WHERE id = ?",
                 (
                     status,
                     orjson.dumps(failure).decode() if failure else None,
                     orjson.dumps(usage).decode(),
                     tx.now(),
+                    input_text,
                     turn_id,
                 ),
             )

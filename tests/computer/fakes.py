@@ -360,6 +360,8 @@ class FakeCrewServer:
             return httpx.Response(204)
         turn.status, turn.failure = body["status"], body.get("failure")
         turn.event_count = body.get("event_count")
+        # The input the engine got, when not the registered one (as the server records it).
+        turn.input = body.get("input", turn.input)
         # The missing stretches of [0, event_count), as the server records gaps.
         start: int | None = None
         for index in range(turn.event_count or 0):

@@ -481,6 +481,41 @@ def test_an_agents_own_turn_time_limit_ends_its_slow_turn_under_a_long_default(
             assert c.stop() == 0, c.stderr()[-3000:]
 
 
+def test_a_vanished_session_is_restarted_and_its_turn_records_what_the_engine_got(
+    crew_server: Any,
+) -> None:
+    need_sandbox()
+    with machine() as m:
+        m.log_in()
+        comp = crew_server.create_computer()
+        agent = crew_server.create_agent("vanish1", computer_id=comp["computer_id"])
+        dm = crew_server.create_room("dm", [agent["id"]])
+        crew_server.post(dm["id"], "remember this")
+        c = launch(m, bootstrap_for(crew_server.url, comp["token"], m))
+        try:
+            usable(c)
+            [first] = finished(crew_server, agent["id"], 1)
+            assert first["status"] == "succeeded", first["failure"]
+            agent_dir = m.crew_home / "agents" / agent["id"]
+            # OpenCode's own store loses the session the Computer saved (the fake keeps
+            # its sessions where OpenCode keeps its data).
+            sessions = agent_dir / "engines" / "opencode" / "data" / "fake-opencode" / "sessions"
+            assert any(sessions.iterdir())
+            shutil.rmtree(sessions)
+            crew_server.post(dm["id"], "what did I say?")
+            second = finished(crew_server, agent["id"], 2)[0]  # newest first
+            assert second["status"] == "succeeded", second["failure"]
+        finally:
+            assert c.stop() == 0, c.stderr()[-3000:]
+        dumps = sorted((agent_dir / "work" / ".fake-opencode").glob("*.json"))
+        runs = [orjson.loads(d.read_bytes()) for d in dumps]
+        assert len(runs) == 3  # the first turn, the vanished session, the new one
+        assert "--session" in runs[1]["argv"] and "--session" not in runs[2]["argv"]
+        recorded = crew_server.turn(second["id"])["input"]
+        assert recorded == runs[2]["stdin"] != runs[1]["stdin"]
+        assert "This is a new session" in recorded and "what did I say?" in recorded
+
+
 def test_kill_9_mid_turn_then_restart_handles_the_messages_again(crew_server: Any) -> None:
     need_sandbox()
     with machine() as m:

@@ -280,6 +280,39 @@ async def test_a_session_that_cannot_be_saved_still_acks_and_starts_a_new_sessio
         assert turns[1]["status"] == "succeeded" and turns[1]["session_id"] is None
 
 
+async def test_the_turn_record_holds_the_input_of_a_restarted_session(
+    crew_server: Any, crew_home: Path
+) -> None:
+    """The saved session vanished: the engine ran the turn again in a new session, with a
+    new session's input. The record shows that input, not the one it was registered with."""
+
+    class Continuing(ScriptedEngine):
+        def plan_session(self, agent_id: str, model: str, agents_md: str) -> SessionPlan:
+            return SessionPlan("ses-vanished")
+
+    async def restart_in_a_new_session(
+        engine: ScriptedEngine, request: Any, on_event: Any, stop: Any
+    ) -> Any:
+        # As OpenCodeEngine does after `Session not found`: render for a new session.
+        engine.inputs.append(request.render_input(True))
+        return await succeed(engine, request, on_event, stop)
+
+    engine = Continuing(script=[restart_in_a_new_session])
+    async with rig(crew_server, crew_home, engine) as r:
+        await r.user.post(r.room["id"], "where were we?")
+        r.runner.wake()
+        [turn] = await r.user.finished(r.runner.agent.id, 1)
+        continued, restarted = engine.inputs
+        assert "new session" not in continued and "new session" in restarted
+        assert turn["status"] == "succeeded" and turn["input"] == restarted
+        assert "where were we?" in turn["input"]
+        # A turn that kept its session keeps the registered input.
+        await r.user.post(r.room["id"], "and now?")
+        r.runner.wake()
+        turns = await r.user.finished(r.runner.agent.id, 2)
+        assert turns[1]["input"] == engine.inputs[2] and "new session" not in engine.inputs[2]
+
+
 async def test_the_row_shows_the_session_a_turn_continues(
     crew_server: Any, crew_home: Path
 ) -> None:
