@@ -1,4 +1,5 @@
-"""Pure domain rules: mentions, who is woken, reminder schedules, mute limits, notices.
+"""Pure domain rules: mentions, who is woken, reminder schedules, mute limits, notices,
+whether an agent's model is one its Computer reported.
 
 No I/O here; the store feeds these functions what it read and writes what they decide.
 """
