@@ -342,6 +342,11 @@ class IntrospectionServer:
         await server.startup(sockets=[self._sock])
         self._server = server
 
+    @property
+    def open_connections(self) -> int:
+        """How many connections are being served now."""
+        return len(self._server.server_state.connections) if self._server is not None else 0
+
     async def stop(self) -> None:
         """Stop accepting, end open connections (bounded), and remove the socket file."""
         try:

@@ -27,6 +27,16 @@ from tests.support.ci import required_in_ci
 
 pytestmark = pytest.mark.timeout(180)
 
+# Starts the Computer with a soft open file limit of 256 (its hard limit unchanged).
+LOW_SOFT_FILE_LIMIT = [
+    sys.executable,
+    "-c",
+    "import os, resource, sys\n"
+    "_, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+    "resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))\n"
+    "os.execv(sys.argv[1], sys.argv[1:])\n",
+]
+
 
 def crew_computer() -> str:
     path = Path(sys.executable).parent / "crew-computer"
@@ -80,10 +90,15 @@ def test_status_shows_the_computer_and_its_agents(crew_server: Any) -> None:
         comp = crew_server.create_computer()
         alice = crew_server.create_agent("alice7", computer_id=comp["computer_id"])
         dm = crew_server.create_room("dm", [alice["id"]])
-        c = launch(m, bootstrap_for(crew_server.url, comp["token"], m))
+        c = launch(m, bootstrap_for(crew_server.url, comp["token"], m), wrap=LOW_SOFT_FILE_LIMIT)
         try:
             usable(c)
             wait_until("connected", lambda: c.get("/health")["connected"])
+            # The Computer took the whole open file limit it may have (soft raised to hard).
+            limits = Path(f"/proc/{c.proc.pid}/limits").read_text()
+            [files] = [line for line in limits.splitlines() if line.startswith("Max open files")]
+            soft, hard = files.split()[3:5]
+            assert soft == hard != "256", files
             crew_server.post(dm["id"], f"run this\nFAKE:RUN echo pong | crew reply {dm['id']}")
             [turn] = finished(crew_server, alice["id"], 1)
             assert turn["status"] == "succeeded", turn["failure"]
