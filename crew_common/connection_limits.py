@@ -70,9 +70,9 @@ def limited_h11(base: type[H11Protocol], limits: ConnectionLimits) -> type[H11Pr
                 self._arm_header_timer()
 
         def on_response_complete(self) -> None:
+            # Armed first: a pipelined request that uvicorn starts in there is a new cycle.
+            self._arm_header_timer()
             super().on_response_complete()
-            if not self.transport.is_closing():
-                self._arm_header_timer()
 
         def _arm_header_timer(self) -> None:
             # The request this timer waits for: none has started while `cycle` is the same.
