@@ -29,7 +29,11 @@ RECONNECT_CAP_S = 5.0
 SHORT = 100
 
 
-class ComputerNotRunning(Exception):
+class ComputerUnavailable(Exception):
+    """The Computer cannot be asked; the message says why and what to do."""
+
+
+class ComputerNotRunning(ComputerUnavailable):
     """Nothing answers on the introspection socket; the message says where and what to do."""
 
 
@@ -71,16 +75,21 @@ def not_running(path: Path, exc: Exception) -> ComputerNotRunning:
 
 
 def read_status(path: Path) -> dict[str, Any]:
-    """`{"health": …, "agents": […]}` from the socket; raises `ComputerNotRunning`."""
+    """`{"health": …, "agents": […]}` from the socket; raises `ComputerUnavailable`."""
+    answers = {}
     try:
         with local_client(path) as client:
-            health = client.get("/health")
-            agents = client.get("/agents")
+            for route in ("/health", "/agents"):
+                answer = client.get(route)
+                if answer.status_code != 200:
+                    raise ComputerUnavailable(
+                        f"the Computer answered {route} with {answer.status_code}: "
+                        f"{answer.text[:300]} (its log says more)"
+                    )
+                answers[route] = answer.json()
     except httpx.TransportError as exc:
         raise not_running(path, exc) from exc
-    health.raise_for_status()
-    agents.raise_for_status()
-    return {"health": health.json(), "agents": agents.json()}
+    return {"health": answers["/health"], "agents": answers["/agents"]}
 
 
 def render_status(health: dict[str, Any], agents: list[dict[str, Any]], now: datetime) -> str:
@@ -146,7 +155,7 @@ def _agent_note(agent: dict[str, Any]) -> str:
 
 
 def status(crew_home: Path, as_json: bool, out: IO[str]) -> None:
-    """Print the status of the Computer on `crew_home`; raises `ComputerNotRunning`."""
+    """Print the status of the Computer on `crew_home`; raises `ComputerUnavailable`."""
     answer = read_status(socket_path(crew_home))
     if as_json:
         out.write(orjson.dumps(answer, option=orjson.OPT_INDENT_2).decode() + "\n")
@@ -263,8 +272,8 @@ def follow(
     *,
     sleep: Callable[[float], None] | None = None,
 ) -> None:
-    """Print the Computer's turns as they happen until interrupted; raises `ComputerNotRunning`
-    when nothing answers at the start (later it waits for the Computer to come back)."""
+    """Print the Computer's turns as they happen until interrupted; raises `ComputerUnavailable`
+    when it cannot be asked at the start (later it waits for the Computer to come back)."""
     pause = sleep or time.sleep
     path = socket_path(crew_home)
     printer = EventPrinter()
@@ -395,7 +404,7 @@ def run_command(command: str, crew_home: Path | None, *, as_json: bool, agent: s
             status(home, as_json, sys.stdout)
         else:
             follow(home, agent, sys.stdout)
-    except (ComputerNotRunning, UnknownAgent) as exc:
+    except (ComputerUnavailable, UnknownAgent) as exc:
         sys.stderr.write(f"crew-computer: {exc}\n")
         return 1
     except KeyboardInterrupt:

@@ -8,6 +8,7 @@ say clearly when no Computer runs.
 
 from __future__ import annotations
 
+import io
 import os
 import select
 import signal
@@ -17,11 +18,16 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+import anyio
 import orjson
 import pytest
 
+from computer_service.event_bus import EventBus
+from computer_service.introspection import Health, IntrospectionServer, create_app
+from computer_service.watch import ComputerUnavailable, status
 from crew_testkit.computer_proc import ComputerProc, Machine, bootstrap_for, launch, machine
 from crew_testkit.waiting import wait_until
+from tests.computer.static_view import StaticView
 from tests.computer.test_process import finished, need_sandbox, usable
 from tests.support.ci import required_in_ci
 
@@ -220,3 +226,24 @@ def _readers(c: ComputerProc) -> int:
         if line.startswith("crew_event_readers "):
             return int(line.split()[1])
     raise AssertionError("no crew_event_readers in /metrics")
+
+
+class BrokenView(StaticView):
+    def health(self) -> Health:
+        raise RuntimeError("a bug")
+
+
+@pytest.mark.anyio
+async def test_status_says_what_a_failing_computer_answered(tmp_path: Path) -> None:
+    crew_home = tmp_path / "crew"
+    server = IntrospectionServer(
+        create_app(BrokenView(), EventBus()), crew_home / "sockets" / "computer.sock"
+    )
+    await server.start()
+    try:
+        with pytest.raises(ComputerUnavailable) as failed:
+            await anyio.to_thread.run_sync(status, crew_home, False, io.StringIO())
+    finally:
+        await server.stop()
+    assert str(failed.value).startswith("the Computer answered /health with 500: ")
+    assert "a bug" in str(failed.value)
