@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,7 +107,7 @@ class EventBus:
 
     async def follow(
         self, cursor: int, ping_s: float = SSE_PING_S
-    ) -> AsyncIterator[BusEvent | dict[str, Any] | None]:
+    ) -> AsyncGenerator[BusEvent | dict[str, Any] | None, None]:
         """The events after `cursor`, as they come: a `BusEvent`, a `missed` notice (a dict)
         when the ring moved past the reader, or None after `ping_s` without an event.
         Ends when the bus closes."""

@@ -1,9 +1,9 @@
 """The introspection API on `<crew home>/sockets/computer.sock` (computer.md §5).
 
 A small Starlette app over a narrow `ComputerView` of the service, the
-`EventBus` (event_bus.py) for `GET /events`, and `IntrospectionServer`, which serves the app
-with uvicorn on a 0600 Unix socket in a 0700 directory and refuses peers of
-another uid. `openapi/computer.yaml` documents the routes (a test checks).
+`EventBus` (event_bus.py) for `GET /events`, and `IntrospectionServer`, which
+serves the app with uvicorn on a 0600 Unix socket in a 0700 directory, refuses
+peers of another uid, and keeps idle clients from exhausting it. `openapi/computer.yaml` documents the routes (a test checks).
 """
 
 from __future__ import annotations
@@ -243,14 +243,16 @@ async def _sse(bus: EventBus, cursor: int, notice: dict[str, Any] | None) -> Asy
     yield b": crew computer events\n\n"
     if notice is not None:
         yield sse_frame("missed", notice)
-    async for item in bus.follow(cursor):
-        if item is None:
-            yield b": ping\n\n"
-        elif isinstance(item, BusEvent):
-            yield sse_frame(item.kind, item.data, bus.sse_id(item))
-        else:
-            # No `id:`: the reader's Last-Event-ID stays the last event it really got.
-            yield sse_frame("missed", item)
+    # Closed with the response (a client that goes away), not whenever it is collected.
+    async with contextlib.aclosing(bus.follow(cursor)) as items:
+        async for item in items:
+            if item is None:
+                yield b": ping\n\n"
+            elif isinstance(item, BusEvent):
+                yield sse_frame(item.kind, item.data, bus.sse_id(item))
+            else:
+                # No `id:`: the reader's Last-Event-ID stays the last event it really got.
+                yield sse_frame("missed", item)
 
 
 def _json(model: BaseModel | list[Any], status: int = 200) -> Response:
