@@ -37,6 +37,7 @@ from computer_service.bootstrap import (
 )
 from computer_service.parts_protocol import StartupFailed
 from computer_service.service import ComputerService
+from crew_common.connection_limits import raise_open_file_limit
 from crew_common.version import VERSION
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -59,7 +60,8 @@ def parser() -> argparse.ArgumentParser:
     """The command line of `crew-computer`."""
     command_line = argparse.ArgumentParser(
         prog="crew-computer",
-        usage="%(prog)s [-h] [--version]  < bootstrap.json\n       %(prog)s run --config FILE",
+        usage="%(prog)s [-h] [--version]  < bootstrap.json\n       %(prog)s run --config FILE\n"
+        "       %(prog)s status [--json]\n       %(prog)s follow [AGENT]",
         description="The Crew Computer: runs this machine's agents for a crew server. "
         "Without a command it reads the bootstrap JSON from stdin (one line from a "
         "pipe, or a whole file).",
@@ -75,6 +77,25 @@ def parser() -> argparse.ArgumentParser:
         f"the token comes from the config's token_file or ${TOKEN_ENV}.",
     )
     run.add_argument("--config", required=True, type=Path, metavar="FILE")
+    home_help = "the crew home of the Computer to ask (default: $CREW_HOME, else ~/.crew)"
+    status = sub.add_parser(
+        "status",
+        help="show the running Computer and its agents (like `docker ps`)",
+        description="Show the running Computer (server, connection, version, sandbox) and "
+        "each agent: state, current turn and its age, last result, tokens and cost today. "
+        "Exit status 1 when no Computer runs on the crew home.",
+    )
+    status.add_argument("--json", action="store_true", help="print /health and /agents as JSON")
+    status.add_argument("--crew-home", type=Path, metavar="DIR", help=home_help)
+    follow = sub.add_parser(
+        "follow",
+        help="print the agents' turns as they happen (Ctrl+C to stop)",
+        description="Print live turns readably: steps, tool calls with a short input and "
+        "output, the agent's text, and tokens and cost when a turn ends. Reconnects (with "
+        "Last-Event-ID) when the Computer restarts.",
+    )
+    follow.add_argument("agent", nargs="?", metavar="AGENT", help="only this agent (@handle or id)")
+    follow.add_argument("--crew-home", type=Path, metavar="DIR", help=home_help)
     return command_line
 
 
@@ -105,6 +126,17 @@ def read_bootstrap(fd: int) -> bytes:
 def main(argv: list[str] | None = None) -> None:
     """The console script: exits 0 after an orderly stop, else 1, 2 or 130 with a reason."""
     args = parser().parse_args(argv)
+    if args.command in ("status", "follow"):
+        from computer_service.watch import run_command
+
+        sys.exit(
+            run_command(
+                args.command,
+                args.crew_home,
+                as_json=getattr(args, "json", False),
+                agent=getattr(args, "agent", None),
+            )
+        )
     _configure_logging()
     try:
         sys.exit(_run(args))
@@ -126,6 +158,8 @@ def _run(args: argparse.Namespace) -> int:
     # Imported here: the engine side is only needed once the bootstrap is valid.
     from computer_service.parts import LocalParts
 
+    # Each connection, launcher run and agent file costs a descriptor: take what we may.
+    raise_open_file_limit()
     parts = LocalParts(bootstrap)
     service = ComputerService(bootstrap, parts, stdout=sys.stdout.buffer, stdin_fd=stdin_fd)
     try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import anyio
@@ -77,6 +78,8 @@ class EventStream:
         # Called with the reason when following cannot go on (the run then exits 1).
         self._fail = fail
         self.connected = False
+        # When the open stream opened (RFC 3339, for `GET /health`); None while closed.
+        self.connected_since: str | None = None
         self.last_event_id: str | None = None
         self.backoff = Backoff()
 
@@ -90,6 +93,7 @@ class EventStream:
                 async with self.upstream.events(self.last_event_id) as source:
                     opened = True
                     self.connected = True
+                    self.connected_since = datetime.now(UTC).isoformat(timespec="seconds")
                     await self.roster.sync_agents()
                     self.roster.wake_all()
                     delivered = False
@@ -127,6 +131,7 @@ class EventStream:
                 unreachable = _unreachable(exc)
             finally:
                 self.connected = False
+                self.connected_since = None
             delay = backoff.next_delay()
             if unreachable:
                 # Knocking on a server that is down costs nothing: be back within a

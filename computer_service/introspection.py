@@ -1,9 +1,9 @@
 """The introspection API on `<crew home>/sockets/computer.sock` (computer.md §5).
 
-A small Starlette app over a narrow `ComputerView` of the service, an
-`EventBus` for `GET /events`, and `IntrospectionServer`, which serves the app
-with uvicorn on a 0600 Unix socket in a 0700 directory and refuses peers of
-another uid. `openapi/computer.yaml` documents the routes (a test checks).
+A small Starlette app over a narrow `ComputerView` of the service, the
+`EventBus` (event_bus.py) for `GET /events`, and `IntrospectionServer`, which
+serves the app with uvicorn on a 0600 Unix socket in a 0700 directory, refuses
+peers of another uid, and keeps idle clients from exhausting it. `openapi/computer.yaml` documents the routes (a test checks).
 """
 
 from __future__ import annotations
@@ -11,16 +11,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-import anyio
 import orjson
 import uvicorn
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from pydantic import BaseModel, Field
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -28,15 +24,15 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from computer_service.event_bus import BadEventId, BusEvent, EventBus, sse_frame
 from computer_service.metrics import Metrics
+from crew_common.connection_limits import ConnectionLimits, SheddingListener, limited_h11
 from crew_common.unix_socket import bind_private_socket, peer_checked_h11
 
 log = logging.getLogger(__name__)
 
-# A slow `/events` reader loses events past this backlog instead of slowing the runners.
-SUBSCRIBER_BACKLOG = 1024
-SSE_PING_S = 15.0
-
+# A person's `status`/`follow` and a desktop app need a handful; idle ones go after 10 s.
+INTROSPECTION_LIMITS = ConnectionLimits(max_connections=64, header_timeout_s=10.0)
 
 # --- the view of the service -------------------------------------------------
 
@@ -59,13 +55,42 @@ class EngineHealth(BaseModel):
 class Health(BaseModel):
     """`GET /health`."""
 
+    version: str
+    server_url: str
     ready: bool
     connected: bool
+    connected_since: str | None = Field(
+        description="when the event stream to the crew server opened (RFC 3339); "
+        "null while it is not open",
+    )
     sandbox: SandboxHealth
     engine: EngineHealth
     agents: int
     running_turns: int
     queued: int
+
+
+class DayUsage(BaseModel):
+    """An agent's finished turns since midnight on this machine, as the engine reported them."""
+
+    turns: int
+    input_tokens: int
+    output_tokens: int
+    reasoning_tokens: int
+    cache_read: int
+    cache_write: int
+    cost: float
+
+
+NO_USAGE = DayUsage(
+    turns=0,
+    input_tokens=0,
+    output_tokens=0,
+    reasoning_tokens=0,
+    cache_read=0,
+    cache_write=0,
+    cost=0.0,
+)
 
 
 class AgentRow(BaseModel):
@@ -85,6 +110,10 @@ class AgentRow(BaseModel):
         description="when the runner tries its kept messages again by itself (RFC 3339), "
         "after a failure; `last_reason` says why",
     )
+    turn_started_at: str | None = Field(
+        default=None, description="when the running turn started (RFC 3339)"
+    )
+    today: DayUsage = NO_USAGE
 
 
 class TurnSummary(BaseModel):
@@ -136,60 +165,6 @@ class ComputerView(Protocol):
         ...
 
 
-# --- the event bus -----------------------------------------------------------
-
-
-class EventBus:
-    """Fan-out of runner state changes and engine events to `/events` readers."""
-
-    def __init__(self) -> None:
-        self._subscribers: set[MemoryObjectSendStream[tuple[str, dict[str, Any]]]] = set()
-        self._closed = anyio.Event()
-        self.dropped = 0
-
-    @property
-    def has_subscribers(self) -> bool:
-        """True while some `/events` reader listens."""
-        return bool(self._subscribers)
-
-    def publish(self, kind: str, data: dict[str, Any]) -> None:
-        """Hand one event to every reader without waiting; a full reader loses it."""
-        for stream in tuple(self._subscribers):
-            try:
-                stream.send_nowait((kind, data))
-            except anyio.WouldBlock:
-                self.dropped += 1
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                self._subscribers.discard(stream)
-
-    @asynccontextmanager
-    async def subscribe(
-        self,
-    ) -> AsyncIterator[MemoryObjectReceiveStream[tuple[str, dict[str, Any]]]]:
-        send, receive = anyio.create_memory_object_stream[tuple[str, dict[str, Any]]](
-            SUBSCRIBER_BACKLOG
-        )
-        self._subscribers.add(send)
-        try:
-            yield receive
-        finally:
-            self._subscribers.discard(send)
-            send.close()
-            receive.close()
-
-    def close(self) -> None:
-        """End every `/events` stream (at shutdown)."""
-        self._closed.set()
-        for stream in tuple(self._subscribers):
-            stream.close()
-        self._subscribers.clear()
-
-    @property
-    def closed(self) -> bool:
-        """True once the bus was closed (the service is stopping)."""
-        return self._closed.is_set()
-
-
 # --- the app -----------------------------------------------------------------
 
 
@@ -197,9 +172,11 @@ def create_app(view: ComputerView, bus: EventBus) -> Starlette:
     """The introspection Starlette app over `view`."""
 
     async def health(request: Request) -> Response:
+        _no_query(request)
         return _json(view.health())
 
     async def agents(request: Request) -> Response:
+        _no_query(request)
         return _json([row.model_dump() for row in view.agent_rows()])
 
     async def agent(request: Request) -> Response:
@@ -227,13 +204,19 @@ def create_app(view: ComputerView, bus: EventBus) -> Starlette:
         return _json(ControlAnswer(id=agent_id, accepted=stopping), status=202 if stopping else 200)
 
     async def events(request: Request) -> Response:
+        _no_query(request)
+        try:
+            cursor, notice = bus.cursor_for(request.headers.get("last-event-id"))
+        except BadEventId as exc:
+            raise HTTPException(400, str(exc)) from exc
         return StreamingResponse(
-            _sse(bus),
+            _sse(bus, cursor, notice),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )
 
     async def metrics(request: Request) -> Response:
+        _no_query(request)
         return Response(
             view.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8"
         )
@@ -253,27 +236,34 @@ def create_app(view: ComputerView, bus: EventBus) -> Starlette:
     )
 
 
-async def _sse(bus: EventBus) -> AsyncIterator[bytes]:
+async def _sse(bus: EventBus, cursor: int, notice: dict[str, Any] | None) -> AsyncIterator[bytes]:
     if bus.closed:
         return
     # A comment first, so a client sees the stream is open before any event.
     yield b": crew computer events\n\n"
-    async with bus.subscribe() as receive:
-        while True:
-            with anyio.move_on_after(SSE_PING_S) as timer:
-                try:
-                    kind, data = await receive.receive()
-                except anyio.EndOfStream:
-                    return
-            if timer.cancelled_caught:
+    if notice is not None:
+        yield sse_frame("missed", notice)
+    # Closed with the response (a client that goes away), not whenever it is collected.
+    async with contextlib.aclosing(bus.follow(cursor)) as items:
+        async for item in items:
+            if item is None:
                 yield b": ping\n\n"
-                continue
-            yield b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+            elif isinstance(item, BusEvent):
+                yield sse_frame(item.kind, item.data, bus.sse_id(item))
+            else:
+                # No `id:`: the reader's Last-Event-ID stays the last event it really got.
+                yield sse_frame("missed", item)
 
 
 def _json(model: BaseModel | list[Any], status: int = 200) -> Response:
     body = model.model_dump() if isinstance(model, BaseModel) else model
     return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+
+
+def _no_query(request: Request) -> None:
+    if request.query_params:
+        name = next(iter(request.query_params))[:60]
+        raise HTTPException(400, f"unknown query parameter {name!r}; this endpoint takes none")
 
 
 def _no_agent(agent_id: str) -> HTTPException:
@@ -312,24 +302,38 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
 
 
 class IntrospectionServer:
-    """uvicorn serving the introspection app on the private socket; start, then stop."""
+    """uvicorn serving the introspection app on the private socket; start, then stop.
 
-    def __init__(self, app: Starlette, path: Path, allowed_uid: int | None = None) -> None:
+    Idle connections cannot exhaust it: `limits` caps the open connections and
+    closes one that sends no request head in time, and the listening socket
+    sheds connections instead of spinning when out of file descriptors
+    (crew_common/connection_limits.py).
+    """
+
+    def __init__(
+        self,
+        app: Starlette,
+        path: Path,
+        allowed_uid: int | None = None,
+        limits: ConnectionLimits = INTROSPECTION_LIMITS,
+    ) -> None:
         self.path = path
         self._app = app
         self._allowed_uid = os.getuid() if allowed_uid is None else allowed_uid
-        self._sock: socket.socket | None = None
+        self._limits = limits
+        self._sock: SheddingListener | None = None
         self._server: uvicorn.Server | None = None
 
     async def start(self) -> None:
         """Bind the socket and start serving (raises `OSError`/`SocketInUse`)."""
-        self._sock = bind_private_socket(self.path)
+        self._sock = SheddingListener.take(bind_private_socket(self.path))
         config = uvicorn.Config(
             self._app,
-            http=peer_checked_h11(self._allowed_uid),
+            http=limited_h11(peer_checked_h11(self._allowed_uid), self._limits),
             lifespan="off",
             log_level="warning",
             access_log=False,
+            timeout_keep_alive=int(self._limits.header_timeout_s),
             timeout_graceful_shutdown=2,
         )
         config.load()
@@ -339,6 +343,11 @@ class IntrospectionServer:
         server.lifespan = config.lifespan_class(config)
         await server.startup(sockets=[self._sock])
         self._server = server
+
+    @property
+    def open_connections(self) -> int:
+        """How many connections are being served now."""
+        return len(self._server.server_state.connections) if self._server is not None else 0
 
     async def stop(self) -> None:
         """Stop accepting, end open connections (bounded), and remove the socket file."""

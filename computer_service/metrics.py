@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import date
+from typing import Protocol
+
+from crew_common.version import VERSION
 
 # Turn durations range from a no-op fake engine to a 30-minute limit.
 DURATION_BUCKETS_S = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
@@ -31,8 +35,44 @@ class Histogram:
                 self.counts[i] += 1
 
 
+class UsageNumbers(Protocol):
+    """What a turn's usage carries (`engine.base.Usage`)."""
+
+    input_tokens: int
+    output_tokens: int
+    reasoning_tokens: int
+    cache_read: int
+    cache_write: int
+    cost: float
+
+
+@dataclass
+class AgentUsage:
+    """Tokens and cost of one agent's finished turns, as the engine reported them."""
+
+    handle: str
+    turns: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    reasoning_tokens: int = 0
+    cache_read: int = 0
+    cache_write: int = 0
+    cost: float = 0.0
+
+    def add(self, usage: UsageNumbers) -> None:
+        """Count one finished turn's usage."""
+        self.turns += 1
+        self.input_tokens += usage.input_tokens
+        self.output_tokens += usage.output_tokens
+        self.reasoning_tokens += usage.reasoning_tokens
+        self.cache_read += usage.cache_read
+        self.cache_write += usage.cache_write
+        self.cost += usage.cost
+
+
 class Metrics:
-    """Turns by result, turn durations, report batches, and the live queue length."""
+    """Turns by result, turn durations, report batches, the live queue length, and
+    tokens and cost per agent (since start, and today on this machine's calendar)."""
 
     def __init__(self) -> None:
         self.turns: dict[str, int] = dict.fromkeys(TURN_RESULTS, 0)
@@ -43,11 +83,36 @@ class Metrics:
         # Read at render time: the gate owns the live numbers.
         self.queue_length: Callable[[], int] = lambda: 0
         self.running_turns: Callable[[], int] = lambda: 0
+        # The `/events` bus owns these.
+        self.event_readers: Callable[[], int] = lambda: 0
+        self.events_missed: Callable[[], int] = lambda: 0
+        self.usage: dict[str, AgentUsage] = {}
+        self._today: dict[str, AgentUsage] = {}
+        # The calendar day on this machine; a test sets it to cross midnight.
+        self.clock: Callable[[], date] = date.today
+        self._day = self.clock()
 
     def turn_finished(self, status: str, duration_s: float) -> None:
         """Count one finished turn and its duration."""
         self.turns[status] = self.turns.get(status, 0) + 1
         self.turn_duration.observe(duration_s)
+
+    def usage_reported(self, agent_id: str, handle: str, usage: UsageNumbers) -> None:
+        """Count one finished turn's tokens and cost for its agent."""
+        self.usage.setdefault(agent_id, AgentUsage(handle)).add(usage)
+        self.usage[agent_id].handle = handle
+        self._roll_day()
+        self._today.setdefault(agent_id, AgentUsage(handle)).add(usage)
+
+    def today(self, agent_id: str) -> AgentUsage:
+        """This agent's usage since local midnight (zeros if none)."""
+        self._roll_day()
+        return self._today.get(agent_id) or AgentUsage(handle="")
+
+    def _roll_day(self) -> None:
+        if (day := self.clock()) != self._day:
+            self._day = day
+            self._today.clear()
 
     def render(self) -> str:
         """The Prometheus text exposition format (version 0.0.4)."""
@@ -82,5 +147,58 @@ class Metrics:
             "# HELP crew_running_turns Turns holding a slot now.",
             "# TYPE crew_running_turns gauge",
             f"crew_running_turns {self.running_turns()}",
+            "# HELP crew_event_readers Open GET /events streams.",
+            "# TYPE crew_event_readers gauge",
+            f"crew_event_readers {self.event_readers()}",
+            "# HELP crew_events_missed_total Events /events readers were told they missed.",
+            "# TYPE crew_events_missed_total counter",
+            f"crew_events_missed_total {self.events_missed()}",
+            "# HELP crew_computer_build_info The running Computer's version.",
+            "# TYPE crew_computer_build_info gauge",
+            f'crew_computer_build_info{{version="{_label(VERSION)}"}} 1',
         ]
+        lines += self._usage_lines()
         return "\n".join(lines) + "\n"
+
+    def _usage_lines(self) -> list[str]:
+        families = (
+            ("crew_agent_turns_total", "Turns finished, per agent.", "turns"),
+            ("crew_agent_input_tokens_total", "Input tokens, per agent.", "input_tokens"),
+            ("crew_agent_output_tokens_total", "Output tokens, per agent.", "output_tokens"),
+            (
+                "crew_agent_reasoning_tokens_total",
+                "Reasoning tokens, per agent.",
+                "reasoning_tokens",
+            ),
+            (
+                "crew_agent_cache_read_tokens_total",
+                "Tokens read from the cache, per agent.",
+                "cache_read",
+            ),
+            (
+                "crew_agent_cache_write_tokens_total",
+                "Tokens written to the cache, per agent.",
+                "cache_write",
+            ),
+            (
+                "crew_agent_cost_total",
+                "Cost as the engine reported it (the provider's currency, usually USD), per agent.",
+                "cost",
+            ),
+        )
+        lines: list[str] = []
+        if not self.usage:
+            return lines  # no agent finished a turn yet: no family without samples
+        for name, text, attribute in families:
+            lines += [f"# HELP {name} {text}", f"# TYPE {name} counter"]
+            for agent_id, usage in sorted(self.usage.items()):
+                labels = f'agent_id="{_label(agent_id)}",handle="{_label(usage.handle)}"'
+                value = getattr(usage, attribute)
+                shown = f"{value:.6f}" if isinstance(value, float) else str(value)
+                lines.append(f"{name}{{{labels}}} {shown}")
+        return lines
+
+
+def _label(value: str) -> str:
+    """A Prometheus label value: backslash, quote and newline escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

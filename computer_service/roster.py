@@ -27,7 +27,7 @@ from anyio.abc import TaskGroup
 from computer_service.delivery import RETRY_BASE_S
 from computer_service.engine.base import Engine
 from computer_service.gate import TurnGate
-from computer_service.introspection import AgentDetail, AgentRow, TurnSummary
+from computer_service.introspection import AgentDetail, AgentRow, DayUsage, TurnSummary
 from computer_service.metrics import Metrics
 from computer_service.parts_protocol import AgentPreparationFailed, Parts
 from computer_service.runner import DEFAULT_TURN_TIME_LIMIT_S, Runner
@@ -256,17 +256,25 @@ class Roster:
         """`GET /agents`: runners and agents with a problem, by handle."""
         rows = [AgentRow.model_validate(runner.row()) for runner in self.runners.values()]
         rows += [_problem_row(agent, reason) for agent, reason in self.problems.values()]
-        return sorted(rows, key=lambda row: row.handle)
+        return sorted((self._with_usage(row) for row in rows), key=lambda row: row.handle)
 
     def agent_detail(self, agent_id: str) -> AgentDetail | None:
         """`GET /agents/{id}`; None for an unknown agent."""
         if (runner := self.runners.get(agent_id)) is not None:
             turns = [TurnSummary.model_validate(t) for t in runner.recent_turns()]
-            return AgentDetail.model_validate({**runner.row(), "recent_turns": turns})
+            row = self._with_usage(AgentRow.model_validate(runner.row()))
+            return AgentDetail.model_validate({**row.model_dump(), "recent_turns": turns})
         if (problem := self.problems.get(agent_id)) is not None:
-            row = _problem_row(*problem)
+            row = self._with_usage(_problem_row(*problem))
             return AgentDetail.model_validate({**row.model_dump(), "recent_turns": []})
         return None
+
+    def _with_usage(self, row: AgentRow) -> AgentRow:
+        """The row with its agent's tokens and cost today (kept by `Metrics`)."""
+        today = self.metrics.today(row.id)
+        return row.model_copy(
+            update={"today": DayUsage.model_validate(today, from_attributes=True)}
+        )
 
     async def wake_agent(self, agent_id: str) -> bool | None:
         """`POST /agents/{id}/wake`: None unknown, False cannot run, True woken.

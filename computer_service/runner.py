@@ -158,6 +158,7 @@ class Runner:
         self._wall_clock_limit_s = wall_clock_limit_s
         self.state = RunnerState.IDLE
         self.current_turn_id: str | None = None
+        self.turn_started_at: str | None = None
         self.pending_wake = False
         self.last_result: str | None = None
         self.last_reason: str | None = None
@@ -229,6 +230,7 @@ class Runner:
                     )
                 finally:
                     self.current_turn_id = None
+                    self.turn_started_at = None
                     self._stop = None
                     self._set_state(RunnerState.IDLE)
         finally:
@@ -345,6 +347,7 @@ class Runner:
             self._unreachable("registering the turn", exc)
             return
         self.current_turn_id = turn.turn_id
+        self.turn_started_at = datetime.now(UTC).isoformat(timespec="seconds")
         # The session this turn continues (None: a new one, known when it succeeds).
         self.session_id = plan.session_id
         self._changed()
@@ -571,6 +574,7 @@ class Runner:
                     "agent %s: recording the turn as %s failed: %s", self.agent.handle, status, exc
                 )
         self._metrics.turn_finished(status, duration_s)
+        self._metrics.usage_reported(self.agent.id, self.agent.handle, usage)
         self.last_result = status
         self.last_reason = failure.reason if failure is not None and status == "failed" else None
         self.recent.appendleft(
@@ -592,6 +596,7 @@ class Runner:
                 "turn_id": turn.turn_id,
                 "status": status,
                 "failure": failure_body,
+                "usage": usage.as_upstream(),
             },
         )
 
@@ -658,6 +663,7 @@ class Runner:
             "model": self.agent.model,
             "problem": None,
             "retry_at": self.retry_at,
+            "turn_started_at": self.turn_started_at,
         }
 
     def recent_turns(self) -> list[dict[str, Any]]:

@@ -71,6 +71,8 @@ class ComputerService:
         self.metrics.queue_length = lambda: self.gate.queued
         self.metrics.running_turns = lambda: self.gate.running
         self.bus = EventBus()
+        self.metrics.event_readers = lambda: self.bus.readers
+        self.metrics.events_missed = lambda: self.bus.missed_total
         self.roster = Roster(
             self.upstream,
             parts,
@@ -350,8 +352,11 @@ class ComputerService:
     def health(self) -> Health:
         """`GET /health`."""
         return Health(
+            version=VERSION,
+            server_url=self.bootstrap.server_url,
             ready=self.ready,
             connected=self.events.connected,
+            connected_since=self.events.connected_since,
             sandbox=SandboxHealth(
                 ok=self.launcher.sandbox_ok,
                 backend=self.launcher.backend,

@@ -125,13 +125,14 @@ class AgentPatch(Request):
 _ROOM_SHAPES: JsonDict = {
     "oneOf": [
         {
+            "required": ["kind"],
             "properties": {
                 "kind": {"const": "dm"},
                 "agent_ids": {"type": "array", "minItems": 1, "maxItems": 1},
-            }
+            },
         },
         {
-            "required": ["title"],
+            "required": ["kind", "title"],
             "properties": {"kind": {"const": "group"}, "title": {"type": "string"}},
         },
     ]

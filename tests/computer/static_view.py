@@ -24,8 +24,11 @@ class StaticView:
 
     def health(self) -> Health:
         return Health(
+            version="0.1.0",
+            server_url="http://127.0.0.1:8765",
             ready=True,
             connected=True,
+            connected_since="2026-01-02T03:04:05+00:00",
             sandbox=SandboxHealth(ok=True, backend="bwrap", reason=None),
             engine=EngineHealth(found=True, version="1.18.33"),
             agents=2,
@@ -47,6 +50,7 @@ class StaticView:
             model="p/m",
             problem="cannot prepare" if problem else None,
             retry_at=None,
+            turn_started_at=None if problem else "2026-01-02T03:04:05+00:00",
         )
 
     def agent_rows(self) -> list[AgentRow]:

@@ -21,6 +21,7 @@ import pytest
 from computer_service.bootstrap import Bootstrap
 from computer_service.service import ComputerService
 from computer_service.upstream import AgentRecord
+from crew_common.version import VERSION
 from crew_testkit.scripted import ScriptedEngine, blocking, fail, succeed, wait_for_stop
 from crew_testkit.waiting import wait_until_async
 from tests.computer.fakes import UNUSABLE, USABLE, FakeParts
@@ -260,8 +261,11 @@ async def test_introspection_of_the_running_service(crew_server: Any, tmp_path: 
     parts = FakeParts(crew_home, engine)
     async with serving(crew_server, crew_home, parts, comp["token"]) as (service, local):
         health = (await local.get("/health")).json()
-        # Exactly the fields of computer.md §5, nothing more.
+        # The fields of computer.md §5, and what `crew-computer status` shows besides.
         assert set(health) == {
+            "version",
+            "server_url",
+            "connected_since",
             "ready",
             "connected",
             "sandbox",
@@ -273,6 +277,7 @@ async def test_introspection_of_the_running_service(crew_server: Any, tmp_path: 
         assert set(health["sandbox"]) == {"ok", "backend", "reason"}
         assert health["engine"] == {"found": True, "version": "test"}
         assert (health["ready"], health["agents"], health["queued"]) == (True, 1, 0)
+        assert health["server_url"] == crew_server.url and health["version"] == VERSION
 
         crew_server.post(room["id"], "first")
         await wait_until_async("one turn", lambda: service.metrics.turns["succeeded"] == 1)
@@ -501,6 +506,7 @@ def parse_prometheus(text: str) -> dict[str, Family]:
 
 
 def test_metrics_are_valid_prometheus_text_with_cumulative_buckets() -> None:
+    from computer_service.engine.base import Usage
     from computer_service.metrics import Metrics
 
     metrics = Metrics()
@@ -513,7 +519,20 @@ def test_metrics_are_valid_prometheus_text_with_cumulative_buckets() -> None:
     ):
         metrics.turn_finished(status, seconds)
     metrics.batches_sent, metrics.batches_dropped = 5, 2
+    assert "crew_agent_cost_total" not in metrics.render()  # no family without samples
+    metrics.usage_reported("a1", 'we"ird', Usage(input_tokens=10, output_tokens=2, cost=0.5))
+    metrics.usage_reported("a1", 'we"ird', Usage(input_tokens=1, cache_read=7, cost=0.25))
+    metrics.usage_reported("a2", "bob", Usage(output_tokens=3))
     families = parse_prometheus(metrics.render())
+    assert families["crew_agent_input_tokens_total"].samples == {
+        ("agent_id", "a1"): 11,
+        ("agent_id", "a2"): 0,
+    }
+    assert families["crew_agent_cache_read_tokens_total"].samples[("agent_id", "a1")] == 7
+    assert families["crew_agent_cost_total"].samples[("agent_id", "a1")] == 0.75
+    assert families["crew_agent_turns_total"].kind == "counter"
+    assert 'handle="we\\"ird"' in metrics.render()
+    assert families["crew_computer_build_info"].samples == {("version", VERSION): 1}
     assert set(families) >= {
         "crew_turns_total",
         "crew_turn_duration_seconds",
