@@ -46,6 +46,9 @@ class LauncherConfig:
     home: Path
     run_id: str
     opencode: Path | None
+    # Toolchains on PATH and the user's read_only_roots (`toolchains`), checked at start.
+    read_roots: tuple[Path, ...] = ()
+    rustup_home: Path | None = None
 
 
 def find_opencode(explicit: str | None) -> Path | None:
@@ -202,6 +205,7 @@ class Launcher:
             raise PathRefused(f"engine_args.dir must lie inside {agent_dir}, got {work_text!r}")
         read_dirs = [checked["bin_dir"]]
         read_dirs += [check_read_dir(d, self.config.home, crew) for d in request.interpreter_dirs]
+        read_dirs += self._read_roots()
         assert self.config.opencode is not None
         engine_dirs, engine_files = engine_read_paths(self.config.opencode, self.config.home, crew)
         return SandboxPolicy(
@@ -214,6 +218,16 @@ class Launcher:
             read_dirs=tuple(dict.fromkeys([*read_dirs, *engine_dirs])),
             read_files=engine_files,
         )
+
+    def _read_roots(self) -> list[Path]:
+        """The start's read roots that are still safe (a toolchain may be gone since)."""
+        kept = []
+        for root in self.config.read_roots:
+            try:
+                kept.append(check_read_dir(str(root), self.config.home, self.config.crew_home))
+            except PathRefused as exc:
+                log.warning("not granting %s this run: %s", root, exc)
+        return kept
 
     def _command(self, request: RunRequest, policy: SandboxPolicy) -> list[str]:
         assert self.config.opencode is not None
@@ -236,4 +250,7 @@ class Launcher:
         env.setdefault("PWD", str(policy.work_dir))  # OpenCode takes its project from $PWD
         env.setdefault("PATH", f"{policy.read_dirs[0]}:{DEFAULT_PATH}")
         env.setdefault("HOME", str(policy.agent_dir))
+        if self.config.rustup_home is not None:
+            # rustup's proxies look in $HOME/.rustup, and HOME is the agent's directory.
+            env.setdefault("RUSTUP_HOME", str(self.config.rustup_home))
         return env
