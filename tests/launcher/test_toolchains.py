@@ -319,7 +319,7 @@ def test_the_launcher_grants_path_toolchains_and_read_only_roots(
         body["env"]["PATH"] = f"{layout.bin_dir}:{fake.path}"
         lines = engine_lines(launcher.run(body))
     finally:
-        code, err = launcher.stop()
+        _, err = launcher.stop()
     results = {line["check"]: (line["rc"], line["out"].strip()) for line in lines if "rc" in line}
     assert results["pytool"] == (0, "pyenv-tool-ok"), err[-2000:]
     assert results["cargo"] == (0, "rust-tool-ok")  # RUSTUP_HOME set by the launcher
