@@ -71,7 +71,7 @@ def models_request(environ: Mapping[str, str]) -> ModelsRequest:
             log.warning(
                 "opencode models without your price table: %s is not UTF-8", user.price_table
             )
-    return ModelsRequest(env=model_listing_env(user), price_table=price_table)
+    return ModelsRequest(env=model_listing_env(user, environ), price_table=price_table)
 
 
 class CurrentLauncher:
