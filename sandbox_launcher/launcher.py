@@ -17,6 +17,7 @@ from pathlib import Path
 from crew_common.layout import AgentPaths
 from sandbox_launcher.backend import Backend
 from sandbox_launcher.engine_run import EngineRun
+from sandbox_launcher.git_guard import commondir_absent, guarded_git_dirs, remove_new_commondirs
 from sandbox_launcher.paths import PathRefused, dir_below, is_inside
 from sandbox_launcher.policy import SandboxPolicy, check_read_dir
 from sandbox_launcher.schema import EngineHealth, Health, RunRequest, SandboxHealth
@@ -142,6 +143,8 @@ class Launcher:
     sandbox: SandboxHealth
     engine: EngineHealth | None
     runs: dict[str, EngineRun] = field(default_factory=dict)
+    # Per run: the guarded repositories that had no `commondir` when it started.
+    commondir_watch: dict[str, tuple[Path, ...]] = field(default_factory=dict)
 
     def health(self) -> Health:
         """`GET /health`."""
@@ -172,6 +175,7 @@ class Launcher:
             raise RequestRefused(400, "path_refused", str(exc)) from exc
         command = self._command(request, policy)
         env = self._env(request, policy)
+        self.commondir_watch[request.run_id] = commondir_absent(policy.guarded_git)
         return EngineRun(
             run_id=request.run_id,
             agent_id=request.agent_id,
@@ -180,6 +184,11 @@ class Launcher:
             stdin=request.stdin.encode("utf-8"),
             stdout_limit=request.stdout_limit,
         )
+
+    def run_ended(self, run_id: str) -> None:
+        """Forget a run that ended; undo a `commondir` it planted (`git_guard`)."""
+        self.runs.pop(run_id, None)
+        remove_new_commondirs(self.commondir_watch.pop(run_id, ()))
 
     def _policy(self, request: RunRequest) -> SandboxPolicy:
         crew, agent_id = self.config.crew_home, request.agent_id
@@ -217,6 +226,7 @@ class Launcher:
             work_dir=work_dir,
             read_dirs=tuple(dict.fromkeys([*read_dirs, *engine_dirs])),
             read_files=engine_files,
+            guarded_git=guarded_git_dirs(work_dir),
         )
 
     def _read_roots(self) -> list[Path]:

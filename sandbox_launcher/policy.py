@@ -34,6 +34,9 @@ class SandboxPolicy:
     work_dir: Path
     read_dirs: tuple[Path, ...] = ()
     read_files: tuple[Path, ...] = ()
+    # `.git` directories in the work dir whose hooks and config stay read-only
+    # (`sandbox_launcher.git_guard`); each has a real `hooks/` and `config`.
+    guarded_git: tuple[Path, ...] = ()
 
     @property
     def sockets_dir(self) -> Path:
