@@ -18,6 +18,7 @@ from types import FrameType
 from sandbox_launcher.backend import open_backend
 from sandbox_launcher.bwrap import LinuxMode
 from sandbox_launcher.engine_run import become_subreaper, group_alive
+from sandbox_launcher.git_guard import guarded_git_dirs
 from sandbox_launcher.paths import PathRefused, resolved_dir
 from sandbox_launcher.policy import SandboxPolicy, check_read_dir
 from sandbox_launcher.selftest import self_test
@@ -57,6 +58,7 @@ def command_policy(
         tmp_dir=tmp,
         work_dir=work,
         read_dirs=tuple(dict.fromkeys(reads)),
+        guarded_git=guarded_git_dirs(work),
     )
 
 

@@ -26,6 +26,7 @@ from crew_common.secret_places import SECRET_PLACES
 from sandbox_launcher.backend import BwrapBackend
 from sandbox_launcher.bwrap import BwrapTools, LinuxMode, find_tools
 from sandbox_launcher.policy import SandboxPolicy
+from sandbox_launcher.seatbelt import profile_text, seatbelt_params
 from sandbox_launcher.toolchains import read_only_roots, toolchain_roots
 from tests.launcher.helpers import LauncherProcess, engine_lines, make_layout, write_fake_opencode
 from tests.support.ci import required_in_ci
@@ -139,6 +140,25 @@ def test_a_secret_place_on_path_is_never_granted(tmp_path: Path, place: str, sha
     assert not any(secret in d.parents or d == secret for d in roots.dirs)
     assert len(roots.refused) == 1, roots.refused
     assert "secret place" in roots.refused[0] or "crew home" in roots.refused[0]
+
+
+def test_seatbelt_grants_the_roots_as_read_params(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    fake = FakeHome(home)
+    roots = toolchain_roots(fake.path, home, home / ".crew", {})
+    policy = SandboxPolicy(
+        home=home,
+        crew_home=home / ".crew",
+        agent_dir=home / ".crew" / "agents" / "a",
+        runtime_dir=home / ".crew" / "runtime" / "r" / "agents" / "a",
+        tmp_dir=home / ".crew" / "runtime" / "r" / "agents" / "a" / "tmp",
+        work_dir=home / ".crew" / "agents" / "a" / "work",
+        read_dirs=tuple(roots.dirs),
+    )
+    params = dict(seatbelt_params(policy))
+    granted = {Path(v) for k, v in params.items() if k.startswith("READ_DIR_")}
+    assert granted == set(roots.dirs)
+    assert f'(subpath (param "READ_DIR_{len(roots.dirs) - 1}"))' in profile_text(len(roots.dirs), 0)
 
 
 @pytest.mark.parametrize("entry", ["", "{home}", "/"])
