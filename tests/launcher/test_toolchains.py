@@ -16,6 +16,7 @@ import dataclasses
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -348,3 +349,35 @@ def test_the_launcher_grants_path_toolchains_and_read_only_roots(
     assert results["ssh_key"][0] != 0 and SSH_KEY.strip() not in results["ssh_key"][1]
     assert "not readable by agents" in err and ".ssh/bin" in err  # logged once at start
     assert err.count("not readable by agents") == 1
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode", ["hybrid", "tmpfs"])
+def test_the_readme_recipe_names_the_users_real_path(
+    mode: str, needs_bwrap: None, isolated_home: Path
+) -> None:
+    """README: `crew-launcher sandbox … -- sh -c 'cat /home/alice/.ssh/id_rsa'` is denied,
+    `~` inside is the agent's home, and a toolchain on the user's PATH runs."""
+    fake = FakeHome(isolated_home)
+    layout = make_layout(isolated_home)
+    layout.add_agent("alice")
+    agent, runtime = layout.agent_dir("alice"), layout.runtime_dir("alice")
+    script = (
+        f'cat {isolated_home}/.ssh/id_rsa; echo "real_rc=$?"; '
+        'cat ~/.ssh/id_rsa; echo "tilde_rc=$?"; echo "home=$HOME"; pytool'
+    )
+    argv = [sys.executable, "-m", "sandbox_launcher", "sandbox", "--mode", mode]
+    argv += ["--agent-dir", str(agent), "--runtime-dir", str(runtime), "--", "sh", "-c", script]
+    done = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        env={**os.environ, "PATH": fake.path},
+    )
+    assert done.returncode == 0, done.stderr
+    assert SSH_KEY.strip() not in done.stdout
+    assert "real_rc=1" in done.stdout and "tilde_rc=1" in done.stdout
+    assert f"home={agent}" in done.stdout
+    assert "pyenv-tool-ok" in done.stdout
