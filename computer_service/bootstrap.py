@@ -10,9 +10,18 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from computer_service.delivery import RETRY_BASE_S
+from crew_common.secret_places import secret_overlap
 
 MAX_BOOTSTRAP_BYTES = 64 * 1024
 # Where `crew-computer run --config` finds the token when the config names no token_file.
@@ -41,6 +50,8 @@ class Bootstrap(BaseModel):
 
     # How long one turn may run before it is ended (computer.md §3; 30 min by default).
     turn_time_limit_s: Annotated[int, Strict()] = Field(default=30 * 60, ge=1, le=7 * 24 * 3600)
+    # Directories every agent may read (never write), e.g. a repository; never a secret place.
+    read_only_roots: list[Path] = Field(default_factory=list, max_length=16)
 
     @field_validator("token")
     @classmethod
@@ -60,6 +71,24 @@ class Bootstrap(BaseModel):
         if not value.startswith(("http://", "https://")):
             raise ValueError("must start with http:// or https://")
         return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _safe_read_only_roots(self) -> Bootstrap:
+        home = Path(os.path.realpath(Path.home()))
+        crew_home = Path(os.path.realpath(self.resolved_crew_home()))
+        for root in self.read_only_roots:
+            if not root.is_absolute():
+                raise ValueError(f"read_only_roots: {root} is not an absolute path")
+            real = Path(os.path.realpath(root))
+            if not real.is_dir():
+                raise ValueError(f"read_only_roots: {root} is not an existing directory")
+            why = secret_overlap(real, home, crew_home)
+            if why is not None:
+                raise ValueError(
+                    f"read_only_roots: {root} can never be readable by agents: {why}. "
+                    "Name a directory that holds no credentials (a repository, say)"
+                )
+        return self
 
     def resolved_crew_home(self) -> Path:
         """The crew home: the bootstrap's, else `$CREW_HOME`, else `~/.crew`."""
@@ -128,6 +157,11 @@ def load_config(path: Path, environ: Mapping[str, str]) -> Bootstrap:
     for field in ("crew_home", "opencode_path"):
         if isinstance(raw.get(field), str):
             raw[field] = str(base / Path(raw[field]).expanduser())
+    roots = raw.get("read_only_roots")
+    if isinstance(roots, list):
+        raw["read_only_roots"] = [
+            str(base / Path(r).expanduser()) if isinstance(r, str) else r for r in roots
+        ]
     token_file = raw.pop("token_file", None)
     if token_file is not None:
         if not isinstance(token_file, str) or not token_file:

@@ -43,6 +43,8 @@ class SandboxHealth(BaseModel):
     ok: bool | None
     backend: str | None
     reason: str | None
+    # PATH entries, toolchain roots and read_only_roots agents may not read, with why.
+    not_granted: list[str] = Field(default_factory=list)
 
 
 class EngineHealth(BaseModel):

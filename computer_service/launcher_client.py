@@ -129,6 +129,7 @@ class SandboxHealth(BaseModel):
     ok: bool
     backend: str | None = None
     reason: str | None = None
+    not_granted: list[str] = Field(default_factory=list)
 
 
 class EngineHealth(BaseModel):
@@ -338,6 +339,7 @@ def launcher_argv(
     *,
     mode: str | None = None,
     opencode_path: str | None = None,
+    read_only_roots: tuple[Path, ...] = (),
 ) -> list[str]:
     """The launcher's command line (docs/contracts.md): this interpreter, isolated."""
     argv = [
@@ -357,6 +359,8 @@ def launcher_argv(
         argv += ["--mode", mode]
     if opencode_path:
         argv += ["--opencode", opencode_path]
+    for root in read_only_roots:
+        argv += ["--read-only-root", str(root)]
     return argv
 
 

@@ -71,7 +71,7 @@ def models_request(environ: Mapping[str, str]) -> ModelsRequest:
             log.warning(
                 "opencode models without your price table: %s is not UTF-8", user.price_table
             )
-    return ModelsRequest(env=model_listing_env(user), price_table=price_table)
+    return ModelsRequest(env=model_listing_env(user, environ), price_table=price_table)
 
 
 class CurrentLauncher:
@@ -161,6 +161,7 @@ class LocalParts:
             socket_path,
             mode=self.bootstrap.sandbox_mode,
             opencode_path=str(opencode) if opencode is not None else None,
+            read_only_roots=tuple(self.bootstrap.read_only_roots),
         )
         process = LauncherProcess(argv, socket_path)
         self._process = process
@@ -178,6 +179,7 @@ class LocalParts:
             reason=health.sandbox.reason,
             engine_found=engine is not None and bool(engine.path),
             engine_version=engine.version if engine is not None else None,
+            not_granted=tuple(health.sandbox.not_granted),
         )
 
     async def stop_launcher(self) -> None:

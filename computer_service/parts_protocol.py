@@ -36,6 +36,8 @@ class LauncherStatus:
     reason: str | None
     engine_found: bool
     engine_version: str | None
+    # Toolchains on PATH and read_only_roots the launcher refused as secret places.
+    not_granted: tuple[str, ...] = ()
 
     def unavailable_reason(self) -> str | None:
         """Why no agent can run, or None when the sandbox and the engine are usable."""

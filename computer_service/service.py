@@ -156,8 +156,11 @@ class ComputerService:
         """Follow the event stream and run turns until stdin closes, SIGTERM or SIGINT."""
         # Leaving `running()` stops every runner: running turns end as cancelled.
         async with self.roster.running(), anyio.create_task_group() as tasks:
-            if self.roster.unavailable is None:
+            if self.launcher.engine_found:
+                # `opencode models` runs outside the sandbox: the models are reported
+                # even when the sandbox is unusable, so a user can fix one thing at a time.
                 tasks.start_soon(self._report_models)
+            if self.roster.unavailable is None:
                 tasks.start_soon(self._keep_launcher)
             tasks.start_soon(self.events.follow)
             await self.stop_requested.wait()
@@ -361,6 +364,7 @@ class ComputerService:
                 ok=self.launcher.sandbox_ok,
                 backend=self.launcher.backend,
                 reason=self.launcher.reason,
+                not_granted=list(self.launcher.not_granted),
             ),
             engine=EngineHealth(
                 found=self.launcher.engine_found, version=self.launcher.engine_version

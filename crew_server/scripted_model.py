@@ -508,9 +508,12 @@ class RecordedRequest(BaseModel):
 class ModelState:
     """The script, the counters and the record, shared by the app and its owner."""
 
-    def __init__(self, script: Script) -> None:
+    def __init__(self, script: Script, required_key: str | None = None) -> None:
         self._lock = threading.Lock()
         self._chooser = Chooser(script)
+        # When set, a request without `Authorization: Bearer <key>` is refused (401),
+        # as a real provider does: tests see whether the key reached the model.
+        self.required_key = required_key
         self._requests: list[RecordedRequest] = []
         self.stopping: asyncio.Event | None = None  # created on the serving loop
 
@@ -618,6 +621,11 @@ def build_app(state: ModelState) -> Starlette:
         except ValidationError as exc:
             return _bad_request(f"The request is not a chat-completions request: {exc}")
         record, reply = state.decide(request, chat, body)
+        if state.required_key is not None and record.authorization != (
+            f"Bearer {state.required_key}"
+        ):
+            message = "Missing or wrong API key: send Authorization: Bearer <your key>."
+            return error_response(ErrorReply(status=401, message=message))
         assert state.stopping is not None
         if reply.delay_s:
             await asyncio.sleep(reply.delay_s)
@@ -690,8 +698,14 @@ class ScriptedModel:
     in OpenCode's provider `options.baseURL`.
     """
 
-    def __init__(self, script: Script | None = None, host: str = "127.0.0.1", port: int = 0):
-        self.state = ModelState(script or scenario("crew"))
+    def __init__(
+        self,
+        script: Script | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        required_key: str | None = None,
+    ):
+        self.state = ModelState(script or scenario("crew"), required_key)
         self._host = host
         self._port = port
         self._server: uvicorn.Server | None = None
@@ -791,6 +805,11 @@ def main(argv: list[str] | None = None) -> int:
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--script", type=Path, help="a JSON script file")
     source.add_argument("--scenario", default="crew", help="a built-in script: crew, ok")
+    parser.add_argument(
+        "--require-key",
+        default=None,
+        help="refuse (401) requests without Authorization: Bearer <this key>",
+    )
     args = parser.parse_args(argv)
     try:
         script = Script.load(args.script) if args.script else scenario(args.scenario)
@@ -803,7 +822,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    state = ModelState(script)
+    state = ModelState(script, args.require_key)
     uvicorn.run(
         build_app(state),
         host=args.host,

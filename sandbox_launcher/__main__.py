@@ -26,6 +26,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--socket", required=True, type=Path)
     serve.add_argument("--mode", choices=[m.value for m in LinuxMode], default=None)
     serve.add_argument("--opencode", default=None, help="path of the opencode executable")
+    serve.add_argument(
+        "--read-only-root",
+        action="append",
+        default=[],
+        help="a directory every agent may read (the bootstrap's read_only_roots)",
+    )
     sandbox = sub.add_parser(
         "sandbox", help="run one command under the policy an agent gets (HOME, CREW_HOME from env)"
     )
@@ -52,7 +58,14 @@ def main(argv: list[str] | None = None) -> int:
         from sandbox_launcher.server import LauncherExit, serve
 
         try:
-            return serve(args.crew_home, args.run_id, args.socket, args.opencode, mode)
+            return serve(
+                args.crew_home,
+                args.run_id,
+                args.socket,
+                args.opencode,
+                mode,
+                tuple(args.read_only_root),
+            )
         except LauncherExit as exc:
             sys.stderr.write(f"crew-launcher: {exc}\n")
             return 2

@@ -120,7 +120,7 @@ class RunStream(Response):
         except OSError as exc:
             log.info("client of run %s went away while finishing: %s", run.run_id, exc)
         finally:
-            self.launcher.runs.pop(run.run_id, None)
+            self.launcher.run_ended(run.run_id)
 
 
 def create_app(launcher: Launcher, secret: str) -> ASGIApp:

@@ -262,6 +262,7 @@ def bwrap_argv(
         argv += ["--ro-bind", str(path), str(path)]
     for path in policy.writable_dirs:
         argv += ["--bind", str(path), str(path)]
+    argv += git_guard_args(policy)
     # Writes to a tmpfs of ours would be lost, or fill memory: make them EROFS.
     if mode is LinuxMode.TMPFS:
         for root in deny:
@@ -284,6 +285,17 @@ def bwrap_argv(
             argv += ["--rw", str(path)]
     argv.append("--")
     return argv + command
+
+
+def git_guard_args(policy: SandboxPolicy) -> list[str]:
+    """Each guarded `.git` pinned (bound onto itself: a mount point cannot be renamed
+    away), its `hooks/` and `config` bound read-only on top (`sandbox_launcher.git_guard`)."""
+    args: list[str] = []
+    for git_dir in policy.guarded_git:
+        args += ["--bind", str(git_dir), str(git_dir)]
+        for name in ("hooks", "config"):
+            args += ["--ro-bind", str(git_dir / name), str(git_dir / name)]
+    return args
 
 
 _USERNS_MARKERS = (

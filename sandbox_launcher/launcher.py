@@ -17,6 +17,7 @@ from pathlib import Path
 from crew_common.layout import AgentPaths
 from sandbox_launcher.backend import Backend
 from sandbox_launcher.engine_run import EngineRun
+from sandbox_launcher.git_guard import commondir_absent, guarded_git_dirs, remove_new_commondirs
 from sandbox_launcher.paths import PathRefused, dir_below, is_inside
 from sandbox_launcher.policy import SandboxPolicy, check_read_dir
 from sandbox_launcher.schema import EngineHealth, Health, RunRequest, SandboxHealth
@@ -46,6 +47,9 @@ class LauncherConfig:
     home: Path
     run_id: str
     opencode: Path | None
+    # Toolchains on PATH and the user's read_only_roots (`toolchains`), checked at start.
+    read_roots: tuple[Path, ...] = ()
+    rustup_home: Path | None = None
 
 
 def find_opencode(explicit: str | None) -> Path | None:
@@ -139,6 +143,8 @@ class Launcher:
     sandbox: SandboxHealth
     engine: EngineHealth | None
     runs: dict[str, EngineRun] = field(default_factory=dict)
+    # Per run: the guarded repositories that had no `commondir` when it started.
+    commondir_watch: dict[str, tuple[Path, ...]] = field(default_factory=dict)
 
     def health(self) -> Health:
         """`GET /health`."""
@@ -169,6 +175,7 @@ class Launcher:
             raise RequestRefused(400, "path_refused", str(exc)) from exc
         command = self._command(request, policy)
         env = self._env(request, policy)
+        self.commondir_watch[request.run_id] = commondir_absent(policy.guarded_git)
         return EngineRun(
             run_id=request.run_id,
             agent_id=request.agent_id,
@@ -177,6 +184,11 @@ class Launcher:
             stdin=request.stdin.encode("utf-8"),
             stdout_limit=request.stdout_limit,
         )
+
+    def run_ended(self, run_id: str) -> None:
+        """Forget a run that ended; undo a `commondir` it planted (`git_guard`)."""
+        self.runs.pop(run_id, None)
+        remove_new_commondirs(self.commondir_watch.pop(run_id, ()))
 
     def _policy(self, request: RunRequest) -> SandboxPolicy:
         crew, agent_id = self.config.crew_home, request.agent_id
@@ -202,6 +214,7 @@ class Launcher:
             raise PathRefused(f"engine_args.dir must lie inside {agent_dir}, got {work_text!r}")
         read_dirs = [checked["bin_dir"]]
         read_dirs += [check_read_dir(d, self.config.home, crew) for d in request.interpreter_dirs]
+        read_dirs += self._read_roots()
         assert self.config.opencode is not None
         engine_dirs, engine_files = engine_read_paths(self.config.opencode, self.config.home, crew)
         return SandboxPolicy(
@@ -213,7 +226,18 @@ class Launcher:
             work_dir=work_dir,
             read_dirs=tuple(dict.fromkeys([*read_dirs, *engine_dirs])),
             read_files=engine_files,
+            guarded_git=guarded_git_dirs(work_dir),
         )
+
+    def _read_roots(self) -> list[Path]:
+        """The start's read roots that are still safe (a toolchain may be gone since)."""
+        kept = []
+        for root in self.config.read_roots:
+            try:
+                kept.append(check_read_dir(str(root), self.config.home, self.config.crew_home))
+            except PathRefused as exc:
+                log.warning("not granting %s this run: %s", root, exc)
+        return kept
 
     def _command(self, request: RunRequest, policy: SandboxPolicy) -> list[str]:
         assert self.config.opencode is not None
@@ -236,4 +260,7 @@ class Launcher:
         env.setdefault("PWD", str(policy.work_dir))  # OpenCode takes its project from $PWD
         env.setdefault("PATH", f"{policy.read_dirs[0]}:{DEFAULT_PATH}")
         env.setdefault("HOME", str(policy.agent_dir))
+        if self.config.rustup_home is not None:
+            # rustup's proxies look in $HOME/.rustup, and HOME is the agent's directory.
+            env.setdefault("RUSTUP_HOME", str(self.config.rustup_home))
         return env

@@ -12,27 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from crew_common.secret_places import secret_overlap
 from sandbox_launcher.paths import PathRefused, is_inside, resolved_dir
 
-# Places in $HOME that hold credentials. An allowed read directory may not
-# contain one of them, nor lie inside one (so `~/.local` or `~/.config` are
-# refused as "interpreter directories", `~/.local/share/pipx/venvs/x` is fine).
-SECRET_ANCHORS = (
-    ".ssh",
-    ".gnupg",
-    ".aws",
-    ".azure",
-    ".kube",
-    ".docker",
-    ".netrc",
-    ".password-store",
-    ".mozilla",
-    ".config/gh",
-    ".config/gcloud",
-    ".config/opencode",
-    ".local/share/opencode",
-    ".local/share/keyrings",
-)
 MAX_READ_DIRS = 32
 
 
@@ -52,6 +34,9 @@ class SandboxPolicy:
     work_dir: Path
     read_dirs: tuple[Path, ...] = ()
     read_files: tuple[Path, ...] = ()
+    # `.git` directories in the work dir whose hooks and config stay read-only
+    # (`sandbox_launcher.git_guard`); each has a real `hooks/` and `config`.
+    guarded_git: tuple[Path, ...] = ()
 
     @property
     def sockets_dir(self) -> Path:
@@ -76,25 +61,18 @@ class SandboxPolicy:
         return tuple(dirs)
 
 
-def check_read_dir(text: str, home: Path, crew_home: Path) -> Path:
-    """Check one interpreter/package directory a run wants readable.
+def check_read_dir(
+    text: str, home: Path, crew_home: Path, what: str = "interpreter_dirs entry"
+) -> Path:
+    """Check one directory a run wants readable (an interpreter, a toolchain, a read-only root).
 
-    It must be a real directory with no symlinked level (the client resolves
-    it first), must not be or contain `$HOME` or the crew home, must not lie
-    inside the crew home (other agents' tokens live there) and must not
-    overlap a credential store in `$HOME` (`SECRET_ANCHORS`).
+    It must be a real directory with no symlinked level (the caller resolves
+    it first), and must not contain `$HOME`, overlap the crew home (other
+    agents' tokens live there) or overlap a secret place of `$HOME`
+    (`crew_common.secret_places`).
     """
-    what = "interpreter_dirs entry"
     path = resolved_dir(text, what)
-    for root, name in ((home, "$HOME"), (crew_home, "the crew home")):
-        if is_inside(root, path):
-            raise PathRefused(
-                f"{what} {path} contains {name}; name the interpreter's own directory"
-            )
-    if is_inside(path, crew_home):
-        raise PathRefused(f"{what} {path} lies inside the crew home; that is never readable")
-    for anchor in SECRET_ANCHORS:
-        secret = home / anchor
-        if is_inside(secret, path) or is_inside(path, secret):
-            raise PathRefused(f"{what} {path} overlaps the credential store {secret}")
+    why = secret_overlap(path, home, crew_home)
+    if why is not None:
+        raise PathRefused(f"{what}: {path} is never readable in a sandbox: {why}")
     return path

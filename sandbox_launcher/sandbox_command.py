@@ -18,9 +18,11 @@ from types import FrameType
 from sandbox_launcher.backend import open_backend
 from sandbox_launcher.bwrap import LinuxMode
 from sandbox_launcher.engine_run import become_subreaper, group_alive
+from sandbox_launcher.git_guard import guarded_git_dirs
 from sandbox_launcher.paths import PathRefused, resolved_dir
 from sandbox_launcher.policy import SandboxPolicy, check_read_dir
 from sandbox_launcher.selftest import self_test
+from sandbox_launcher.toolchains import toolchain_roots
 
 CLEANUP_GRACE_S = 2.0
 
@@ -56,6 +58,7 @@ def command_policy(
         tmp_dir=tmp,
         work_dir=work,
         read_dirs=tuple(dict.fromkeys(reads)),
+        guarded_git=guarded_git_dirs(work),
     )
 
 
@@ -87,9 +90,16 @@ def run_sandboxed(
         return 2
     home = Path(os.path.realpath(os.path.expanduser("~")))
     crew_home = Path(os.path.realpath(crew_home_from_env()))
+    # The toolchains on PATH, as every agent gets them (refusals are logged).
+    tools = toolchain_roots(os.environ.get("PATH", ""), home, crew_home, os.environ)
+    toolchain_dirs = [str(d) for d in tools.dirs]
     try:
         policy = command_policy(
-            agent_dir, runtime_dir, [*interpreter_dirs(), *read_dirs], home, crew_home
+            agent_dir,
+            runtime_dir,
+            [*interpreter_dirs(), *toolchain_dirs, *read_dirs],
+            home,
+            crew_home,
         )
     except (PathRefused, OSError) as exc:
         sys.stderr.write(f"crew-launcher sandbox: {exc}\n")

@@ -192,6 +192,8 @@ class SandboxHealth(BaseModel):
     backend: Literal["bwrap", "seatbelt"]
     mode: Literal["hybrid", "tmpfs"] | None = None
     reason: str | None = None
+    # PATH entries, toolchain roots and read_only_roots refused as secret places.
+    not_granted: list[str] = Field(default_factory=list)
 
 
 class EngineHealth(BaseModel):

@@ -17,6 +17,8 @@ from sandbox_launcher.policy import SandboxPolicy
 # Hard-coded like Codex does: a sandbox-exec found via PATH could be anyone's.
 SANDBOX_EXEC = "/usr/bin/sandbox-exec"
 _READ_RULES_MARKER = ";; @READ_RULES@\n"
+_GIT_RULES_MARKER = ";; @GIT_RULES@\n"
+_GIT_PARAMS = ("GIT_DIR", "GIT_HOOKS", "GIT_CONFIG", "GIT_COMMONDIR")
 
 
 @cache
@@ -25,11 +27,22 @@ def base_profile() -> str:
     return resources.files("sandbox_launcher").joinpath("seatbelt_base.sbpl").read_text("utf-8")
 
 
-def profile_text(read_dirs: int, read_files: int) -> str:
+def profile_text(read_dirs: int, read_files: int, guarded_git: int = 0) -> str:
     """The profile for a policy with this many allowlisted dirs and files. Pure."""
     rules = [f'  (subpath (param "READ_DIR_{i}"))\n' for i in range(read_dirs)]
     rules += [f'  (literal (param "READ_FILE_{i}"))\n' for i in range(read_files)]
-    return base_profile().replace(_READ_RULES_MARKER, "".join(rules))
+    git = "".join(_git_rule(i) for i in range(guarded_git))
+    return (
+        base_profile().replace(_READ_RULES_MARKER, "".join(rules)).replace(_GIT_RULES_MARKER, git)
+    )
+
+
+def _git_rule(i: int) -> str:
+    # The .git entry itself (no rename or delete), its hooks, config and commondir.
+    return (
+        f'(deny file-write* (literal (param "GIT_DIR_{i}")) (subpath (param "GIT_HOOKS_{i}"))\n'
+        f'  (literal (param "GIT_CONFIG_{i}")) (literal (param "GIT_COMMONDIR_{i}")))\n'
+    )
 
 
 def seatbelt_params(policy: SandboxPolicy) -> list[tuple[str, str]]:
@@ -45,12 +58,16 @@ def seatbelt_params(policy: SandboxPolicy) -> list[tuple[str, str]]:
     ]
     params += [(f"READ_DIR_{i}", str(p)) for i, p in enumerate(policy.read_dirs)]
     params += [(f"READ_FILE_{i}", str(p)) for i, p in enumerate(policy.read_files)]
+    for i, git_dir in enumerate(policy.guarded_git):
+        paths = (git_dir, git_dir / "hooks", git_dir / "config", git_dir / "commondir")
+        params += [(f"{name}_{i}", str(p)) for name, p in zip(_GIT_PARAMS, paths, strict=True)]
     return params
 
 
 def seatbelt_argv(policy: SandboxPolicy, command: list[str]) -> list[str]:
     """`sandbox-exec -p <profile> -D NAME=value … -- command…`. Pure."""
-    argv = [SANDBOX_EXEC, "-p", profile_text(len(policy.read_dirs), len(policy.read_files))]
+    profile = profile_text(len(policy.read_dirs), len(policy.read_files), len(policy.guarded_git))
+    argv = [SANDBOX_EXEC, "-p", profile]
     for name, value in seatbelt_params(policy):
         argv += ["-D", f"{name}={value}"]
     return [*argv, "--", *command]

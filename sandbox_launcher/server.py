@@ -35,6 +35,7 @@ from sandbox_launcher.launcher import (
 )
 from sandbox_launcher.schema import EngineHealth, SandboxHealth
 from sandbox_launcher.selftest import self_test
+from sandbox_launcher.toolchains import read_only_roots, toolchain_roots
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +131,11 @@ def listen(path: Path) -> socket.socket:
 
 
 def build_launcher(
-    crew_home: Path, run_id: str, opencode: str | None, mode: LinuxMode | None
+    crew_home: Path,
+    run_id: str,
+    opencode: str | None,
+    mode: LinuxMode | None,
+    read_only: tuple[str, ...] = (),
 ) -> Launcher:
     """Find the backend, run the self-test and `opencode --version` (side by side)."""
     home = Path(os.path.realpath(os.path.expanduser("~")))
@@ -152,7 +157,17 @@ def build_launcher(
         engine = EngineHealth(path=str(engine_path), version=version.result()) if version else None
     if not health.ok:
         log.error("sandbox unavailable: %s", health.reason)
-    config = LauncherConfig(crew_home=crew_home, home=home, run_id=run_id, opencode=engine_path)
+    roots = toolchain_roots(os.environ.get("PATH", ""), home, crew_home, os.environ)
+    extra = read_only_roots(list(read_only), home, crew_home)
+    health = health.model_copy(update={"not_granted": [*roots.refused, *extra.refused]})
+    config = LauncherConfig(
+        crew_home=crew_home,
+        home=home,
+        run_id=run_id,
+        opencode=engine_path,
+        read_roots=tuple(dict.fromkeys([*roots.dirs, *extra.dirs])),
+        rustup_home=roots.rustup_home,
+    )
     return Launcher(config=config, backend=backend, sandbox=health, engine=engine)
 
 
@@ -188,13 +203,18 @@ async def _serve(launcher: Launcher, secret: str, sock: socket.socket) -> None:
 
 
 def serve(
-    crew_home: Path, run_id: str, socket_path: Path, opencode: str | None, mode: LinuxMode | None
+    crew_home: Path,
+    run_id: str,
+    socket_path: Path,
+    opencode: str | None,
+    mode: LinuxMode | None,
+    read_only: tuple[str, ...] = (),
 ) -> int:
     """`crew-launcher serve`: run until stdin closes; 0 on an orderly stop."""
     secret = read_secret()
     set_parent_death_signal()
     become_subreaper()
-    launcher = build_launcher(crew_home, run_id, opencode, mode)
+    launcher = build_launcher(crew_home, run_id, opencode, mode, read_only)
     sock = listen(socket_path)
     try:
         asyncio.run(_serve(launcher, secret, sock))

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from computer_service.engine.base import EngineEvent, Failure, FailureClass
+from computer_service.engine.user_opencode import NO_KEY_HINT
 from crew_common.model_id import is_model_id
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -159,7 +160,7 @@ def _classify_error_event(event: EngineEvent) -> Failure:
             return Failure(
                 FailureClass.NOT_LOGGED_IN,
                 f"the model provider refused the credentials (HTTP 401: {message}). "
-                "Log in again with `opencode auth login`.",
+                f"Log in again with `opencode auth login`. {NO_KEY_HINT}",
             )
         if status == 429 or _RATE_LIMIT.search(message):
             return Failure(

@@ -15,7 +15,7 @@ import contextlib
 import logging
 import os
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -40,7 +40,9 @@ from computer_service.engine.opencode_env import engine_env, opencode_config
 from computer_service.engine.user_opencode import (
     NotLoggedIn,
     UserOpenCode,
+    auth_for_provider,
     auth_secrets,
+    config_secrets,
     read_auth,
     read_user_providers,
 )
@@ -147,6 +149,7 @@ class OpenCodeEngine:
         lang: str | None = None,
         stdout_limit: int = DEFAULT_STDOUT_LIMIT,
         end_grace_s: float = END_GRACE_S,
+        environ: Mapping[str, str] | None = None,
     ) -> None:
         self.launcher = launcher
         self.crew_home = crew_home
@@ -159,6 +162,8 @@ class OpenCodeEngine:
         self.lang = lang or os.environ.get("LANG") or "C.UTF-8"
         self.stdout_limit = stdout_limit
         self.end_grace_s = end_grace_s
+        # Where `{env:VAR}` in the user's provider config is looked up (never passed on whole).
+        self.environ = os.environ if environ is None else environ
 
     def paths(self, agent_id: str) -> AgentPaths:
         return AgentPaths(crew_home=self.crew_home, run_id=self.run_id, agent_id=agent_id)
@@ -195,11 +200,23 @@ class OpenCodeEngine:
             return _stopped(None, Usage())
         if (bad_model := model_id_failure(request.model)) is not None:
             return TurnResult("failed", bad_model)
+        provider = request.model.split("/", 1)[0]
+        # Resolved here: the engine gets none of our environment and none of the user's files.
+        providers = await anyio.to_thread.run_sync(
+            read_user_providers, self.user.config_files, self.environ
+        )
         try:
             auth = await anyio.to_thread.run_sync(read_auth, self.user.auth_file)
         except NotLoggedIn as exc:
-            return TurnResult("failed", Failure(FailureClass.NOT_LOGGED_IN, str(exc)))
+            # A provider the user configured (its key in the config or none needed) runs without.
+            if not providers or provider not in providers:
+                return TurnResult("failed", Failure(FailureClass.NOT_LOGGED_IN, str(exc)))
+            auth = "{}"
+        # Only the login of this turn's provider: the agent never sees the others.
+        auth = auth_for_provider(auth, provider)
         secrets += auth_secrets(auth)
+        if providers:
+            secrets += config_secrets(providers)
         try:
             token = safe_fs.read_regular_file(self.crew_home, paths.token_file, 4096)
         except UnsafePath as exc:
@@ -207,7 +224,6 @@ class OpenCodeEngine:
             token = None
         if token:
             secrets.append(token.decode("utf-8", "replace").strip())
-        providers = await anyio.to_thread.run_sync(read_user_providers, self.user.config_files)
         await anyio.to_thread.run_sync(copy_price_table, paths, self.user.price_table)
         if stop.is_set():
             return _stopped(None, Usage())

@@ -8,6 +8,7 @@ computer.md §3. Pure builders: `engine_env` (nothing inherited),
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,7 @@ def opencode_config(agents_md: Path, model: str, providers: dict[str, Any] | Non
     )
 
 
-def model_listing_env(user: UserOpenCode) -> dict[str, str]:
+def model_listing_env(user: UserOpenCode, environ: Mapping[str, str]) -> dict[str, str]:
     """The OpenCode variables of `opencode models`, so it lists what a turn can use.
 
     The user's credentials and `provider` section exactly as a turn gets them
@@ -59,7 +60,7 @@ def model_listing_env(user: UserOpenCode) -> dict[str, str]:
     env = {
         "OPENCODE_DISABLE_PROJECT_CONFIG": "1",
         "OPENCODE_DISABLE_MODELS_FETCH": "1",
-        "OPENCODE_CONFIG_CONTENT": _config(read_user_providers(user.config_files)),
+        "OPENCODE_CONFIG_CONTENT": _config(read_user_providers(user.config_files, environ)),
     }
     try:
         env["OPENCODE_AUTH_CONTENT"] = read_auth(user.auth_file)

@@ -1,9 +1,12 @@
 """The user's own OpenCode files, read outside the sandbox (computer.md §3).
 
 Where they are (`UserOpenCode`, XDG defaults), the credentials (`read_auth`,
-which says how to log in when they are missing), the `provider` section of
-`opencode.json` / `opencode.jsonc` (`read_user_providers`, through the one
-JSONC reader `strip_jsonc`) and the secrets to redact from failure reasons.
+which says how to log in when they are missing; `auth_for_provider` keeps only
+the entry a turn's model needs), the `provider` section of `opencode.json` /
+`opencode.jsonc` (`read_user_providers`, through the one JSONC reader
+`strip_jsonc`) with its `{env:VAR}` and `{file:path}` references resolved here,
+outside the sandbox (`resolve_references`), and the secrets to redact from
+failure reasons.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +29,16 @@ log = logging.getLogger(__name__)
 
 AUTH_LIMIT = 64 * 1024
 USER_CONFIG_LIMIT = 1024 * 1024
+KEY_FILE_LIMIT = 64 * 1024
+# OpenCode's own config substitutions (opencode.ai/docs/config#variables).
+_ENV_REF = re.compile(r"\{env:([^}]+)\}")
+_FILE_REF = re.compile(r"\{file:([^}]+)\}")
+NO_KEY_HINT = (
+    "A key in your environment reaches agents only through your OpenCode config: "
+    'set the provider\'s "options": {"apiKey": "{env:YOUR_KEY_VARIABLE}"} (or '
+    '"{file:~/path/to/key}") in ~/.config/opencode/opencode.json, with the variable set '
+    "where the Computer starts; or run `opencode auth login` (outside crew)."
+)
 
 
 class NotLoggedIn(Exception):
@@ -68,8 +82,8 @@ def read_auth(auth_file: Path) -> str:
         ) from None
     if data is None:
         raise NotLoggedIn(
-            f"not logged in: no OpenCode credentials at {where}. "
-            "Run `opencode auth login` (outside crew) and wake the agent again."
+            f"not logged in: no OpenCode credentials at {where}, and the model's provider has "
+            f"no section in your OpenCode config. {NO_KEY_HINT} Then wake the agent again."
         )
     try:
         obj = orjson.loads(data)
@@ -80,6 +94,78 @@ def read_auth(auth_file: Path) -> str:
     if not isinstance(obj, dict):
         raise NotLoggedIn(f"not logged in: {where} is not a JSON object. Log in again.")
     return data.decode("utf-8")
+
+
+def auth_for_provider(auth_content: str, provider: str) -> str:
+    """Only `provider`'s entry of auth.json (`{}` when it has none): a turn gets no other login."""
+    try:
+        obj = orjson.loads(auth_content)
+    except orjson.JSONDecodeError:
+        return "{}"
+    if not isinstance(obj, dict) or provider not in obj:
+        return "{}"
+    return orjson.dumps({provider: obj[provider]}).decode()
+
+
+def resolve_references(
+    providers: dict[str, Any], environ: Mapping[str, str], config_dir: Path
+) -> dict[str, Any]:
+    """`{env:VAR}` and `{file:path}` in every string of the `provider` section, resolved.
+
+    As OpenCode does it: an unset variable is empty; a file path is relative
+    to the config's directory (`~/` is the home), its content trimmed. Done
+    here because the engine gets none of the Computer's environment and
+    cannot read the user's files. A file that cannot be read is empty (logged).
+    """
+    home = Path(environ.get("HOME") or os.path.expanduser("~"))
+
+    def file_text(match: re.Match[str]) -> str:
+        name = match.group(1)
+        path = home / name[2:] if name.startswith("~/") else config_dir / name
+        try:
+            data = safe_fs.read_trusted_file(path, KEY_FILE_LIMIT)
+        except UnsafePath as exc:
+            log.warning("your OpenCode config names {file:%s}: %s", name, exc)
+            return ""
+        if data is None:
+            log.warning("your OpenCode config names {file:%s}, which does not exist", name)
+            return ""
+        return data.decode("utf-8", "replace").strip()
+
+    def resolve(value: Any) -> Any:
+        if isinstance(value, str):
+            value = _ENV_REF.sub(lambda m: environ.get(m.group(1), ""), value)
+            return _FILE_REF.sub(file_text, value)
+        if isinstance(value, dict):
+            return {k: resolve(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [resolve(v) for v in value]
+        return value
+
+    resolved: dict[str, Any] = resolve(providers)
+    return resolved
+
+
+_SECRET_KEY_NAME = re.compile(r"key|token|secret|password|authorization", re.IGNORECASE)
+
+
+def config_secrets(providers: dict[str, Any]) -> list[str]:
+    """Values of the provider section that are credentials (`apiKey`, a token header), to redact."""
+    found: list[str] = []
+
+    def walk(v: Any, name: str) -> None:
+        if isinstance(v, str):
+            if len(v) >= 8 and _SECRET_KEY_NAME.search(name):
+                found.append(v)
+        elif isinstance(v, dict):
+            for key, x in v.items():
+                walk(x, str(key))
+        elif isinstance(v, list):
+            for x in v:
+                walk(x, name)
+
+    walk(providers, "")
+    return found
 
 
 def auth_secrets(auth_content: str) -> list[str]:
@@ -102,12 +188,15 @@ def auth_secrets(auth_content: str) -> list[str]:
     return found
 
 
-def read_user_providers(config_files: tuple[Path, ...]) -> dict[str, Any] | None:
+def read_user_providers(
+    config_files: tuple[Path, ...], environ: Mapping[str, str] | None = None
+) -> dict[str, Any] | None:
     """The `provider` section of the user's opencode.json / .jsonc (first found), or None.
 
-    A malformed file is logged and ignored: the turn may still work with the
-    built-in providers, and a missing custom provider shows up as
-    `model_unavailable` with its own reason.
+    With `environ`, its `{env:…}` and `{file:…}` references are resolved
+    (`resolve_references`). A malformed file is logged and ignored: the turn
+    may still work with the built-in providers, and a missing custom provider
+    shows up as `model_unavailable` with its own reason.
     """
     for path in config_files:
         try:
@@ -123,7 +212,9 @@ def read_user_providers(config_files: tuple[Path, ...]) -> dict[str, Any] | None
             log.warning("ignoring %s: not valid JSON(C): %s", path, exc)
             continue
         provider = obj.get("provider") if isinstance(obj, dict) else None
-        return provider if isinstance(provider, dict) else None
+        if not isinstance(provider, dict):
+            return None
+        return provider if environ is None else resolve_references(provider, environ, path.parent)
     return None
 
 

@@ -147,3 +147,39 @@ def test_turn_time_limit_defaults_to_30_minutes_and_is_checked() -> None:
     for bad in ("0", '"60"', "true", "1.5", str(10**9)):
         with pytest.raises(BootstrapError, match="turn_time_limit_s"):
             parse_bootstrap(f'{base}, "turn_time_limit_s": {bad}}}'.encode())
+
+
+def _with_roots(roots: list[str]) -> bytes:
+    return orjson.dumps({"server_url": "http://x", "token": SECRET, "read_only_roots": roots})
+
+
+def test_read_only_roots_are_accepted_when_safe(isolated_home: Path) -> None:
+    repo = isolated_home / "src" / "repo"
+    repo.mkdir(parents=True)
+    boot = parse_bootstrap(_with_roots([str(repo)]))
+    assert boot.read_only_roots == [repo]
+
+
+@pytest.mark.parametrize(
+    ("root", "expected"),
+    [
+        (".ssh", "lies inside the secret place"),
+        (".ssh/keys", "lies inside the secret place"),
+        (".local", "contains the secret place"),
+        (".config/opencode", "lies inside the secret place"),
+        ("", "contains $HOME"),
+        (".crew/agents/other", "overlaps the crew home"),
+        ("missing", "not an existing directory"),
+    ],
+)
+def test_a_secret_read_only_root_is_refused_with_a_clear_message(
+    isolated_home: Path, root: str, expected: str
+) -> None:
+    path = isolated_home / root if root else isolated_home
+    if root != "missing":
+        path.mkdir(parents=True, exist_ok=True)
+    with pytest.raises(BootstrapError) as caught:
+        parse_bootstrap(_with_roots([str(path)]))
+    message = str(caught.value)
+    assert "read_only_roots" in message and expected in message, message
+    assert SECRET not in message

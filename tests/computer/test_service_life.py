@@ -24,7 +24,7 @@ from computer_service.service import ComputerService
 from computer_service.upstream import Upstream
 from crew_testkit.scripted import ScriptedEngine
 from crew_testkit.waiting import wait_until_async
-from tests.computer.fakes import FakeCrewServer, FakeParts, RecordingBackoff
+from tests.computer.fakes import UNUSABLE, FakeCrewServer, FakeParts, RecordingBackoff
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -217,6 +217,22 @@ async def test_models_are_retried_while_the_launcher_restarts_or_the_server_is_d
         assert c.parts.models_calls == 2  # read again after the launcher error, not after a 503
         assert server.count("PUT", "/computer/models") == 3
         assert not c.outcome  # still running
+    assert c.outcome == [0]
+
+
+async def test_models_are_reported_when_the_sandbox_is_unusable(tmp_path: Path) -> None:
+    server = FakeCrewServer()
+
+    def parts(crew_home: Path) -> FakeParts:
+        return FakeParts(crew_home, ScriptedEngine(), status=UNUSABLE)
+
+    async with computer(tmp_path, server, parts=parts) as c:
+        await wait_until_async("the models", lambda: server.models is not None, timeout=20)
+        assert server.models == ["local/fake"]
+        async with c.local() as local:
+            health = (await local.get("/health")).json()
+        assert health["sandbox"]["ok"] is False
+        assert not c.outcome  # still running, every agent told why it cannot run
     assert c.outcome == [0]
 
 

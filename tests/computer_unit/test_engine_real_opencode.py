@@ -63,3 +63,27 @@ async def test_real_opencode_turns_and_session(tmp_path: Path) -> None:
             assert second.session_id == first.session_id
         chats = model.requests()
         assert chats, "the model was never called"
+
+
+async def test_a_key_in_the_computers_environment_reaches_the_model(tmp_path: Path) -> None:
+    """`apiKey: "{env:MY_KEY}"`: resolved by the Computer, sent by the sandboxed OpenCode."""
+    if not OPENCODE.exists():
+        required_in_ci("OpenCode (scripts/setup installs it into tools/opencode)")
+    from crew_server.scripted_model import ScriptedModel, opencode_provider
+
+    key = "sk-env-key-0123456789"
+    with ScriptedModel(required_key=key) as model:
+        config = Path(os.environ["HOME"]) / ".config" / "opencode" / "opencode.json"
+        config.parent.mkdir(parents=True)
+        config.write_text(
+            json.dumps({"provider": opencode_provider(model.base_url, "{env:MY_KEY}")})
+        )
+        async with sandboxed_rig(tmp_path, str(OPENCODE)) as rig:
+            # A login for another provider only: never this turn's key, never passed on.
+            rig.user.auth_file.write_text(json.dumps({"other": {"type": "api", "key": "sk-x"}}))
+            assert rig.engine is not None
+            rig.engine.environ = {**os.environ, "MY_KEY": key}
+            result = await rig.turn("Say ok.")
+            assert result.status == "succeeded", (result.failure, [e.data for e in rig.events])
+        chats = model.requests()
+        assert chats and all(c.authorization == f"Bearer {key}" for c in chats)

@@ -143,6 +143,10 @@ def test_launcher_argv() -> None:
         "--run-id", "run-1", "--socket", "/c/sockets/l.sock", "--mode", "tmpfs", "--opencode", "/x/oc",
     ]  # fmt: skip
     assert "--mode" not in launcher_argv(Path("/c"), "r", Path("/s"))
+    roots = (Path("/srv/repo"), Path("/home/u/src"))
+    assert launcher_argv(Path("/c"), "r", Path("/s"), read_only_roots=roots)[-4:] == [
+        "--read-only-root", "/srv/repo", "--read-only-root", "/home/u/src",
+    ]  # fmt: skip
 
 
 @pytest.mark.timeout(60)

@@ -171,13 +171,13 @@ def test_model_listing_env_carries_the_login_and_the_providers_only(tmp_path: Pa
     user = UserOpenCode.from_env({"HOME": str(tmp_path)})
     fixed = {"OPENCODE_DISABLE_PROJECT_CONFIG": "1", "OPENCODE_DISABLE_MODELS_FETCH": "1"}
     bare = {"$schema": "https://opencode.ai/config.json", "autoupdate": False, "share": "disabled"}
-    env = model_listing_env(user)  # not logged in, no config: still a list of what is enabled
+    env = model_listing_env(user, {})  # not logged in, no config: still a list of what is enabled
     assert env == {**fixed, "OPENCODE_CONFIG_CONTENT": json.dumps(bare, separators=(",", ":"))}
     user.auth_file.parent.mkdir(parents=True)
     user.auth_file.write_text('{"acme": {"type": "api", "key": "k-0123456789"}}')
     user.config_files[1].parent.mkdir(parents=True)
     user.config_files[1].write_text('{"provider": {"gw": {}}, "model": "a/b", // mine\n}')
-    env = model_listing_env(user)
+    env = model_listing_env(user, {})
     assert env["OPENCODE_AUTH_CONTENT"] == user.auth_file.read_text()
     assert json.loads(env["OPENCODE_CONFIG_CONTENT"]) == {**bare, "provider": {"gw": {}}}
     assert {k: env[k] for k in fixed} == fixed

@@ -145,6 +145,13 @@ def echo(cfg: dict[str, Any]) -> None:
     sys.exit(cfg.get("exit", 0))
 
 
+def commands(cfg: dict[str, Any]) -> None:
+    # Each named command runs with the sandbox's PATH; its status and output are reported.
+    for name, argv in cfg["commands"].items():
+        done = subprocess.run(argv, capture_output=True, text=True, check=False)
+        emit({"check": name, "rc": done.returncode, "out": (done.stdout + done.stderr)[:500]})
+
+
 def main() -> None:
     if sys.argv[1:2] == ["--version"]:
         print("0.0.0-fake")
@@ -160,6 +167,7 @@ def main() -> None:
         "flood": flood,
         "pipe_holder": pipe_holder,
         "echo": echo,
+        "commands": commands,
     }
     scenarios[cfg["scenario"]](cfg)
 

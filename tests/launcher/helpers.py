@@ -105,6 +105,8 @@ class LauncherProcess:
         opencode: Path | None,
         mode: str | None = None,
         secret: str | None = None,
+        env: dict[str, str] | None = None,
+        read_only_roots: tuple[Path, ...] = (),
     ) -> None:
         self.layout = layout
         self.secret = secret or secrets.token_urlsafe(24)
@@ -116,6 +118,8 @@ class LauncherProcess:
             argv += ["--mode", mode]
         if opencode:
             argv += ["--opencode", str(opencode)]
+        for root in read_only_roots:
+            argv += ["--read-only-root", str(root)]
         # stderr to a file: a full pipe nobody reads would block the launcher.
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the process
         self._result: tuple[int, str] | None = None
@@ -125,6 +129,7 @@ class LauncherProcess:
             stdout=subprocess.PIPE,
             stderr=self._stderr,
             cwd="/",
+            env={**os.environ, **env} if env is not None else None,
         )
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write(f"{self.secret}\n".encode())

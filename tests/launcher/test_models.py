@@ -186,3 +186,22 @@ async def test_models_request_is_checked_before_anything_runs(
     assert answer.json()["error"]["code"] == "invalid_request"
     assert reason in answer.json()["error"]["message"]
     assert not ran.exists()
+
+
+@pytest.mark.anyio
+async def test_models_are_listed_when_the_sandbox_is_unusable(
+    layout: CrewLayout, tmp_path: Path
+) -> None:
+    # `opencode models` runs outside the sandbox: a failed self-test does not stop the list.
+    fake = tmp_path / "opencode"
+    fake.write_text("#!/bin/sh\necho local/scripted\n")
+    fake.chmod(0o755)
+    launcher = inprocess_launcher(layout, fake, ok=False)
+    transport = httpx.ASGITransport(app=inprocess_app(launcher))
+    async with httpx.AsyncClient(transport=transport, base_url="http://launcher") as client:
+        headers = {"Authorization": f"Bearer {SECRET}"}
+        answer = await client.post("/models", json={"env": {}}, headers=headers)
+        runs = await client.post("/runs", json=layout.run_request("a", {}), headers=headers)
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == {"models": ["local/scripted"]}
+    assert runs.status_code == 503  # while no run starts without a sandbox

@@ -104,7 +104,7 @@ REFUSALS: list[tuple[str, Callable[[Body, CrewLayout], None], str]] = [
     ("work dir is a symlink", _symlink("agents/alice/work", _ssh), "symbolic link"),
     ("tmp dir is a symlink", _symlink("runtime/RUN/agents/alice/tmp", _ssh), "symbolic link"),
     ("interpreter dir is $HOME", _interp(lambda lay: str(lay.home)), "contains $HOME"),
-    ("interpreter dir is ~/.ssh", _interp(lambda lay: str(_ssh(lay))), "credential"),
+    ("interpreter dir is ~/.ssh", _interp(lambda lay: str(_ssh(lay))), "secret place"),
     ("interpreter dir contains ~/.ssh", _interp(lambda lay: str(lay.home)), "$HOME"),
     ("interpreter dir in the crew home", _interp(lambda lay: str(lay.bin_dir.parent)), "crew home"),
     ("interpreter dir missing", _interp(lambda lay: str(lay.home / "nope")), "does not exist"),
@@ -166,6 +166,7 @@ async def test_unusable_sandbox_answers_503_with_the_reason(
         "backend": "bwrap",
         "mode": "hybrid",
         "reason": "bwrap not found (test)",
+        "not_granted": [],
     }
 
 
