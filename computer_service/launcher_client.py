@@ -338,8 +338,12 @@ def launcher_argv(
     *,
     mode: str | None = None,
     opencode_path: str | None = None,
+    limit_args: list[str] | None = None,
 ) -> list[str]:
-    """The launcher's command line (docs/contracts.md): this interpreter, isolated."""
+    """The launcher's command line (docs/contracts.md): this interpreter, isolated.
+
+    `limit_args`: the turn limits' flags (`bootstrap.TurnLimits.launcher_args`).
+    """
     argv = [
         sys.executable,
         "-I",
@@ -357,7 +361,7 @@ def launcher_argv(
         argv += ["--mode", mode]
     if opencode_path:
         argv += ["--opencode", opencode_path]
-    return argv
+    return argv + (limit_args or [])
 
 
 class LauncherProcess:

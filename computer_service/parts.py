@@ -161,6 +161,7 @@ class LocalParts:
             socket_path,
             mode=self.bootstrap.sandbox_mode,
             opencode_path=str(opencode) if opencode is not None else None,
+            limit_args=self.bootstrap.turn_limits.launcher_args(),
         )
         process = LauncherProcess(argv, socket_path)
         self._process = process

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from crew_common.version import VERSION
 from sandbox_launcher.bwrap import LinuxMode
+from sandbox_launcher.limits import MIB, TurnLimits
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -26,6 +27,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--socket", required=True, type=Path)
     serve.add_argument("--mode", choices=[m.value for m in LinuxMode], default=None)
     serve.add_argument("--opencode", default=None, help="path of the opencode executable")
+    _limit_arguments(serve)
     sandbox = sub.add_parser(
         "sandbox", help="run one command under the policy an agent gets (HOME, CREW_HOME from env)"
     )
@@ -37,6 +39,33 @@ def _parser() -> argparse.ArgumentParser:
     )
     sandbox.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS…]")
     return parser
+
+
+def _limit_arguments(parser: argparse.ArgumentParser) -> None:
+    """The per-run resource limits (sandbox_launcher.limits); defaults from `TurnLimits`."""
+    default = TurnLimits()
+    parser.add_argument(
+        "--max-processes",
+        type=int,
+        default=default.max_processes,
+        help="processes and threads one run may have",
+    )
+    parser.add_argument(
+        "--memory-mb",
+        type=int,
+        default=default.memory_bytes // MIB,
+        help="memory of one run, in MiB (enforced where a cgroup is available)",
+    )
+    parser.add_argument(
+        "--shm-mb", type=int, default=default.shm_bytes // MIB, help="size of /dev/shm, MiB"
+    )
+
+
+def _limits(args: argparse.Namespace) -> TurnLimits:
+    for name in ("max_processes", "memory_mb", "shm_mb"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"crew-launcher: --{name.replace('_', '-')} must be at least 1")
+    return TurnLimits(args.max_processes, args.memory_mb * MIB, args.shm_mb * MIB)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         from sandbox_launcher.server import LauncherExit, serve
 
         try:
-            return serve(args.crew_home, args.run_id, args.socket, args.opencode, mode)
+            limits = _limits(args)
+            return serve(args.crew_home, args.run_id, args.socket, args.opencode, mode, limits)
         except LauncherExit as exc:
             sys.stderr.write(f"crew-launcher: {exc}\n")
             return 2

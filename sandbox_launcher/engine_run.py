@@ -25,6 +25,7 @@ import anyio
 import orjson
 from anyio.abc import ByteReceiveStream, Process
 
+from sandbox_launcher.limits import WATCH_INTERVAL_S, LimitHit, ResourceWatch, RunCgroup, TurnLimits
 from sandbox_launcher.schema import ExitFrame, RunInfo
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ STDERR_TAIL = 64 * 1024
 READ_CHUNK = 64 * 1024
 
 Emit = Callable[[bytes], Awaitable[None]]
-StopReason = Literal["stopped", "output_too_large"]
+StopReason = Literal["stopped", "output_too_large"] | LimitHit
 
 
 def _signal_group(pgid: int, sig: int) -> bool:
@@ -126,6 +127,8 @@ class EngineRun:
         env: dict[str, str],
         stdin: bytes,
         stdout_limit: int,
+        limits: TurnLimits | None = None,
+        cgroup: RunCgroup | None = None,
     ) -> None:
         self.run_id = run_id
         self.agent_id = agent_id
@@ -133,6 +136,8 @@ class EngineRun:
         self.env = env
         self.stdin = stdin
         self.stdout_limit = stdout_limit
+        self.limits = limits  # None: not watched (tests of the process rules)
+        self.cgroup = cgroup
         self.started_at = datetime.now(UTC).isoformat(timespec="milliseconds")
         self.pid: int | None = None
         self.bytes_out = 0
@@ -167,14 +172,19 @@ class EngineRun:
         the clean-up runs shielded.
         """
         self._emit = emit
-        process = await anyio.open_process(
-            self.argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=self.env,
-            start_new_session=True,
-        )
+        try:
+            process = await anyio.open_process(
+                self.argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=self.env,
+                start_new_session=True,
+            )
+        except BaseException:
+            if self.cgroup is not None:
+                self.cgroup.remove()
+            raise
         self.pid = process.pid
         log.info("run %s of agent %s started (pid %d)", self.run_id, self.agent_id, process.pid)
         try:
@@ -184,8 +194,14 @@ class EngineRun:
                 tg.start_soon(self._collect_stderr, process)
                 tg.start_soon(self._pump_stdout, process)
                 tg.start_soon(self._stop_when_asked, process.pid)
+                watch = self._watch(process.pid)
+                if watch is not None:
+                    tg.start_soon(self._end_at_limit, watch, process.pid)
                 await process.wait()
                 self._leader_done.set()
+                if watch is not None and self.reason is None:
+                    # An OOM kill can end the engine before the watch looked.
+                    self._limit_hit(watch.hit(), process.pid)
                 await self._clean_up_group(process.pid)
                 with anyio.move_on_after(DRAIN_GRACE_S):
                     await self._stdout_done.wait()
@@ -270,6 +286,28 @@ class EngineRun:
             self.reason = "output_too_large"
         _signal_group(pgid, signal.SIGKILL)
 
+    def _watch(self, leader: int) -> ResourceWatch | None:
+        if self.limits is None:
+            return None
+        return ResourceWatch(self.limits, self.cgroup, leader)
+
+    async def _end_at_limit(self, watch: ResourceWatch, pgid: int) -> None:
+        """End the run once it hits a resource limit (a fork bomb spins at the cap otherwise)."""
+        while not self._leader_done.is_set():
+            if self._limit_hit(await anyio.to_thread.run_sync(watch.hit), pgid):
+                return
+            await anyio.sleep(WATCH_INTERVAL_S)
+
+    def _limit_hit(self, hit: LimitHit | None, pgid: int) -> bool:
+        if hit is None:
+            return False
+        log.warning("run %s hit a resource limit (%s); killing it", self.run_id, hit)
+        if self.reason is None:
+            self.reason = hit
+        # The group holds bwrap: its death takes the whole pid namespace with it.
+        _signal_group(pgid, signal.SIGKILL)
+        return True
+
     async def _stop_when_asked(self, pgid: int) -> None:
         await self._stop.wait()
         if self._leader_done.is_set():
@@ -303,6 +341,8 @@ class EngineRun:
                 _signal_group(process.pid, signal.SIGKILL)
                 await process.wait()
             await self._clean_up_group(process.pid)
+        if self.cgroup is not None:
+            await anyio.to_thread.run_sync(self.cgroup.remove)
         for stream in (process.stdout, process.stderr):
             if stream is not None:
                 await stream.aclose()

@@ -17,6 +17,7 @@ from pathlib import Path
 from crew_common.layout import AgentPaths
 from sandbox_launcher.backend import Backend
 from sandbox_launcher.engine_run import EngineRun
+from sandbox_launcher.limits import CgroupParents, RunCgroup, TurnLimits
 from sandbox_launcher.paths import PathRefused, dir_below, is_inside
 from sandbox_launcher.policy import SandboxPolicy, check_read_dir
 from sandbox_launcher.schema import EngineHealth, Health, RunRequest, SandboxHealth
@@ -139,6 +140,8 @@ class Launcher:
     sandbox: SandboxHealth
     engine: EngineHealth | None
     runs: dict[str, EngineRun] = field(default_factory=dict)
+    limits: TurnLimits = field(default_factory=TurnLimits)
+    cgroups: CgroupParents | None = None  # where run cgroups go; None: rlimits only
 
     def health(self) -> Health:
         """`GET /health`."""
@@ -169,14 +172,30 @@ class Launcher:
             raise RequestRefused(400, "path_refused", str(exc)) from exc
         command = self._command(request, policy)
         env = self._env(request, policy)
+        argv = self.backend.argv(policy, command)
+        cgroup = self._cgroup(request.run_id)
         return EngineRun(
             run_id=request.run_id,
             agent_id=request.agent_id,
-            argv=self.backend.argv(policy, command),
+            argv=(cgroup.join_prefix() if cgroup else []) + argv,
             env=env,
             stdin=request.stdin.encode("utf-8"),
             stdout_limit=request.stdout_limit,
+            limits=self.limits,
+            cgroup=cgroup,
         )
+
+    def _cgroup(self, run_id: str) -> RunCgroup | None:
+        """The run's own cgroup (process and memory caps), when this machine gives us one."""
+        if self.cgroups is None:
+            return None
+        name = f"crew-{self.config.run_id}-{run_id}"
+        try:
+            return RunCgroup.create(self.cgroups, name, self.limits)
+        except OSError as exc:
+            # The rlimits and the watch still hold; say that the memory cap is missing.
+            log.warning("no cgroup for run %s (%s): no memory limit for it", run_id, exc)
+            return None
 
     def _policy(self, request: RunRequest) -> SandboxPolicy:
         crew, agent_id = self.config.crew_home, request.agent_id

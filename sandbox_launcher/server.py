@@ -33,6 +33,7 @@ from sandbox_launcher.launcher import (
     engine_version,
     find_opencode,
 )
+from sandbox_launcher.limits import MIB, TurnLimits, find_cgroup_parents
 from sandbox_launcher.schema import EngineHealth, SandboxHealth
 from sandbox_launcher.selftest import self_test
 
@@ -130,9 +131,14 @@ def listen(path: Path) -> socket.socket:
 
 
 def build_launcher(
-    crew_home: Path, run_id: str, opencode: str | None, mode: LinuxMode | None
+    crew_home: Path,
+    run_id: str,
+    opencode: str | None,
+    mode: LinuxMode | None,
+    limits: TurnLimits | None = None,
 ) -> Launcher:
     """Find the backend, run the self-test and `opencode --version` (side by side)."""
+    limits = limits or TurnLimits()
     home = Path(os.path.realpath(os.path.expanduser("~")))
     crew_home = Path(os.path.realpath(crew_home))  # a symlinked crew home is the user's choice
     try:
@@ -143,7 +149,7 @@ def build_launcher(
     engine_path = find_opencode(opencode)
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
         version = pool.submit(engine_version, engine_path) if engine_path else None
-        backend, health = open_backend(mode)
+        backend, health = open_backend(mode, limits)
         if backend is not None:
             reason = self_test(backend, home, crew_home)
             if reason is not None:
@@ -153,7 +159,23 @@ def build_launcher(
     if not health.ok:
         log.error("sandbox unavailable: %s", health.reason)
     config = LauncherConfig(crew_home=crew_home, home=home, run_id=run_id, opencode=engine_path)
-    return Launcher(config=config, backend=backend, sandbox=health, engine=engine)
+    cgroups = find_cgroup_parents() if sys.platform.startswith("linux") else None
+    log.info(
+        "run limits: %d processes, /dev/shm %d MiB, memory %s",
+        limits.max_processes,
+        limits.shm_bytes // MIB,
+        f"{limits.memory_bytes // MIB} MiB (cgroup v{cgroups.version})"
+        if cgroups
+        else "not limited (no cgroup available; rlimits only)",
+    )
+    return Launcher(
+        config=config,
+        backend=backend,
+        sandbox=health,
+        engine=engine,
+        limits=limits,
+        cgroups=cgroups,
+    )
 
 
 async def _serve(launcher: Launcher, secret: str, sock: socket.socket) -> None:
@@ -188,13 +210,18 @@ async def _serve(launcher: Launcher, secret: str, sock: socket.socket) -> None:
 
 
 def serve(
-    crew_home: Path, run_id: str, socket_path: Path, opencode: str | None, mode: LinuxMode | None
+    crew_home: Path,
+    run_id: str,
+    socket_path: Path,
+    opencode: str | None,
+    mode: LinuxMode | None,
+    limits: TurnLimits | None = None,
 ) -> int:
     """`crew-launcher serve`: run until stdin closes; 0 on an orderly stop."""
     secret = read_secret()
     set_parent_death_signal()
     become_subreaper()
-    launcher = build_launcher(crew_home, run_id, opencode, mode)
+    launcher = build_launcher(crew_home, run_id, opencode, mode, limits)
     sock = listen(socket_path)
     try:
         asyncio.run(_serve(launcher, secret, sock))

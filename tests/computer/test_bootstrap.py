@@ -147,3 +147,25 @@ def test_turn_time_limit_defaults_to_30_minutes_and_is_checked() -> None:
     for bad in ("0", '"60"', "true", "1.5", str(10**9)):
         with pytest.raises(BootstrapError, match="turn_time_limit_s"):
             parse_bootstrap(f'{base}, "turn_time_limit_s": {bad}}}'.encode())
+
+
+def test_turn_limits_default_and_become_launcher_flags() -> None:
+    base = {"server_url": "http://x", "token": "t"}
+    default = parse_bootstrap(orjson.dumps(base)).turn_limits
+    assert default.launcher_args() == [
+        "--max-processes",
+        "4096",
+        "--memory-mb",
+        "4096",
+        "--shm-mb",
+        "64",
+    ]
+    line = {**base, "turn_limits": {"max_processes": 500, "memory_mb": 1024, "shm_mb": 8}}
+    assert parse_bootstrap(orjson.dumps(line)).turn_limits.launcher_args()[1::2] == [
+        "500",
+        "1024",
+        "8",
+    ]
+    for bad in ({"max_processes": 1}, {"shm_mb": "64"}, {"cpus": 2}):
+        with pytest.raises(BootstrapError, match="turn_limits"):
+            parse_bootstrap(orjson.dumps({**base, "turn_limits": bad}))

@@ -13,7 +13,13 @@ import pytest
 import sandbox_launcher
 from computer_service.engine.base import EngineEvent, FailureClass
 from computer_service.engine.events import engine_event_of
-from computer_service.engine.failures import RunOutcome, classify, model_id_failure, redact
+from computer_service.engine.failures import (
+    RunOutcome,
+    blames_content,
+    classify,
+    model_id_failure,
+    redact,
+)
 from tests.support.ci import required_in_ci
 
 SAMPLES = Path(__file__).resolve().parents[2] / "tests" / "samples" / "opencode"
@@ -87,6 +93,14 @@ def test_launcher_verdicts_win() -> None:
         RunOutcome(**{**base.__dict__, "launcher_reason": "output_too_large", "signal": 9})
     )
     assert big is not None and big.cls is FailureClass.OUTPUT_TOO_LARGE and "8 MiB" in big.reason
+    for hit, said in (
+        ("process_limit", "turn_limits.max_processes"),
+        ("memory_limit", "turn_limits.memory_mb"),
+        ("shm_full", "/dev/shm"),
+    ):
+        limited = classify(RunOutcome(**{**base.__dict__, "launcher_reason": hit, "signal": 9}))
+        assert limited is not None and limited.cls is FailureClass.RESOURCE_LIMIT, hit
+        assert said in limited.reason and blames_content(limited), limited
 
 
 def test_crash_without_error_event() -> None:

@@ -137,6 +137,34 @@ def pipe_holder(cfg: dict[str, Any]) -> None:
     emit({"event": "leaving"})
 
 
+def fork_bomb(cfg: dict[str, Any]) -> None:
+    # Forks until refused, then keeps trying as a real bomb does: only the launcher ends it.
+    emit({"event": "bombing"})
+    while True:
+        try:
+            if os.fork() == 0:
+                signal.pause()
+                os._exit(0)
+        except OSError:
+            time.sleep(0.01)
+
+
+def shm_fill(cfg: dict[str, Any]) -> None:
+    # 256 MiB into /dev/shm; the tmpfs is smaller, so this stops at ENOSPC and waits.
+    chunk = b"\0" * (1 << 20)
+    written = 0
+    try:
+        with open("/dev/shm/fill", "wb") as f:
+            for _ in range(256):
+                f.write(chunk)
+                f.flush()
+                written += 1
+    except OSError as exc:
+        emit({"event": "shm_refused", "errno": exc.errno, "mib": written})
+    while True:
+        time.sleep(1)
+
+
 def echo(cfg: dict[str, Any]) -> None:
     emit({"argv": sys.argv[1:], "env": dict(os.environ), "cwd": os.getcwd(), "stdin": cfg})
     sys.stdout.write("no newline at the end")
@@ -160,6 +188,8 @@ def main() -> None:
         "flood": flood,
         "pipe_holder": pipe_holder,
         "echo": echo,
+        "fork_bomb": fork_bomb,
+        "shm_fill": shm_fill,
     }
     scenarios[cfg["scenario"]](cfg)
 

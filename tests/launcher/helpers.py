@@ -105,6 +105,7 @@ class LauncherProcess:
         opencode: Path | None,
         mode: str | None = None,
         secret: str | None = None,
+        extra_args: tuple[str, ...] = (),
     ) -> None:
         self.layout = layout
         self.secret = secret or secrets.token_urlsafe(24)
@@ -116,6 +117,7 @@ class LauncherProcess:
             argv += ["--mode", mode]
         if opencode:
             argv += ["--opencode", str(opencode)]
+        argv += extra_args
         # stderr to a file: a full pipe nobody reads would block the launcher.
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the process
         self._result: tuple[int, str] | None = None
