@@ -165,6 +165,15 @@ def shm_fill(cfg: dict[str, Any]) -> None:
         time.sleep(1)
 
 
+def memory_hog(cfg: dict[str, Any]) -> None:
+    # A tool that touches 1 GiB; the engine itself waits for the launcher to end the run.
+    code = "b = bytearray(1 << 30)\nfor i in range(0, len(b), 4096): b[i] = 1\n"
+    subprocess.Popen([sys.executable, "-c", code])
+    emit({"event": "hogging"})
+    while True:
+        time.sleep(1)
+
+
 def echo(cfg: dict[str, Any]) -> None:
     emit({"argv": sys.argv[1:], "env": dict(os.environ), "cwd": os.getcwd(), "stdin": cfg})
     sys.stdout.write("no newline at the end")
@@ -190,6 +199,7 @@ def main() -> None:
         "echo": echo,
         "fork_bomb": fork_bomb,
         "shm_fill": shm_fill,
+        "memory_hog": memory_hog,
     }
     scenarios[cfg["scenario"]](cfg)
 

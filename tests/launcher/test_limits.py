@@ -41,6 +41,7 @@ from tests.support.ci import required_in_ci
 
 MAX_PROCESSES = 96
 SHM_MB = 16
+MEMORY_MB = 256
 NOBODY = 65534
 
 
@@ -50,6 +51,7 @@ def limited_launcher(
 ) -> Iterator[LauncherProcess]:
     """A real launcher with small limits, in each Linux mode."""
     limits = ("--max-processes", str(MAX_PROCESSES), "--shm-mb", str(SHM_MB))
+    limits += ("--memory-mb", str(MEMORY_MB))
     proc = LauncherProcess(layout, fake_opencode, mode=request.param, extra_args=limits)
     try:
         yield proc
@@ -64,7 +66,8 @@ def _exit(frames: list[dict[str, Any]]) -> dict[str, Any]:
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
-    ("scenario", "reason"), [("fork_bomb", "process_limit"), ("shm_fill", "shm_full")]
+    ("scenario", "reason"),
+    [("fork_bomb", "process_limit"), ("shm_fill", "shm_full"), ("memory_hog", "memory_limit")],
 )
 def test_a_run_at_its_limit_is_ended_and_the_other_agent_runs_on(
     limited_launcher: LauncherProcess, layout: CrewLayout, scenario: str, reason: str
