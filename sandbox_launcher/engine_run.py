@@ -15,6 +15,7 @@ import ctypes
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable
@@ -23,7 +24,7 @@ from typing import Literal
 
 import anyio
 import orjson
-from anyio.abc import ByteReceiveStream, Process
+from anyio.abc import ByteReceiveStream, Process, SocketStream
 
 from sandbox_launcher.limits import WATCH_INTERVAL_S, LimitHit, ResourceWatch, RunCgroup, TurnLimits
 from sandbox_launcher.schema import ExitFrame, RunInfo
@@ -103,6 +104,21 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
+def engine_channel() -> tuple[socket.socket, socket.socket]:
+    """The engine's stdout: (our end, its end) of a Unix socket pair, not a pipe.
+
+    Every process of the run can open `/proc/<engine>/fd/1` (same uid, same
+    sandbox); for a pipe that gives a second writer, and a tool could forge
+    the engine's events and cost (issue 12). A socket cannot be opened
+    through `/proc` (ENXIO), so only what inherits the descriptor writes
+    here: the engine, and the children it hands its own stdout to.
+    """
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    ours.shutdown(socket.SHUT_WR)  # nothing goes back to the engine this way
+    theirs.shutdown(socket.SHUT_RD)
+    return ours, theirs
+
+
 def _tail_text(data: bytes) -> str:
     # Cutting the front may leave half a UTF-8 sequence: skip its continuation bytes.
     start = 0
@@ -172,19 +188,24 @@ class EngineRun:
         the clean-up runs shielded.
         """
         self._emit = emit
+        ours, theirs = engine_channel()
         try:
             process = await anyio.open_process(
                 self.argv,
                 stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
+                stdout=theirs.fileno(),
                 stderr=subprocess.PIPE,
                 env=self.env,
                 start_new_session=True,
             )
         except BaseException:
+            ours.close()
             if self.cgroup is not None:
                 self.cgroup.remove()
             raise
+        finally:
+            theirs.close()
+        stdout = await SocketStream.from_socket(ours)
         self.pid = process.pid
         log.info("run %s of agent %s started (pid %d)", self.run_id, self.agent_id, process.pid)
         try:
@@ -192,7 +213,7 @@ class EngineRun:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._feed_stdin, process)
                 tg.start_soon(self._collect_stderr, process)
-                tg.start_soon(self._pump_stdout, process)
+                tg.start_soon(self._pump_stdout, stdout, process.pid)
                 tg.start_soon(self._stop_when_asked, process.pid)
                 watch = self._watch(process.pid)
                 if watch is not None:
@@ -208,7 +229,7 @@ class EngineRun:
                 tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
-                await self._ensure_dead(process)
+                await self._ensure_dead(process, stdout)
         code = process.returncode
         assert code is not None  # the process has been waited for
         log.info(
@@ -255,9 +276,7 @@ class EngineRun:
             if len(self._stderr) > STDERR_TAIL:
                 del self._stderr[: len(self._stderr) - STDERR_TAIL]
 
-    async def _pump_stdout(self, process: Process) -> None:
-        stream = process.stdout
-        assert stream is not None
+    async def _pump_stdout(self, stream: ByteReceiveStream, pgid: int) -> None:
         pending = bytearray()
         try:
             async for chunk in _ChunkIter(stream):
@@ -267,7 +286,7 @@ class EngineRun:
                     continue  # over the cap: drain and drop until the group is gone
                 if len(chunk) > room:
                     chunk = chunk[:room]
-                    self._over_limit(process.pid)
+                    self._over_limit(pgid)
                 pending += chunk
                 if b"\n" not in chunk:
                     continue  # a long line still arriving: do not rescan what we have
@@ -331,7 +350,7 @@ class EngineRun:
             return
         _signal_group(pgid, signal.SIGKILL)
 
-    async def _ensure_dead(self, process: Process) -> None:
+    async def _ensure_dead(self, process: Process, stdout: SocketStream) -> None:
         if process.returncode is None:
             # Cancelled from outside while running: stop it the normal way.
             _signal_group(process.pid, signal.SIGINT)
@@ -343,6 +362,7 @@ class EngineRun:
             await self._clean_up_group(process.pid)
         if self.cgroup is not None:
             await anyio.to_thread.run_sync(self.cgroup.remove)
+        await stdout.aclose()
         for stream in (process.stdout, process.stderr):
             if stream is not None:
                 await stream.aclose()
