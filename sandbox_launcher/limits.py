@@ -39,7 +39,12 @@ MIB = 1024 * 1024
 WATCH_INTERVAL_S = 0.25
 LimitHit = Literal["process_limit", "memory_limit", "shm_full"]
 CGROUP_PREFIX = "crew-"
-_JOIN_SCRIPT = 'while [ "$1" != -- ]; do echo 0 > "$1" || exit 125; shift; done; shift; exec "$@"'
+# The failure line starts with "crew-cgroup: " so the Computer reads it as the sandbox's.
+_JOIN_SCRIPT = (
+    'while [ "$1" != -- ]; do { echo 0 > "$1"; } 2>/dev/null || '
+    '{ echo "crew-cgroup: cannot join the run\'s cgroup ($1)" >&2; exit 126; }; '
+    'shift; done; shift; exec "$@"'
+)
 SHELL = "/bin/sh"
 
 

@@ -21,8 +21,9 @@ _RATE_LIMIT = re.compile(r"rate.?limit|too many requests|quota", re.IGNORECASE)
 _MODEL_NOT_FOUND = re.compile(r"Model not found: ?([^\s\"'\\]*)")
 _SESSION_NOT_FOUND = "Session not found"
 # What the sandbox's own tools print when they cannot set up a run (before OpenCode starts):
-# bubblewrap, the Landlock helper (sandbox_launcher/landlock.py), macOS sandbox-exec.
-_SANDBOX_SETUP = re.compile(r"^(?:bwrap|crew-landlock|sandbox-exec): ")
+# bubblewrap, the Landlock helper (sandbox_launcher/landlock.py), the run's cgroup
+# (sandbox_launcher/limits.py), macOS sandbox-exec.
+_SANDBOX_SETUP = re.compile(r"^(?:bwrap|crew-landlock|crew-cgroup|sandbox-exec): ")
 _REASON_LIMIT = 500
 # The launcher ended the run at a resource limit (sandbox_launcher/limits.py).
 _LIMIT_HITS = {

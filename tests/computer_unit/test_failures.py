@@ -20,6 +20,7 @@ from computer_service.engine.failures import (
     model_id_failure,
     redact,
 )
+from sandbox_launcher.limits import RunCgroup
 from tests.support.ci import required_in_ci
 
 SAMPLES = Path(__file__).resolve().parents[2] / "tests" / "samples" / "opencode"
@@ -197,6 +198,14 @@ def test_the_landlock_helper_failing_at_run_start_is_a_sandbox_failure(tmp_path:
     assert failure is not None and failure.cls is FailureClass.SANDBOX, failure
     assert "crew-landlock: cannot open allowed path" in failure.reason
     assert "the command was not started" in failure.reason
+
+
+def test_a_run_cgroup_that_cannot_be_joined_is_a_sandbox_failure(tmp_path: Path) -> None:
+    group = RunCgroup(1, tmp_path / "gone", tmp_path / "gone")
+    outcome = _real_setup_failure([*group.join_prefix(), "true"])
+    failure = classify(outcome, [str(tmp_path)])
+    assert failure is not None and failure.cls is FailureClass.SANDBOX, failure
+    assert "crew-cgroup: cannot join the run's cgroup" in failure.reason
 
 
 def test_opencode_printing_bwrap_like_text_after_output_is_not_a_sandbox_failure() -> None:

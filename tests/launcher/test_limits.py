@@ -257,3 +257,13 @@ def test_the_join_prefix_puts_the_command_into_the_run_cgroup() -> None:
     finally:
         group.remove()
     assert not group.pids.exists()
+
+
+def test_a_cgroup_that_cannot_be_joined_stops_the_run_with_a_sandbox_line(tmp_path: Path) -> None:
+    group = RunCgroup(1, tmp_path / "gone", tmp_path / "gone")
+    done = subprocess.run(
+        [*group.join_prefix(), "echo", "RAN"], capture_output=True, text=True, check=False
+    )
+    assert (done.returncode, done.stdout) == (126, "")
+    # The Computer reads lines with this prefix as the sandbox's (engine/failures.py).
+    assert done.stderr.startswith("crew-cgroup: cannot join the run's cgroup (")
