@@ -119,7 +119,7 @@ def _write(path: Path, text: str) -> None:
         f.write(text)
 
 
-def _v2_parents(mount: Path, own: str) -> CgroupParents | None:
+def v2_parents(mount: Path, own: str) -> CgroupParents | None:
     """Our v2 cgroup, made able to hold run cgroups with memory and pids; None if not delegated.
 
     The "no internal processes" rule: a cgroup that hands controllers to its
@@ -165,7 +165,7 @@ def find_cgroup_parents() -> CgroupParents | None:
     v2_mount, v1_mounts = parse_mounts(mountinfo)
     v2_path, v1_paths = parse_self_cgroup(membership)
     if v2_mount is not None and v2_path is not None:
-        parents = _v2_parents(v2_mount, v2_path)
+        parents = v2_parents(v2_mount, v2_path)
         if parents is not None:
             return parents
     return _v1_parents(v1_mounts, v1_paths)

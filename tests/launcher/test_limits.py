@@ -32,6 +32,7 @@ from sandbox_launcher.limits import (
     find_cgroup_parents,
     parse_mounts,
     parse_self_cgroup,
+    v2_parents,
 )
 from sandbox_launcher.policy import SandboxPolicy
 from tests.launcher.conftest import MODES
@@ -267,3 +268,17 @@ def test_a_cgroup_that_cannot_be_joined_stops_the_run_with_a_sandbox_line(tmp_pa
     assert (done.returncode, done.stdout) == (126, "")
     # The Computer reads lines with this prefix as the sandbox's (engine/failures.py).
     assert done.stderr.startswith("crew-cgroup: cannot join the run's cgroup (")
+
+
+def test_a_delegated_v2_cgroup_gets_a_launcher_leaf_and_the_controllers(tmp_path: Path) -> None:
+    own = tmp_path / "user.slice" / "app"
+    own.mkdir(parents=True)
+    (own / "cgroup.controllers").write_text("cpu memory pids\n")
+    (own / "cgroup.subtree_control").write_text("\n")
+    parents = v2_parents(tmp_path, "/user.slice/app")
+    assert parents == CgroupParents(2, own, own)
+    # The launcher moved itself into a leaf, then handed memory and pids to the children.
+    assert (own / "crew-launcher" / "cgroup.procs").read_text() == "0"
+    assert (own / "cgroup.subtree_control").read_text() == "+memory +pids"
+    (own / "cgroup.controllers").write_text("cpu io\n")  # not delegated: rlimits only
+    assert v2_parents(tmp_path, "/user.slice/app") is None
