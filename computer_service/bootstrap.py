@@ -32,6 +32,30 @@ class BootstrapError(Exception):
     """The bootstrap line is missing or invalid; the message is safe to print (no token)."""
 
 
+class TurnLimits(BaseModel):
+    """What one turn's sandbox may use (the launcher's --max-processes, --memory-mb, --shm-mb).
+
+    `memory_mb` holds only where the launcher gets a cgroup (README, "Resource limits").
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_processes: Annotated[int, Strict()] = Field(default=4096, ge=64, le=1_000_000)
+    memory_mb: Annotated[int, Strict()] = Field(default=4096, ge=256, le=16 * 1024 * 1024)
+    shm_mb: Annotated[int, Strict()] = Field(default=64, ge=1, le=1024 * 1024)
+
+    def launcher_args(self) -> list[str]:
+        """The launcher's command-line flags for these limits."""
+        return [
+            "--max-processes",
+            str(self.max_processes),
+            "--memory-mb",
+            str(self.memory_mb),
+            "--shm-mb",
+            str(self.shm_mb),
+        ]
+
+
 class Bootstrap(BaseModel):
     """What the Computer needs to start: where the server is and its credential."""
 
@@ -52,6 +76,8 @@ class Bootstrap(BaseModel):
     turn_time_limit_s: Annotated[int, Strict()] = Field(default=30 * 60, ge=1, le=7 * 24 * 3600)
     # Directories every agent may read (never write), e.g. a repository; never a secret place.
     read_only_roots: list[Path] = Field(default_factory=list, max_length=16)
+    # Processes, memory and /dev/shm of one turn (a limit hit ends it: `resource_limit`).
+    turn_limits: TurnLimits = TurnLimits()
 
     @field_validator("token")
     @classmethod

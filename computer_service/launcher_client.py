@@ -340,8 +340,12 @@ def launcher_argv(
     mode: str | None = None,
     opencode_path: str | None = None,
     read_only_roots: tuple[Path, ...] = (),
+    limit_args: list[str] | None = None,
 ) -> list[str]:
-    """The launcher's command line (docs/contracts.md): this interpreter, isolated."""
+    """The launcher's command line (docs/contracts.md): this interpreter, isolated.
+
+    `limit_args`: the turn limits' flags (`bootstrap.TurnLimits.launcher_args`).
+    """
     argv = [
         sys.executable,
         "-I",
@@ -361,7 +365,7 @@ def launcher_argv(
         argv += ["--opencode", opencode_path]
     for root in read_only_roots:
         argv += ["--read-only-root", str(root)]
-    return argv
+    return argv + (limit_args or [])
 
 
 class LauncherProcess:

@@ -162,6 +162,7 @@ class LocalParts:
             mode=self.bootstrap.sandbox_mode,
             opencode_path=str(opencode) if opencode is not None else None,
             read_only_roots=tuple(self.bootstrap.read_only_roots),
+            limit_args=self.bootstrap.turn_limits.launcher_args(),
         )
         process = LauncherProcess(argv, socket_path)
         self._process = process

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from crew_common.version import VERSION
 from sandbox_launcher.bwrap import LinuxMode
+from sandbox_launcher.limits import MIB, TurnLimits
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -32,6 +33,7 @@ def _parser() -> argparse.ArgumentParser:
         default=[],
         help="a directory every agent may read (the bootstrap's read_only_roots)",
     )
+    _limit_arguments(serve)
     sandbox = sub.add_parser(
         "sandbox", help="run one command under the policy an agent gets (HOME, CREW_HOME from env)"
     )
@@ -43,6 +45,33 @@ def _parser() -> argparse.ArgumentParser:
     )
     sandbox.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS…]")
     return parser
+
+
+def _limit_arguments(parser: argparse.ArgumentParser) -> None:
+    """The per-run resource limits (sandbox_launcher.limits); defaults from `TurnLimits`."""
+    default = TurnLimits()
+    parser.add_argument(
+        "--max-processes",
+        type=int,
+        default=default.max_processes,
+        help="processes and threads one run may have",
+    )
+    parser.add_argument(
+        "--memory-mb",
+        type=int,
+        default=default.memory_bytes // MIB,
+        help="memory of one run, in MiB (enforced where a cgroup is available)",
+    )
+    parser.add_argument(
+        "--shm-mb", type=int, default=default.shm_bytes // MIB, help="size of /dev/shm, MiB"
+    )
+
+
+def _limits(args: argparse.Namespace) -> TurnLimits:
+    for name in ("max_processes", "memory_mb", "shm_mb"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"crew-launcher: --{name.replace('_', '-')} must be at least 1")
+    return TurnLimits(args.max_processes, args.memory_mb * MIB, args.shm_mb * MIB)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.opencode,
                 mode,
                 tuple(args.read_only_root),
+                _limits(args),
             )
         except LauncherExit as exc:
             sys.stderr.write(f"crew-launcher: {exc}\n")

@@ -9,6 +9,7 @@ Nothing ever runs unsandboxed.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from sandbox_launcher.bwrap import (
     find_tools,
     preflight,
 )
+from sandbox_launcher.limits import TurnLimits
 from sandbox_launcher.mounts import alias_masks
 from sandbox_launcher.policy import SandboxPolicy
 from sandbox_launcher.schema import SandboxHealth
@@ -76,8 +78,13 @@ class SeatbeltBackend:
         return seatbelt_argv(policy, command)
 
 
-def open_backend(requested: LinuxMode | None) -> tuple[Backend | None, SandboxHealth]:
-    """Find and preflight this platform's backend. The health is not final: the self-test follows."""
+def open_backend(
+    requested: LinuxMode | None, limits: TurnLimits | None = None
+) -> tuple[Backend | None, SandboxHealth]:
+    """Find and preflight this platform's backend. The health is not final: the self-test follows.
+
+    `limits`: the per-run process cap (RLIMIT_NPROC) and `/dev/shm` size go into bwrap's argv.
+    """
     if sys.platform == "darwin":
         if not os.access(SANDBOX_EXEC, os.X_OK):
             return None, SandboxHealth(
@@ -90,6 +97,8 @@ def open_backend(requested: LinuxMode | None) -> tuple[Backend | None, SandboxHe
         )
     try:
         tools = find_tools()
+        limits = limits or TurnLimits()
+        tools = dataclasses.replace(tools, nproc=limits.max_processes, shm_bytes=limits.shm_bytes)
         reason = preflight(tools)
         if reason is not None:
             raise SandboxUnavailable(reason)

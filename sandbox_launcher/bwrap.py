@@ -117,6 +117,7 @@ class BwrapTools:
     socket_dirs: tuple[Path, ...] = ()  # HOST_SOCKET_PLACES present here: directories
     socket_files: tuple[Path, ...] = ()  # … and single sockets
     nproc: int = NPROC_LIMIT  # tests use a small one
+    shm_bytes: int = DEV_SHM_BYTES  # the size of the run's /dev/shm (limits.TurnLimits)
 
 
 def _find(candidates: tuple[str, ...], what: str, hint: str) -> str:
@@ -223,7 +224,7 @@ def bwrap_argv(
     argv += ["--unshare-user", "--unshare-ipc"]
     argv += ["--ro-bind", "/", "/", "--dev", "/dev"]
     if tools.tmpfs_size:
-        argv += ["--size", str(DEV_SHM_BYTES)]
+        argv += ["--size", str(tools.shm_bytes)]
     argv += ["--tmpfs", "/dev/shm"]
     argv += ["--unshare-pid", "--proc", "/proc"]
     for entry in PROC_READ_ONLY:

@@ -15,6 +15,7 @@ import ctypes
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable
@@ -23,8 +24,9 @@ from typing import Literal
 
 import anyio
 import orjson
-from anyio.abc import ByteReceiveStream, Process
+from anyio.abc import ByteReceiveStream, Process, SocketStream
 
+from sandbox_launcher.limits import WATCH_INTERVAL_S, LimitHit, ResourceWatch, RunCgroup, TurnLimits
 from sandbox_launcher.schema import ExitFrame, RunInfo
 
 log = logging.getLogger(__name__)
@@ -38,7 +40,7 @@ STDERR_TAIL = 64 * 1024
 READ_CHUNK = 64 * 1024
 
 Emit = Callable[[bytes], Awaitable[None]]
-StopReason = Literal["stopped", "output_too_large"]
+StopReason = Literal["stopped", "output_too_large"] | LimitHit
 
 
 def _signal_group(pgid: int, sig: int) -> bool:
@@ -102,6 +104,21 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
+def engine_channel() -> tuple[socket.socket, socket.socket]:
+    """The engine's stdout: (our end, its end) of a Unix socket pair, not a pipe.
+
+    Every process of the run can open `/proc/<engine>/fd/1` (same uid, same
+    sandbox); for a pipe that gives a second writer, and a tool could forge
+    the engine's events and cost (issue 12). A socket cannot be opened
+    through `/proc` (ENXIO), so only what inherits the descriptor writes
+    here: the engine, and the children it hands its own stdout to.
+    """
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    ours.shutdown(socket.SHUT_WR)  # nothing goes back to the engine this way
+    theirs.shutdown(socket.SHUT_RD)
+    return ours, theirs
+
+
 def _tail_text(data: bytes) -> str:
     # Cutting the front may leave half a UTF-8 sequence: skip its continuation bytes.
     start = 0
@@ -126,6 +143,8 @@ class EngineRun:
         env: dict[str, str],
         stdin: bytes,
         stdout_limit: int,
+        limits: TurnLimits | None = None,
+        cgroup: RunCgroup | None = None,
     ) -> None:
         self.run_id = run_id
         self.agent_id = agent_id
@@ -133,6 +152,8 @@ class EngineRun:
         self.env = env
         self.stdin = stdin
         self.stdout_limit = stdout_limit
+        self.limits = limits  # None: not watched (tests of the process rules)
+        self.cgroup = cgroup
         self.started_at = datetime.now(UTC).isoformat(timespec="milliseconds")
         self.pid: int | None = None
         self.bytes_out = 0
@@ -167,14 +188,24 @@ class EngineRun:
         the clean-up runs shielded.
         """
         self._emit = emit
-        process = await anyio.open_process(
-            self.argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=self.env,
-            start_new_session=True,
-        )
+        ours, theirs = engine_channel()
+        try:
+            process = await anyio.open_process(
+                self.argv,
+                stdin=subprocess.PIPE,
+                stdout=theirs.fileno(),
+                stderr=subprocess.PIPE,
+                env=self.env,
+                start_new_session=True,
+            )
+        except BaseException:
+            ours.close()
+            if self.cgroup is not None:
+                self.cgroup.remove()
+            raise
+        finally:
+            theirs.close()
+        stdout = await SocketStream.from_socket(ours)
         self.pid = process.pid
         log.info("run %s of agent %s started (pid %d)", self.run_id, self.agent_id, process.pid)
         try:
@@ -182,17 +213,23 @@ class EngineRun:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._feed_stdin, process)
                 tg.start_soon(self._collect_stderr, process)
-                tg.start_soon(self._pump_stdout, process)
+                tg.start_soon(self._pump_stdout, stdout, process.pid)
                 tg.start_soon(self._stop_when_asked, process.pid)
+                watch = self._watch(process.pid)
+                if watch is not None:
+                    tg.start_soon(self._end_at_limit, watch, process.pid)
                 await process.wait()
                 self._leader_done.set()
+                if watch is not None and self.reason is None:
+                    # An OOM kill can end the engine before the watch looked.
+                    self._limit_hit(watch.hit(), process.pid)
                 await self._clean_up_group(process.pid)
                 with anyio.move_on_after(DRAIN_GRACE_S):
                     await self._stdout_done.wait()
                 tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
-                await self._ensure_dead(process)
+                await self._ensure_dead(process, stdout)
         code = process.returncode
         assert code is not None  # the process has been waited for
         log.info(
@@ -239,9 +276,7 @@ class EngineRun:
             if len(self._stderr) > STDERR_TAIL:
                 del self._stderr[: len(self._stderr) - STDERR_TAIL]
 
-    async def _pump_stdout(self, process: Process) -> None:
-        stream = process.stdout
-        assert stream is not None
+    async def _pump_stdout(self, stream: ByteReceiveStream, pgid: int) -> None:
         pending = bytearray()
         try:
             async for chunk in _ChunkIter(stream):
@@ -251,7 +286,7 @@ class EngineRun:
                     continue  # over the cap: drain and drop until the group is gone
                 if len(chunk) > room:
                     chunk = chunk[:room]
-                    self._over_limit(process.pid)
+                    self._over_limit(pgid)
                 pending += chunk
                 if b"\n" not in chunk:
                     continue  # a long line still arriving: do not rescan what we have
@@ -269,6 +304,28 @@ class EngineRun:
         if self.reason is None:
             self.reason = "output_too_large"
         _signal_group(pgid, signal.SIGKILL)
+
+    def _watch(self, leader: int) -> ResourceWatch | None:
+        if self.limits is None:
+            return None
+        return ResourceWatch(self.limits, self.cgroup, leader)
+
+    async def _end_at_limit(self, watch: ResourceWatch, pgid: int) -> None:
+        """End the run once it hits a resource limit (a fork bomb spins at the cap otherwise)."""
+        while not self._leader_done.is_set():
+            if self._limit_hit(await anyio.to_thread.run_sync(watch.hit), pgid):
+                return
+            await anyio.sleep(WATCH_INTERVAL_S)
+
+    def _limit_hit(self, hit: LimitHit | None, pgid: int) -> bool:
+        if hit is None:
+            return False
+        log.warning("run %s hit a resource limit (%s); killing it", self.run_id, hit)
+        if self.reason is None:
+            self.reason = hit
+        # The group holds bwrap: its death takes the whole pid namespace with it.
+        _signal_group(pgid, signal.SIGKILL)
+        return True
 
     async def _stop_when_asked(self, pgid: int) -> None:
         await self._stop.wait()
@@ -293,7 +350,7 @@ class EngineRun:
             return
         _signal_group(pgid, signal.SIGKILL)
 
-    async def _ensure_dead(self, process: Process) -> None:
+    async def _ensure_dead(self, process: Process, stdout: SocketStream) -> None:
         if process.returncode is None:
             # Cancelled from outside while running: stop it the normal way.
             _signal_group(process.pid, signal.SIGINT)
@@ -303,6 +360,9 @@ class EngineRun:
                 _signal_group(process.pid, signal.SIGKILL)
                 await process.wait()
             await self._clean_up_group(process.pid)
+        if self.cgroup is not None:
+            await anyio.to_thread.run_sync(self.cgroup.remove)
+        await stdout.aclose()
         for stream in (process.stdout, process.stderr):
             if stream is not None:
                 await stream.aclose()

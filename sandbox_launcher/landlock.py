@@ -39,6 +39,12 @@ _PR_SET_NO_NEW_PRIVS = 38
 READ_FILE = 1 << 2
 REFER = 1 << 13
 HANDLED = READ_FILE | REFER
+# ABI 6 (Linux 6.12): no connect() to abstract Unix sockets and no signals to
+# processes outside this Landlock domain (the engine and everything it starts).
+SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0
+SCOPE_SIGNAL = 1 << 1
+SCOPED = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL
+SCOPE_ABI = 6
 
 EXIT_SETUP_FAILED = 126  # what `env` uses for "found but could not run"
 DEFAULT_PATH = "/bin:/usr/bin"  # os.defpath, for a command given without a slash
@@ -160,8 +166,11 @@ _S_IFDIR = 0o040000
 
 
 class _Ruleset:
-    def __init__(self) -> None:
-        fd = libc_call("syscall", _SYS_CREATE_RULESET, _u64(HANDLED), 8, 0)
+    def __init__(self, handled: int, scoped: int) -> None:
+        # struct landlock_ruleset_attr: handled_access_fs, handled_access_net, scoped
+        # (u64 each); older kernels know only the first field, so send only what is used.
+        attr = _u64(handled) + (_u64(0) + _u64(scoped) if scoped else b"")
+        fd = libc_call("syscall", _SYS_CREATE_RULESET, attr, len(attr), 0)
         if fd < 0:
             raise LandlockError(f"landlock_create_ruleset failed: {errno_text()}")
         self.fd = fd
@@ -196,15 +205,20 @@ class _Ruleset:
         posix.close(self.fd)
 
 
+def scopes(version: int) -> int:
+    """The scopes this kernel's Landlock ABI can enforce (none before ABI 6)."""
+    return SCOPED if version >= SCOPE_ABI else 0
+
+
 def apply(deny: list[str], ro: list[str], rw: list[str]) -> None:
-    """Make file contents below `deny` unreadable except `ro` and `rw` paths."""
+    """Make file contents below `deny` unreadable except `ro` and `rw` paths (and scope)."""
     version = abi()
     if version < 2:
         raise LandlockError(
             f"Landlock ABI {version} is too old (need 2 or newer for REFER); "
             "use the launcher's tmpfs mode on this kernel"
         )
-    ruleset = _Ruleset()
+    ruleset = _Ruleset(HANDLED, scopes(version))
     for path, is_dir in _sibling_entries(deny):
         ruleset.allow(path, required=False, is_dir=is_dir)
     for path in [*ro, *rw]:
@@ -297,8 +311,9 @@ def _exec(command: list[str]) -> None:
 def main(argv: list[str]) -> int:
     """Confine this process as asked and exec the command; returns only on failure.
 
-    The order matters: the seccomp module is imported before Landlock may hide
-    its source; rlimits before either (setrlimit is not filtered anyway);
+    Landlock's scopes (ABI ≥ 6: abstract Unix sockets and signals stay inside
+    the run's own domain) apply in both modes. The order matters: the seccomp
+    module is imported before Landlock may hide its source; rlimits before either (setrlimit is not filtered anyway);
     seccomp last, so nothing the helper still does is filtered but `exec`.
     RLIMIT_NPROC counts per user namespace (bwrap gives each run a fresh
     one), so it caps this run's processes and threads, not the user's; the
@@ -316,6 +331,8 @@ def main(argv: list[str]) -> int:
             set_limit(_RLIMIT_NPROC, plan.nproc)
         if plan.deny:
             apply(plan.deny, plan.ro, plan.rw)
+        elif scoped := scopes(abi()):
+            _Ruleset(0, scoped).restrict_self()  # tmpfs mode: the scopes alone
         elif libc_call("prctl", _PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             raise SetupError(f"prctl(PR_SET_NO_NEW_PRIVS) failed: {errno_text()}")
         if plan.seccomp:

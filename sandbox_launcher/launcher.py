@@ -18,6 +18,7 @@ from crew_common.layout import AgentPaths
 from sandbox_launcher.backend import Backend
 from sandbox_launcher.engine_run import EngineRun
 from sandbox_launcher.git_guard import commondir_absent, guarded_git_dirs, remove_new_commondirs
+from sandbox_launcher.limits import CgroupParents, RunCgroup, TurnLimits
 from sandbox_launcher.paths import PathRefused, dir_below, is_inside
 from sandbox_launcher.policy import SandboxPolicy, check_read_dir
 from sandbox_launcher.schema import EngineHealth, Health, RunRequest, SandboxHealth
@@ -145,6 +146,8 @@ class Launcher:
     runs: dict[str, EngineRun] = field(default_factory=dict)
     # Per run: the guarded repositories that had no `commondir` when it started.
     commondir_watch: dict[str, tuple[Path, ...]] = field(default_factory=dict)
+    limits: TurnLimits = field(default_factory=TurnLimits)
+    cgroups: CgroupParents | None = None  # where run cgroups go; None: rlimits only
 
     def health(self) -> Health:
         """`GET /health`."""
@@ -176,19 +179,35 @@ class Launcher:
         command = self._command(request, policy)
         env = self._env(request, policy)
         self.commondir_watch[request.run_id] = commondir_absent(policy.guarded_git)
+        argv = self.backend.argv(policy, command)
+        cgroup = self._cgroup(request.run_id)
         return EngineRun(
             run_id=request.run_id,
             agent_id=request.agent_id,
-            argv=self.backend.argv(policy, command),
+            argv=(cgroup.join_prefix() if cgroup else []) + argv,
             env=env,
             stdin=request.stdin.encode("utf-8"),
             stdout_limit=request.stdout_limit,
+            limits=self.limits,
+            cgroup=cgroup,
         )
 
     def run_ended(self, run_id: str) -> None:
         """Forget a run that ended; undo a `commondir` it planted (`git_guard`)."""
         self.runs.pop(run_id, None)
         remove_new_commondirs(self.commondir_watch.pop(run_id, ()))
+
+    def _cgroup(self, run_id: str) -> RunCgroup | None:
+        """The run's own cgroup (process and memory caps), when this machine gives us one."""
+        if self.cgroups is None:
+            return None
+        name = f"crew-{self.config.run_id}-{run_id}"
+        try:
+            return RunCgroup.create(self.cgroups, name, self.limits)
+        except OSError as exc:
+            # The rlimits and the watch still hold; say that the memory cap is missing.
+            log.warning("no cgroup for run %s (%s): no memory limit for it", run_id, exc)
+            return None
 
     def _policy(self, request: RunRequest) -> SandboxPolicy:
         crew, agent_id = self.config.crew_home, request.agent_id

@@ -184,7 +184,10 @@ class ExitFrame(BaseModel):
     code: int | None
     signal: int | None
     stderr_tail: str
-    reason: Literal["stopped", "output_too_large"] | None
+    # process_limit, memory_limit, shm_full: the run hit a resource limit (limits.py).
+    reason: (
+        Literal["stopped", "output_too_large", "process_limit", "memory_limit", "shm_full"] | None
+    )
 
 
 class SandboxHealth(BaseModel):

@@ -33,6 +33,7 @@ from sandbox_launcher.launcher import (
     engine_version,
     find_opencode,
 )
+from sandbox_launcher.limits import MIB, TurnLimits, find_cgroup_parents
 from sandbox_launcher.schema import EngineHealth, SandboxHealth
 from sandbox_launcher.selftest import self_test
 from sandbox_launcher.toolchains import read_only_roots, toolchain_roots
@@ -136,8 +137,10 @@ def build_launcher(
     opencode: str | None,
     mode: LinuxMode | None,
     read_only: tuple[str, ...] = (),
+    limits: TurnLimits | None = None,
 ) -> Launcher:
     """Find the backend, run the self-test and `opencode --version` (side by side)."""
+    limits = limits or TurnLimits()
     home = Path(os.path.realpath(os.path.expanduser("~")))
     crew_home = Path(os.path.realpath(crew_home))  # a symlinked crew home is the user's choice
     try:
@@ -148,7 +151,7 @@ def build_launcher(
     engine_path = find_opencode(opencode)
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
         version = pool.submit(engine_version, engine_path) if engine_path else None
-        backend, health = open_backend(mode)
+        backend, health = open_backend(mode, limits)
         if backend is not None:
             reason = self_test(backend, home, crew_home)
             if reason is not None:
@@ -168,7 +171,23 @@ def build_launcher(
         read_roots=tuple(dict.fromkeys([*roots.dirs, *extra.dirs])),
         rustup_home=roots.rustup_home,
     )
-    return Launcher(config=config, backend=backend, sandbox=health, engine=engine)
+    cgroups = find_cgroup_parents() if sys.platform.startswith("linux") else None
+    log.info(
+        "run limits: %d processes, /dev/shm %d MiB, memory %s",
+        limits.max_processes,
+        limits.shm_bytes // MIB,
+        f"{limits.memory_bytes // MIB} MiB (cgroup v{cgroups.version})"
+        if cgroups
+        else "not limited (no cgroup available; rlimits only)",
+    )
+    return Launcher(
+        config=config,
+        backend=backend,
+        sandbox=health,
+        engine=engine,
+        limits=limits,
+        cgroups=cgroups,
+    )
 
 
 async def _serve(launcher: Launcher, secret: str, sock: socket.socket) -> None:
@@ -209,12 +228,13 @@ def serve(
     opencode: str | None,
     mode: LinuxMode | None,
     read_only: tuple[str, ...] = (),
+    limits: TurnLimits | None = None,
 ) -> int:
     """`crew-launcher serve`: run until stdin closes; 0 on an orderly stop."""
     secret = read_secret()
     set_parent_death_signal()
     become_subreaper()
-    launcher = build_launcher(crew_home, run_id, opencode, mode, read_only)
+    launcher = build_launcher(crew_home, run_id, opencode, mode, read_only, limits)
     sock = listen(socket_path)
     try:
         asyncio.run(_serve(launcher, secret, sock))

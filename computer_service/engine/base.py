@@ -24,6 +24,7 @@ class FailureClass(StrEnum):
     ENGINE_ERROR = "engine_error"
     PROCESS_CRASHED = "process_crashed"
     OUTPUT_TOO_LARGE = "output_too_large"
+    RESOURCE_LIMIT = "resource_limit"
     REPLY_REFUSED = "reply_refused"
     STOPPED = "stopped"
 

@@ -208,3 +208,64 @@ def _tool_use(part: dict[str, Any]) -> dict[str, Any]:
         "duration_ms": duration,
         "failed": failed,
     }
+
+
+UNVERIFIED_LIMIT = 10  # findings recorded per turn; a flood adds nothing after that
+
+
+class OutputCheck:
+    """Flags engine lines OpenCode would not have written (issue 12, "forged events"). Pure.
+
+    The engine's stdout is a socket its tools cannot open through `/proc`
+    (sandbox_launcher/engine_run.py), but a tool could still reach into the
+    engine (ptrace, `/proc/<pid>/mem`; the sandbox is the engine's too). What
+    such a forgery most easily gets wrong is caught here: a line that does not
+    parse, a `step_finish` with no step open (a second end of a step or of the
+    run), an event of another session. A flagged `step_finish` counts for no
+    usage, and each finding goes into the record as an `other` event of type
+    `unverified_output`, so the record says which facts are not OpenCode's.
+    """
+
+    def __init__(self) -> None:
+        self.session_id: str | None = None
+        self.step_open = False
+        self.findings = 0
+
+    def see(self, event: EngineEvent) -> str | None:
+        """Take one event; the finding when it does not fit OpenCode's output, else None."""
+        finding = self._finding(event)
+        if finding is not None:
+            self.findings += 1
+        return finding
+
+    def _finding(self, event: EngineEvent) -> str | None:
+        if event.session_id is not None:
+            if self.session_id is None:
+                self.session_id = event.session_id
+            elif event.session_id != self.session_id:
+                return f"a {event.type} event of another session"
+        if event.type == "other" and event.data.get("type") == "unparsed":
+            return "a line that is not an OpenCode event"
+        if event.type == "step_start":
+            self.step_open = True
+        elif event.type == "step_finish":
+            if not self.step_open:
+                return "a step_finish with no step open (a second end)"
+            self.step_open = False
+        return None
+
+    def record(self, finding: str, now: datetime | None = None) -> EngineEvent | None:
+        """The `unverified_output` event for the record (None past `UNVERIFIED_LIMIT`)."""
+        if self.findings > UNVERIFIED_LIMIT:
+            return None
+        at = (now or datetime.now(UTC)).isoformat(timespec="milliseconds")
+        return EngineEvent(
+            type="other",
+            at=at,
+            data={
+                "type": "unverified_output",
+                "finding": finding,
+                "note": "the engine's output held a line OpenCode would not write; this "
+                "turn's events and usage are not verified (a flagged step_finish is not counted)",
+            },
+        )

@@ -22,9 +22,18 @@ _RATE_LIMIT = re.compile(r"rate.?limit|too many requests|quota", re.IGNORECASE)
 _MODEL_NOT_FOUND = re.compile(r"Model not found: ?([^\s\"'\\]*)")
 _SESSION_NOT_FOUND = "Session not found"
 # What the sandbox's own tools print when they cannot set up a run (before OpenCode starts):
-# bubblewrap, the Landlock helper (sandbox_launcher/landlock.py), macOS sandbox-exec.
-_SANDBOX_SETUP = re.compile(r"^(?:bwrap|crew-landlock|sandbox-exec): ")
+# bubblewrap, the Landlock helper (sandbox_launcher/landlock.py), the run's cgroup
+# (sandbox_launcher/limits.py), macOS sandbox-exec.
+_SANDBOX_SETUP = re.compile(r"^(?:bwrap|crew-landlock|crew-cgroup|sandbox-exec): ")
 _REASON_LIMIT = 500
+# The launcher ended the run at a resource limit (sandbox_launcher/limits.py).
+_LIMIT_HITS = {
+    "process_limit": "started more processes and threads than a turn may have "
+    "(turn_limits.max_processes in the Computer's bootstrap; a fork bomb or a runaway build?)",
+    "memory_limit": "used more memory than a turn may have "
+    "(turn_limits.memory_mb in the Computer's bootstrap)",
+    "shm_full": "filled its /dev/shm (turn_limits.shm_mb in the Computer's bootstrap)",
+}
 
 
 @dataclass(frozen=True)
@@ -33,7 +42,7 @@ class RunOutcome:
 
     exit_code: int | None
     signal: int | None
-    launcher_reason: str | None  # None, "stopped" or "output_too_large"
+    launcher_reason: str | None  # None, "stopped", "output_too_large" or a `_LIMIT_HITS` key
     last_error: EngineEvent | None
     stdout_empty: bool
     stderr_tail: str
@@ -86,6 +95,13 @@ def _classify(o: RunOutcome) -> Failure | None:
             FailureClass.OUTPUT_TOO_LARGE,
             "OpenCode printed more than the output limit (8 MiB); the run was ended. "
             "Ask the agent for shorter tool output.",
+        )
+
+    if o.launcher_reason in _LIMIT_HITS:
+        return Failure(
+            FailureClass.RESOURCE_LIMIT,
+            f"the turn {_LIMIT_HITS[o.launcher_reason]}, so it was ended. The messages are "
+            "kept; raise the limit if the agent's work needs more.",
         )
 
     if o.exit_code == 0 and o.signal is None and o.last_error is None:
@@ -190,6 +206,7 @@ CONTENT_CLASSES = frozenset(
         FailureClass.ENGINE_ERROR,
         FailureClass.PROCESS_CRASHED,
         FailureClass.OUTPUT_TOO_LARGE,
+        FailureClass.RESOURCE_LIMIT,
         FailureClass.REPLY_REFUSED,
     }
 )

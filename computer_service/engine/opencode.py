@@ -34,7 +34,7 @@ from computer_service.engine.base import (
     TurnResult,
     Usage,
 )
-from computer_service.engine.events import engine_event_of
+from computer_service.engine.events import OutputCheck, engine_event_of
 from computer_service.engine.failures import RunOutcome, classify, model_id_failure, redact
 from computer_service.engine.opencode_env import engine_env, opencode_config
 from computer_service.engine.user_opencode import (
@@ -97,6 +97,7 @@ class _Attempt:
     guard_reason: str = ""
     time_limit_s: float = 0.0  # the wall-clock limit that ended it ("timeout")
     launcher_failure: Failure | None = None
+    check: OutputCheck = field(default_factory=OutputCheck)
 
     def track(self, event: EngineEvent, max_steps: int) -> str | None:
         """Account one event; return a guard reason when the turn must end."""
@@ -321,8 +322,13 @@ class OpenCodeEngine:
                             if isinstance(frame, LineFrame):
                                 a.lines += 1
                                 event = engine_event_of(frame.data)
-                                guard = a.track(event, request.max_steps)
+                                finding = a.check.see(event)
+                                guard = None
+                                if finding is None:
+                                    guard = a.track(event, request.max_steps)
                                 await on_event(event)
+                                if finding is not None:
+                                    await self._unverified(a.check, finding, request, on_event)
                                 if guard and a.ending is None:
                                     a.guard_reason = guard
                                     tg.start_soon(end_run, "guard")
@@ -346,6 +352,15 @@ class OpenCodeEngine:
                     )
             tg.cancel_scope.cancel()
         return a
+
+    @staticmethod
+    async def _unverified(
+        check: OutputCheck, finding: str, request: TurnRequest, on_event: EventSink
+    ) -> None:
+        log.warning("agent %s: the engine's output held %s", request.agent_id, finding)
+        marker = check.record(finding)
+        if marker is not None:
+            await on_event(marker)
 
     def _result(self, a: _Attempt, stop: StopSignal, secrets: list[str]) -> TurnResult:
         # Stop and completion at the same moment count as stopped.

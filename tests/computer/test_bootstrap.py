@@ -183,3 +183,25 @@ def test_a_secret_read_only_root_is_refused_with_a_clear_message(
     message = str(caught.value)
     assert "read_only_roots" in message and expected in message, message
     assert SECRET not in message
+
+
+def test_turn_limits_default_and_become_launcher_flags() -> None:
+    base = {"server_url": "http://x", "token": "t"}
+    default = parse_bootstrap(orjson.dumps(base)).turn_limits
+    assert default.launcher_args() == [
+        "--max-processes",
+        "4096",
+        "--memory-mb",
+        "4096",
+        "--shm-mb",
+        "64",
+    ]
+    line = {**base, "turn_limits": {"max_processes": 500, "memory_mb": 1024, "shm_mb": 8}}
+    assert parse_bootstrap(orjson.dumps(line)).turn_limits.launcher_args()[1::2] == [
+        "500",
+        "1024",
+        "8",
+    ]
+    for bad in ({"max_processes": 1}, {"shm_mb": "64"}, {"cpus": 2}):
+        with pytest.raises(BootstrapError, match="turn_limits"):
+            parse_bootstrap(orjson.dumps({**base, "turn_limits": bad}))

@@ -13,7 +13,14 @@ import pytest
 import sandbox_launcher
 from computer_service.engine.base import EngineEvent, FailureClass
 from computer_service.engine.events import engine_event_of
-from computer_service.engine.failures import RunOutcome, classify, model_id_failure, redact
+from computer_service.engine.failures import (
+    RunOutcome,
+    blames_content,
+    classify,
+    model_id_failure,
+    redact,
+)
+from sandbox_launcher.limits import RunCgroup
 from tests.support.ci import required_in_ci
 
 SAMPLES = Path(__file__).resolve().parents[2] / "tests" / "samples" / "opencode"
@@ -87,6 +94,14 @@ def test_launcher_verdicts_win() -> None:
         RunOutcome(**{**base.__dict__, "launcher_reason": "output_too_large", "signal": 9})
     )
     assert big is not None and big.cls is FailureClass.OUTPUT_TOO_LARGE and "8 MiB" in big.reason
+    for hit, said in (
+        ("process_limit", "turn_limits.max_processes"),
+        ("memory_limit", "turn_limits.memory_mb"),
+        ("shm_full", "/dev/shm"),
+    ):
+        limited = classify(RunOutcome(**{**base.__dict__, "launcher_reason": hit, "signal": 9}))
+        assert limited is not None and limited.cls is FailureClass.RESOURCE_LIMIT, hit
+        assert said in limited.reason and blames_content(limited), limited
 
 
 def test_crash_without_error_event() -> None:
@@ -183,6 +198,14 @@ def test_the_landlock_helper_failing_at_run_start_is_a_sandbox_failure(tmp_path:
     assert failure is not None and failure.cls is FailureClass.SANDBOX, failure
     assert "crew-landlock: cannot open allowed path" in failure.reason
     assert "the command was not started" in failure.reason
+
+
+def test_a_run_cgroup_that_cannot_be_joined_is_a_sandbox_failure(tmp_path: Path) -> None:
+    group = RunCgroup(1, tmp_path / "gone", tmp_path / "gone")
+    outcome = _real_setup_failure([*group.join_prefix(), "true"])
+    failure = classify(outcome, [str(tmp_path)])
+    assert failure is not None and failure.cls is FailureClass.SANDBOX, failure
+    assert "crew-cgroup: cannot join the run's cgroup" in failure.reason
 
 
 def test_opencode_printing_bwrap_like_text_after_output_is_not_a_sandbox_failure() -> None:

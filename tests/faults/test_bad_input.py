@@ -280,8 +280,12 @@ def test_broken_engine_output_is_recorded_and_a_line_over_the_cap_loses_nothing(
             assert bad["status"] == "succeeded", bad
             events = crew_server.turn(bad["id"])["events"]
             others = [e["data"] for e in events if e["type"] == "other"]
+            # Each line that is not OpenCode's is followed by the record's note saying so.
+            marks = [o for o in others if o["type"] == "unverified_output"]
+            assert [m["finding"] for m in marks] == ["a line that is not an OpenCode event"] * 2
+            assert others.index(marks[0]) == 1 and others[3] == marks[1], others
             # The launcher's frames carry text: invalid UTF-8 arrives repaired (U+FFFD).
-            assert others == [
+            assert [o for o in others if o["type"] != "unverified_output"] == [
                 {"type": "unparsed", "problem": "not JSON", "text": "this is not json"},
                 {"type": "unparsed", "problem": "not JSON", "text": "\ufffd\ufffd broken utf-8"},
                 {"type": "patch"},

@@ -107,6 +107,7 @@ class LauncherProcess:
         secret: str | None = None,
         env: dict[str, str] | None = None,
         read_only_roots: tuple[Path, ...] = (),
+        extra_args: tuple[str, ...] = (),
     ) -> None:
         self.layout = layout
         self.secret = secret or secrets.token_urlsafe(24)
@@ -120,6 +121,7 @@ class LauncherProcess:
             argv += ["--opencode", str(opencode)]
         for root in read_only_roots:
             argv += ["--read-only-root", str(root)]
+        argv += extra_args
         # stderr to a file: a full pipe nobody reads would block the launcher.
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the process
         self._result: tuple[int, str] | None = None

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
+import json
 import os
+import socket
 import subprocess
 from pathlib import Path
 
@@ -113,3 +116,88 @@ def test_the_helper_starts_without_the_slow_imports() -> None:
     done = subprocess.run([PYTHON, "-I", "-S", "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "[]\n"
+
+
+SCOPE_PROBE = r"""
+import json, os, signal, socket, subprocess, sys
+
+def attempt(name, action):
+    try:
+        result = action()
+    except OSError as exc:
+        print(json.dumps({"check": name, "worked": False, "errno": exc.errno}), flush=True)
+        return
+    print(json.dumps({"check": name, "worked": True, "result": result}), flush=True)
+
+def connect(address):
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(address)
+    return "connected"
+
+def kill_own_child():
+    child = subprocess.Popen(["sleep", "30"])
+    os.kill(child.pid, signal.SIGTERM)
+    return child.wait()
+
+def kill_job():
+    done = subprocess.run(["bash", "-c", "sleep 30 & kill %1 && wait %1; echo $?"],
+                          capture_output=True, text=True)
+    if done.stdout.strip() != "143":
+        raise OSError(0, f"kill %1 failed: {done.stdout!r} {done.stderr!r}")
+    return "killed"
+
+attempt("abstract_socket", lambda: connect("\0" + sys.argv[1]))
+attempt("signal_outside", lambda: os.kill(int(sys.argv[2]), 0))
+attempt("signal_own_child", kill_own_child)
+attempt("kill_job", kill_job)
+"""
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "tmpfs"])
+def test_the_helper_scopes_abstract_sockets_and_signals_to_the_run(
+    tmp_path: Path, mode: str
+) -> None:
+    """Landlock ABI 6 scopes (issue 12): nothing outside the run's domain is reachable.
+
+    Without seccomp here, so Landlock alone answers; the control runs the same
+    probe unconfined and reaches both. Sources: sandbox-runtime
+    `seccomp-filter.test.ts` (abstract sockets), Codex `linux-sandbox` tests
+    (signals to processes outside the sandbox); positive controls: signals to
+    the run's own children and `kill %1` of its own job.
+    """
+    if landlock.abi() < landlock.SCOPE_ABI:
+        required_in_ci("Landlock ABI 6+ (Linux 6.12+)")
+    name = f"crew-scope-{os.getpid()}-{mode}"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind("\0" + name)
+    listener.listen(8)
+    outsider = subprocess.Popen(["sleep", "60"])
+    probe = tmp_path / "probe.py"
+    probe.write_text(SCOPE_PROBE)
+    command = [PYTHON, "-I", str(probe), name, str(outsider.pid)]
+    helper = [PYTHON, "-I", "-S", landlock_exec.__file__]
+    if mode == "hybrid":
+        helper += ["--deny", str(tmp_path / "denied"), "--ro", str(tmp_path)]
+        (tmp_path / "denied").mkdir()
+
+    def run(argv: list[str]) -> dict[str, dict[str, object]]:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+        assert done.returncode == 0, done.stderr
+        return {row["check"]: row for row in map(json.loads, done.stdout.splitlines())}
+
+    try:
+        control = run(command)
+        confined = run([*helper, "--", *command])
+    finally:
+        listener.close()
+        outsider.kill()
+        outsider.wait()
+    assert control["abstract_socket"]["worked"] and control["signal_outside"]["worked"], control
+    for name in ("abstract_socket", "signal_outside"):
+        assert confined[name] == {"check": name, "worked": False, "errno": errno.EPERM}, confined
+    assert confined["signal_own_child"] == {
+        "check": "signal_own_child",
+        "worked": True,
+        "result": -15,
+    }
+    assert confined["kill_job"]["worked"], confined

@@ -1,0 +1,213 @@
+"""The hostile-agent matrix: attacks ported from other sandboxes' suites, with positive controls.
+
+Both Linux modes, as the caller (root in CI) and as an unprivileged user
+(the `sandbox` fixture of test_escapes.py). One sandbox run per cell batches
+every probe. Cases already covered elsewhere are not repeated here:
+
+- test_escapes.py: sysctls, host Unix sockets, mount aliases, SysV IPC,
+  vsock, keyctl, nested user namespaces, io_uring, /dev writes, /dev/shm
+  fill, fork bomb as an ordinary user; git, python, node, zsh heredoc.
+- test_hostile.py / tests/faults/test_hostile_agent.py: `$HOME` secrets,
+  other agents' tokens, the own token, crew sockets, the launcher's environ
+  and signals, background processes, inherited descriptors.
+- test_limits.py (resource limits), test_landlock.py (Landlock scopes
+  without seccomp), test_engine_channel.py and tests/e2e (forged events,
+  `crew reply` through the real chain with the loopback model).
+
+Sources of the cases below, each named in `CASES`:
+- srt: anthropic-experimental/sandbox-runtime `test/sandbox/integration.test.ts`
+- codex: openai/codex `codex-rs/linux-sandbox/tests/suite/landlock.rs`
+- bwrap: containers/bubblewrap `tests/test-run.sh`
+- issue12: this project's issue 12 (Landlock scopes, positive controls)
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandbox_launcher import landlock
+from sandbox_launcher.bwrap import LinuxMode
+from tests.launcher.test_escapes import Sandbox, sandbox  # noqa: F401 - the fixture
+
+MATRIX_PROBE = r"""
+import ctypes, json, os, signal, stat, subprocess, sys
+
+cfg = json.loads(sys.argv[1])
+libc = ctypes.CDLL(None, use_errno=True)
+work = cfg["work"]
+
+
+def attempt(name, action):
+    try:
+        result = action()
+    except OSError as exc:
+        print(json.dumps({"check": name, "worked": False, "errno": exc.errno,
+                          "error": str(exc)}), flush=True)
+        return
+    print(json.dumps({"check": name, "worked": True, "result": repr(result)[:300]}), flush=True)
+
+
+def check_call(rc):
+    if rc < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return rc
+
+
+def run(*argv):
+    done = subprocess.run(list(argv), capture_output=True, text=True)
+    if done.returncode != 0:
+        raise OSError(0, f"{argv[0]}: {done.returncode} {done.stderr.strip()[:200]}")
+    return done.stdout.strip()
+
+
+def status(field):
+    with open("/proc/self/status") as f:
+        return next(line.split(":", 1)[1].strip() for line in f if line.startswith(field + ":"))
+
+
+def write(path, text="escaped\n"):
+    with open(path, "w") as f:
+        return f.write(text)
+
+
+def symlink_write(target, name):
+    link = os.path.join(work, name)
+    os.symlink(target, link)
+    return write(link)
+
+
+def pids_seen():
+    pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    if len(pids) >= 30:
+        raise OSError(0, f"{len(pids)} processes visible: not a private pid namespace")
+    return len(pids)
+
+
+def venv():
+    env_dir = os.path.join(work, "venv")
+    run(sys.executable, "-m", "venv", "--without-pip", env_dir)
+    return run(os.path.join(env_dir, "bin", "python"), "-c", "import sys; print(sys.prefix)")
+
+
+def ptrace_init():
+    check_call(libc.ptrace(16, 1, None, None))  # PTRACE_ATTACH
+    os.waitpid(1, 0x40000000)  # __WALL: the tracee's stop
+    libc.ptrace(17, 1, None, None)  # PTRACE_DETACH: a failing test must not hang the run
+    return "attached"
+
+
+def kill_job():
+    out = run("bash", "-c", "sleep 30 & kill %1; wait %1; echo $?")
+    if out != "143":
+        raise OSError(0, f"kill %1 gave {out!r}")
+    return out
+
+
+# attacks
+attempt("see_host_pid", lambda: os.kill(cfg["host_pid"], 0))
+attempt("pid_namespace", pids_seen)
+attempt("symlink_out_var_tmp", lambda: symlink_write(cfg["outside"], "escape-link"))
+attempt("write_host_file", lambda: write(cfg["outside"]))
+attempt("chmod_outside", lambda: os.chmod("/etc/hostname", 0o777))
+attempt("hardlink_etc_passwd", lambda: os.link("/etc/passwd", os.path.join(work, "passwd")))
+attempt("mknod_device", lambda: os.mknod(os.path.join(work, "null2"), stat.S_IFCHR | 0o666,
+                                         os.makedev(1, 3)))
+attempt("mount_tmpfs", lambda: check_call(libc.mount(b"none", b"/mnt", b"tmpfs", 0, None)))
+attempt("read_etc_shadow", lambda: open("/etc/shadow").read(1))
+attempt("signal_outside_domain", lambda: os.kill(1, 0))
+attempt("ptrace_outside_domain", ptrace_init)
+# what the sandbox is, as seen from inside
+attempt("no_new_privs", lambda: status("NoNewPrivs"))
+attempt("capabilities", lambda: [status(f) for f in ("CapInh", "CapPrm", "CapEff", "CapBnd",
+                                                      "CapAmb")])
+attempt("shm_size", lambda: os.statvfs("/dev/shm").f_blocks * os.statvfs("/dev/shm").f_frsize)
+# positive controls
+attempt("symlink_into_private_tmp", lambda: symlink_write(cfg["host_tmp_file"], "tmp-link"))
+attempt("ls_bin", lambda: len(run("ls", "/bin").split()))
+attempt("dev_null", lambda: write("/dev/null"))
+attempt("mkfifo_work", lambda: os.mkfifo(os.path.join(work, "fifo")))
+attempt("venv", venv)
+attempt("kill_own_job", kill_job)
+"""
+
+# name → (source, expected): "denied" with errnos, or "worked".
+CASES: dict[str, tuple[str, tuple[int, ...] | None]] = {
+    "see_host_pid": ("srt: should isolate PID namespace", (errno.ESRCH,)),
+    "pid_namespace": ("srt: should isolate PID namespace", None),
+    "symlink_out_var_tmp": (
+        "srt: should prevent symlink-based filesystem escape attempts",
+        (errno.EROFS, errno.EACCES),
+    ),
+    "write_host_file": ("codex: test_root_write", (errno.EROFS, errno.EACCES)),
+    "chmod_outside": ("research sandbox.md §0: Landlock does not mediate chmod", (errno.EROFS,)),
+    "hardlink_etc_passwd": (
+        "srt: should prevent creation of special file types (hard link)",
+        (errno.EXDEV, errno.EPERM, errno.EROFS),
+    ),
+    "mknod_device": (
+        "srt: should prevent creation of special file types (device node)",
+        (errno.EPERM,),
+    ),
+    "mount_tmpfs": ("bwrap: we have no caps (no CAP_SYS_ADMIN)", (errno.EPERM,)),
+    "symlink_into_private_tmp": ("srt: symlink escape into /tmp (ours is private)", None),
+    "ls_bin": ("codex: test_root_read", None),
+    "dev_null": ("codex: test_dev_null_write", None),
+    "mkfifo_work": ("srt: should prevent creation of special file types (FIFO allowed)", None),
+    "venv": ("issue12: positive control, a venv", None),
+    "kill_own_job": ("issue12: positive control, `kill %1` of its own job", None),
+}
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("mode", list(LinuxMode))
+def test_the_hostile_matrix(mode: LinuxMode, sandbox: Sandbox) -> None:  # noqa: F811
+    tag = uuid.uuid4().hex[:8]
+    outside = Path(f"/var/tmp/crew-matrix-{tag}.txt")
+    host_tmp_file = Path(f"/tmp/crew-matrix-{tag}.txt")
+    policy = sandbox.policy
+    (policy.agent_dir / "probe.py").write_text(MATRIX_PROBE)
+    cfg: dict[str, Any] = {
+        "work": str(policy.work_dir),
+        "host_pid": os.getpid(),
+        "outside": str(outside),
+        "host_tmp_file": str(host_tmp_file),
+    }
+    try:
+        results = sandbox.probe(mode, cfg)
+        assert not outside.exists() and not host_tmp_file.exists()
+    finally:
+        outside.unlink(missing_ok=True)
+        host_tmp_file.unlink(missing_ok=True)
+
+    for name, (source, errnos) in CASES.items():
+        r = results[name]
+        if errnos is None:
+            assert r["worked"], f"{name} ({source}) should work: {r}"
+        else:
+            assert not r["worked"], f"{name} ({source}) was NOT denied: {r}"
+            assert r["errno"] in errnos, f"{name} ({source}): unexpected error {r}"
+    # The symlink into /tmp lands in the agent's own temp dir.
+    assert (policy.tmp_dir / host_tmp_file.name).read_text() == "escaped\n"
+    # codex: test_no_new_privs_is_enabled; srt: should prevent privilege escalation attempts
+    assert results["no_new_privs"]["result"] == "'1'"
+    # bwrap: "we have no caps" — none at all, as uid 0 too (--cap-drop ALL)
+    assert results["capabilities"]["result"] == repr(["0000000000000000"] * 5)
+    # bwrap: "tmpfs has expected size" — /dev/shm is the size the limits give it
+    assert results["shm_size"]["result"] == str(sandbox.tools.shm_bytes)
+    # bwrap: "cannot read /etc/shadow" — by its mode bits; uid 0 keeps what ownership gives it
+    if sandbox.uid != 0:
+        assert results["read_etc_shadow"]["errno"] == errno.EACCES
+    # issue12: Landlock scopes (ABI ≥ 6) keep signals and ptrace inside the run's domain;
+    # pid 1 of the sandbox (bwrap's init) lies outside it.
+    if landlock.abi() >= landlock.SCOPE_ABI:
+        for name in ("signal_outside_domain", "ptrace_outside_domain"):
+            assert results[name].get("errno") == errno.EPERM, (
+                f"{name} was NOT denied: {results[name]}"
+            )
