@@ -80,7 +80,8 @@ class FakeParts:
         self.models_calls += 1
         if self.models_errors:
             raise self.models_errors.pop(0)
-        return ["local/fake"]
+        # As the fake opencode lists them, and the model of `FakeCrewServer.agent`.
+        return ["local/scripted", "local/other", "local/fake"]
 
     def prepare_run_dir(self) -> None:
         try:

@@ -100,7 +100,9 @@ async def test_agent_changes_replace_and_drop_runners(tmp_path: Path) -> None:
             tg.start_soon(service.serve)
             await wait_until_async("a runner", lambda: agent["id"] in service.roster.runners, 20)
             first = service.roster.runners[agent["id"]]
-            server.client().patch(f"/api/agents/{agent['id']}", json={"model": "local/other"})
+            server.client().patch(
+                f"/api/agents/{agent['id']}", json={"model": "local/other"}
+            ).raise_for_status()
             await wait_until_async(
                 "a new runner",
                 lambda: service.roster.runners.get(agent["id"]) not in (None, first),

@@ -213,7 +213,7 @@ async def test_models_are_retried_while_the_launcher_restarts_or_the_server_is_d
 
     async with computer(tmp_path, server, parts=parts, backoff=RecordingBackoff(0.01, 0.02)) as c:
         await wait_until_async("the models", lambda: server.models is not None, timeout=20)
-        assert server.models == ["local/fake"]
+        assert server.models == ["local/scripted", "local/other", "local/fake"]
         assert c.parts.models_calls == 2  # read again after the launcher error, not after a 503
         assert server.count("PUT", "/computer/models") == 3
         assert not c.outcome  # still running
