@@ -43,6 +43,8 @@ class Metrics:
         # Read at render time: the gate owns the live numbers.
         self.queue_length: Callable[[], int] = lambda: 0
         self.running_turns: Callable[[], int] = lambda: 0
+        # More lines from other parts (the warm engine's counters), rendered last.
+        self.sections: list[Callable[[], list[str]]] = []
 
     def turn_finished(self, status: str, duration_s: float) -> None:
         """Count one finished turn and its duration."""
@@ -83,4 +85,6 @@ class Metrics:
             "# TYPE crew_running_turns gauge",
             f"crew_running_turns {self.running_turns()}",
         ]
+        for section in self.sections:
+            lines += section()
         return "\n".join(lines) + "\n"
