@@ -37,6 +37,13 @@ SCRIPT = {
         {"match": "E429", "reply": {"error": {"status": 429, "retry_after_ms": 10}}},
         {"match": "HANG", "reply": {"hang": "headers"}},
         {
+            "match": "PTRACE",
+            "reply": {
+                "bash": "python3 -c 'import ctypes; l = ctypes.CDLL(None, use_errno=True); "
+                'r = l.ptrace(16, 2, 0, 0); print("ptrace", r, ctypes.get_errno())\''
+            },
+        },
+        {
             "match": "HOSTILE",
             "reply": {
                 "bash": "(setsid sleep 300 >/dev/null 2>&1 &) ; "
@@ -135,11 +142,13 @@ def _namespace_members(server_pid: int) -> list[str]:
         try:
             if os.readlink(f"/proc/{entry}/ns/pid") != namespace:
                 continue
+            with open(f"/proc/{entry}/status", encoding="utf-8") as f:
+                [ns_pids] = [line for line in f if line.startswith("NSpid:")]
             with open(f"/proc/{entry}/cmdline", "rb") as f:
                 command = f.read().replace(b"\0", b" ").decode().strip()
-        except OSError:
+        except (OSError, ValueError):
             continue
-        if not command.startswith("bwrap"):
+        if ns_pids.split()[-1] != "1":  # bwrap's init, the namespace's pid 1, stays
             found.append(command)
     return found
 
@@ -159,6 +168,10 @@ async def test_a_hostile_turns_leftovers_are_swept_and_the_server_stays(
         again = await rig.turn("warm", "warm1", "TRIVIAL")
         assert again.result.status == "succeeded"
         assert rig.warm.pool.servers["warm1"] is server
+        # The agent's tools cannot attach to the server (its namespace's pid 2).
+        traced = await rig.turn("warm", "warm1", "PTRACE")
+        [tool] = [e for e in traced.events if e.type == "tool_use"]
+        assert tool.data["output"].strip() == "ptrace -1 1"  # EPERM
 
 
 @pytest.mark.timeout(300)
@@ -173,10 +186,7 @@ async def test_a_port_the_server_does_not_own_gets_nothing(model: ScriptedModel)
         # The server dies; a squatter takes its port.
         os.kill(address.pid, signal.SIGKILL)
         wait_until("the server is gone", lambda: _gone(address.pid), 30)
-        squatter = socket.socket()
-        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        squatter.bind(("127.0.0.1", address.port))
-        squatter.listen(8)
+        squatter = wait_until("the server's port is free", lambda: _listener(address.port), 30)
         squatter.settimeout(0.2)
         try:
             with pytest.raises(NotTheServer):
@@ -197,6 +207,19 @@ async def test_a_port_the_server_does_not_own_gets_nothing(model: ScriptedModel)
         third = await rig.turn("warm", "warm1", "TRIVIAL")
         assert third.result.status == "succeeded", third.result.failure
         assert rig.warm.pool.servers["warm1"].address.pid != address.pid
+
+
+def _listener(port: int) -> socket.socket | None:
+    """A socket listening on 127.0.0.1:`port`, or None while the port is still taken."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError:
+        sock.close()
+        return None
+    sock.listen(8)
+    return sock
 
 
 def _gone(pid: int) -> bool:
