@@ -277,11 +277,15 @@ class LauncherClient:
         except ValidationError as exc:
             raise LauncherError(f"the launcher's /servers answer is malformed: {exc}") from exc
 
-    async def sweep_server(self, agent_id: str) -> int:
-        """`POST /servers/{id}/sweep`: kill what the turn left behind; how many were killed."""
+    async def sweep_server(self, agent_id: str) -> tuple[int, int | None]:
+        """`POST /servers/{id}/sweep`: kill what the turn left behind.
+
+        How many were killed, and the server's resident memory after.
+        """
         answer = await self._request("POST", f"/servers/{agent_id}/sweep")
-        killed = answer.get("killed") if isinstance(answer, dict) else None
-        return killed if isinstance(killed, int) else 0
+        answer = answer if isinstance(answer, dict) else {}
+        killed, rss = answer.get("killed"), answer.get("rss_bytes")
+        return (killed if isinstance(killed, int) else 0, rss if isinstance(rss, int) else None)
 
     async def stop_server(self, agent_id: str) -> None:
         """`POST /servers/{id}/stop`; a server already gone (404) is not an error."""

@@ -146,7 +146,7 @@ class CurrentLauncher:
         """`POST /servers` on the current launcher."""
         return await self._current().start_server(request)
 
-    async def sweep_server(self, agent_id: str) -> int:
+    async def sweep_server(self, agent_id: str) -> tuple[int, int | None]:
         """`POST /servers/{id}/sweep` on the current launcher."""
         return await self._current().sweep_server(agent_id)
 

@@ -55,7 +55,7 @@ class ServerLauncher(Protocol):
 
     async def start_server(self, request: ServerRequest) -> ServerInfo: ...
 
-    async def sweep_server(self, agent_id: str) -> int: ...
+    async def sweep_server(self, agent_id: str) -> tuple[int, int | None]: ...
 
     async def stop_server(self, agent_id: str) -> None: ...
 
@@ -178,13 +178,14 @@ class WarmPool:
             await self.discard(server)
             return
         try:
-            killed = await self.launcher.sweep_server(server.agent_id)
+            killed, rss = await self.launcher.sweep_server(server.agent_id)
         except LauncherError as exc:
             log.warning("agent %s: sweeping its warm server failed: %s", server.agent_id, exc)
             await self.discard(server)
             return
         self.counters.sweeps += 1
         self.counters.swept_processes += killed
+        server.rss_bytes = rss if rss is not None else server.rss_bytes
 
     async def discard(self, server: AgentServer) -> None:
         """Stop the server and forget it (a new one starts at the agent's next turn)."""

@@ -351,6 +351,7 @@ def local_stack(
     own_login: bool = False,
     keep: bool = False,
     price_in_config: bool = False,
+    engine_mode: str | None = None,
 ) -> Iterator[LocalStack]:
     """Start the whole chain; stop it (Computer first) and remove the temp dir on exit."""
     if not BUNDLED_OPENCODE.exists():
@@ -378,6 +379,8 @@ def local_stack(
             "crew_home": str(crew_home),
             "opencode_path": str(BUNDLED_OPENCODE),
         }
+        if engine_mode is not None:
+            bootstrap["engine_mode"] = engine_mode  # default: warm where supported
         computer = start_computer(user_env(home, crew_home), bootstrap, crew_home, root)
         health = wait_for("the Computer's sandbox check", computer.health, START_TIMEOUT_S)
         yield LocalStack(root, server, model, computer, computer_id, http, health)

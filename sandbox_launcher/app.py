@@ -34,7 +34,7 @@ from sandbox_launcher.schema import (
     StopResult,
     SweepResult,
 )
-from sandbox_launcher.warm_server import ServerFailed
+from sandbox_launcher.warm_server import ServerFailed, rss_bytes
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +216,8 @@ def create_app(launcher: Launcher, secret: str) -> ASGIApp:
         if server is None:
             return error(404, "unknown_server", f"agent {agent_id} has no warm server")
         killed = await anyio.to_thread.run_sync(server.sweep)
-        return JSONResponse(SweepResult(agent_id=agent_id, killed=killed))
+        rss = rss_bytes(server.pid) if server.pid is not None else None
+        return JSONResponse(SweepResult(agent_id=agent_id, killed=killed, rss_bytes=rss))
 
     async def stop_server(request: Request) -> Response:
         agent_id = request.path_params["agent_id"]

@@ -292,6 +292,7 @@ class ServerList(BaseModel):
 class SweepResult(BaseModel):
     agent_id: str
     killed: int
+    rss_bytes: int | None = None  # the server's, after the sweep
 
 
 class ServerStopped(BaseModel):
