@@ -145,6 +145,7 @@ class WarmPool:
     cold_agents: dict[str, str] = field(default_factory=dict)
     counters: WarmCounters = field(default_factory=WarmCounters)
     _starting: dict[str, int] = field(default_factory=dict)
+    _closed: bool = False
 
     async def acquire(
         self, agent_id: str, env: dict[str, str], request: Callable[[str], ServerRequest]
@@ -153,7 +154,7 @@ class WarmPool:
 
         `request(password)` builds the launcher request for a new server.
         """
-        if agent_id in self.cold_agents:
+        if agent_id in self.cold_agents or self._closed:
             return None
         self._forget_other_generations()
         key = env_key(env)
@@ -174,7 +175,7 @@ class WarmPool:
         server.busy = False
         server.last_used = self.clock()
         server.turns += 1
-        if broken:
+        if broken or self._closed:
             await self.discard(server)
             return
         try:
@@ -298,9 +299,14 @@ class WarmPool:
             await self.close()
 
     async def close(self) -> None:
-        """Stop every server (shielded: runs while the Computer stops)."""
+        """Stop every idle server (shielded: runs while the Computer stops).
+
+        A server in a turn is stopped when its turn releases it: the turn
+        ends as cancelled by the runner's stop, not as a crash.
+        """
+        self._closed = True
         with anyio.CancelScope(shield=True):
-            for server in list(self.servers.values()):
+            for server in [s for s in self.servers.values() if not s.busy]:
                 await self.discard(server)
 
     def agent_status(self, agent_id: str) -> dict[str, object]:

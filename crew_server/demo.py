@@ -444,7 +444,9 @@ def describe_turn(turn: dict[str, Any]) -> list[str]:
     return lines
 
 
-def run_demo(model: str | None, keep: bool, reply_timeout: float) -> int:
+def run_demo(
+    model: str | None, keep: bool, reply_timeout: float, engine_mode: str | None = None
+) -> int:
     """The demo itself; returns the exit status."""
     say = print
     own = model is not None
@@ -453,7 +455,7 @@ def run_demo(model: str | None, keep: bool, reply_timeout: float) -> int:
         + ("your OpenCode login" if own else "the scripted model")
         + ", crew-computer, the launcher and OpenCode in the sandbox."
     )
-    with local_stack(own_login=own, keep=keep) as stack:
+    with local_stack(own_login=own, keep=keep, engine_mode=engine_mode) as stack:
         sandbox, engine = stack.health["sandbox"], stack.health["engine"]
         say(
             f"  crew-server    {stack.server.url} (dev mode, database in a temp dir, "
@@ -509,6 +511,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     parser.add_argument("--timeout", type=float, default=None, help="seconds to wait for the reply")
+    parser.add_argument(
+        "--engine",
+        choices=["warm", "cold"],
+        help="warm: one opencode serve per agent (the default on Linux); cold: opencode run per turn",
+    )
     args = parser.parse_args(argv)
     if args.model is not None and "/" not in args.model:
         print(
@@ -519,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     timeout = args.timeout or (300.0 if args.model else 90.0)
     try:
-        return run_demo(args.model, args.keep, timeout)
+        return run_demo(args.model, args.keep, timeout, args.engine)
     except DemoError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

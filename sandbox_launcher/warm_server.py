@@ -27,6 +27,7 @@ process (pid + start time, reported here).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import re
@@ -189,6 +190,15 @@ def sweep(server_pid: int, namespace: str) -> int:
     return len(killed)
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_launcher() -> None:
+    """In the child before exec: SIGKILL when the launcher dies, however it dies."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
 # ---- one server ----
 
 
@@ -236,6 +246,7 @@ class WarmServer:
             stderr=subprocess.PIPE,
             env=self.env,
             start_new_session=True,
+            preexec_fn=_die_with_launcher,  # a server outlives turns, never its launcher
         )
         # Threads drain both pipes for the server's whole life: a full pipe would block it.
         for target in (self._read_stdout, self._read_stderr):
