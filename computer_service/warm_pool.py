@@ -148,16 +148,21 @@ class WarmPool:
     _closed: bool = False
 
     async def acquire(
-        self, agent_id: str, env: dict[str, str], request: Callable[[str], ServerRequest]
+        self,
+        agent_id: str,
+        env: dict[str, str],
+        request: Callable[[str], ServerRequest],
+        extra_key: bytes = b"",
     ) -> AgentServer | None:
         """The agent's server for one turn (started if needed), or None: run this turn cold.
 
-        `request(password)` builds the launcher request for a new server.
+        `request(password)` builds the launcher request for a new server; a server
+        serves only turns with its environment and `extra_key` (what else it read at start).
         """
         if agent_id in self.cold_agents or self._closed:
             return None
         self._forget_other_generations()
-        key = env_key(env)
+        key = env_key({**env, "\0extra": extra_key.hex()})
         server = self.servers.get(agent_id)
         if server is not None and server.env_key != key:
             log.info("agent %s: its environment changed; restarting its warm server", agent_id)

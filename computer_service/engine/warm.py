@@ -38,6 +38,7 @@ import anyio
 import httpx
 import orjson
 
+from computer_service import safe_fs
 from computer_service.engine.base import (
     EventSink,
     Failure,
@@ -147,8 +148,13 @@ class WarmEngine:
         if isinstance(prepared, TurnResult):
             return prepared
         env = prepared
+        # The server may keep what it read at its start: a new AGENTS.md gets a new server.
+        agents_md = await anyio.to_thread.run_sync(_agents_md, paths)
         server = await self.pool.acquire(
-            request.agent_id, env, lambda password: self._server_request(paths, env, password)
+            request.agent_id,
+            env,
+            lambda password: self._server_request(paths, env, password),
+            extra_key=agents_md,
         )
         if server is None:
             return await self._cold(request, on_event, stop, paths, env, secrets)
@@ -420,6 +426,14 @@ class WarmEngine:
             a.guard_reason = guard
             a.ending = "guard"
             tg.start_soon(end_turn, "guard")
+
+
+def _agents_md(paths: AgentPaths) -> bytes:
+    try:
+        return safe_fs.read_regular_file(paths.crew_home, paths.agents_md, 1024 * 1024) or b""
+    except safe_fs.UnsafePath as exc:
+        log.warning("agent %s: cannot read AGENTS.md: %s", paths.agent_id, exc)
+        return b""
 
 
 async def _events(chunks: AsyncIterator[bytes]) -> AsyncIterator[Any]:
