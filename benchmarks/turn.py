@@ -344,7 +344,8 @@ def main() -> int:
     managed: list[float] = []
     by_hand: list[float] = []
     load_before = os.getloadavg()[0]
-    with local_stack(script=scenario("crew"), price_in_config=True) as stack:
+    # The managed-vs-by-hand comparison is of the cold engine (one opencode run per turn).
+    with local_stack(script=scenario("crew"), price_in_config=True, engine_mode="cold") as stack:
         if not stack.health["sandbox"]["ok"]:
             raise SystemExit(f"the sandbox is not usable: {stack.health['sandbox']['reason']}")
         agent = stack.create_agent("bench", "Bench", "Answers every message.", MODEL)
