@@ -276,24 +276,24 @@ class WarmEngine:
                 "parts": [{"type": "text", "text": request.render_input(new_session)}],
                 "model": {"providerID": provider, "modelID": model},
             }
-            answer = await client.post(f"/session/{session_id}/prompt_async", json=prompt)
-            if answer.status_code == 404:
+            status, _ = await _post(client, f"/session/{session_id}/prompt_async", prompt)
+            if status == 404:
                 # What `opencode run --session <gone>` says: classified `session_invalid`.
                 a.exit = ExitFrame(t="exit", code=1, stderr_tail="Error: Session not found")
                 return
-            if answer.status_code not in (200, 204):
-                raise ServerBroken(f"it refused the prompt with HTTP {answer.status_code}")
+            if status not in (200, 204):
+                raise ServerBroken(f"it refused the prompt with HTTP {status}")
             a.prompt_sent = True
             await self._follow(server, request, session_id, message_id, events, on_event, stop, a)
 
     async def _new_session(self, client: httpx.AsyncClient) -> str:
-        answer = await client.post(
-            "/session", json={"title": TURN_TITLE, "permission": RUN_PERMISSIONS}
+        status, content = await _post(
+            client, "/session", {"title": TURN_TITLE, "permission": RUN_PERMISSIONS}
         )
-        body = _json_answer(answer)
+        body = _json(content)
         session_id = body.get("id") if isinstance(body, dict) else None
-        if answer.status_code != 200 or not isinstance(session_id, str):
-            raise ServerBroken(f"it did not create a session (HTTP {answer.status_code})")
+        if status != 200 or not isinstance(session_id, str):
+            raise ServerBroken(f"it did not create a session (HTTP {status})")
         if not SESSION_ID.fullmatch(session_id):
             raise ServerBroken("it answered a session id of an unexpected form")
         return session_id
@@ -320,7 +320,7 @@ class WarmEngine:
                 a.ending = why
             try:
                 with anyio.fail_after(ABORT_TIMEOUT_S):
-                    await client.post(f"/session/{session_id}/abort")
+                    await _post(client, f"/session/{session_id}/abort", None)
             except (TimeoutError, httpx.HTTPError, NotTheServer) as exc:
                 a.broken = f"it did not take the abort ({type(exc).__name__})"
                 read_scope.cancel()
@@ -342,7 +342,7 @@ class WarmEngine:
 
         async def answer_permission(request_id: str) -> None:
             try:
-                await client.post(f"/permission/{request_id}/reply", json={"reply": "once"})
+                await _post(client, f"/permission/{request_id}/reply", {"reply": "once"})
             except (httpx.HTTPError, NotTheServer) as exc:
                 log.warning("agent %s: answering a permission failed: %s", request.agent_id, exc)
 
@@ -443,10 +443,19 @@ async def _events(chunks: AsyncIterator[bytes]) -> AsyncIterator[Any]:
             yield event
 
 
-def _json_answer(answer: httpx.Response) -> Any:
-    if len(answer.content) > MAX_ANSWER_BYTES:
-        raise ServerBroken(f"it answered over {MAX_ANSWER_BYTES} bytes")
+async def _post(client: httpx.AsyncClient, path: str, body: Any) -> tuple[int, bytes]:
+    """POST to the server; its status and at most `MAX_ANSWER_BYTES` of its answer (else broken)."""
+    content = b""
+    async with client.stream("POST", path, json=body) as answer:
+        async for chunk in answer.aiter_bytes():
+            content += chunk
+            if len(content) > MAX_ANSWER_BYTES:
+                raise ServerBroken(f"it answered over {MAX_ANSWER_BYTES} bytes")
+        return answer.status_code, content
+
+
+def _json(content: bytes) -> Any:
     try:
-        return orjson.loads(answer.content)
+        return orjson.loads(content)
     except orjson.JSONDecodeError:
         return None

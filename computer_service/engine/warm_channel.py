@@ -167,7 +167,8 @@ def server_client(address: ServerAddress, directory: str) -> httpx.AsyncClient:
     return httpx.AsyncClient(
         transport=transport,
         base_url=f"http://127.0.0.1:{address.port}",
-        headers={"Authorization": address.authorization},
+        # Uncompressed: every answer is read with a size cap as it arrives.
+        headers={"Authorization": address.authorization, "Accept-Encoding": "identity"},
         params={"directory": directory},
         timeout=httpx.Timeout(REQUEST_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
         trust_env=False,  # never a proxy from the environment
