@@ -106,11 +106,19 @@ class WarmEngine:
     name = ENGINE_NAME
 
     def __init__(
-        self, cold: OpenCodeEngine, pool: WarmPool, *, end_grace_s: float = END_GRACE_S
+        self,
+        cold: OpenCodeEngine,
+        pool: WarmPool,
+        *,
+        end_grace_s: float = END_GRACE_S,
+        connected_timeout_s: float = CONNECTED_TIMEOUT_S,
+        heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
     ) -> None:
         self.cold = cold
         self.pool = pool
         self.end_grace_s = end_grace_s
+        self.connected_timeout_s = connected_timeout_s
+        self.heartbeat_timeout_s = heartbeat_timeout_s
         self._ids = MessageIds()
 
     def plan_session(self, agent_id: str, model: str, agents_md: str) -> SessionPlan:
@@ -238,7 +246,7 @@ class WarmEngine:
         except NotTheServer as exc:
             a.broken = str(exc)
             a.launcher_failure = Failure(FailureClass.PROCESS_CRASHED, str(exc), environment=True)
-        except (httpx.HTTPError, ServerBroken, ValueError) as exc:
+        except (httpx.HTTPError, ServerBroken, ValueError, TimeoutError) as exc:
             a.broken = f"{type(exc).__name__}: {exc}"
             a.launcher_failure = Failure(
                 FailureClass.PROCESS_CRASHED,
@@ -256,12 +264,12 @@ class WarmEngine:
         a: WarmAttempt,
     ) -> None:
         client = server.client
-        sse_timeout = httpx.Timeout(CONNECTED_TIMEOUT_S, read=None)
+        sse_timeout = httpx.Timeout(self.connected_timeout_s, read=None)
         async with client.stream("GET", "/event", timeout=sse_timeout) as sse:
             if sse.status_code != 200:
                 raise ServerBroken(f"its event stream answered HTTP {sse.status_code}")
             events = _events(sse.aiter_raw())
-            with anyio.fail_after(CONNECTED_TIMEOUT_S):
+            with anyio.fail_after(self.connected_timeout_s):
                 first = await anext(events)
             if not isinstance(first, dict) or first.get("type") != "server.connected":
                 raise ServerBroken("its event stream did not start with server.connected")
@@ -352,7 +360,7 @@ class WarmEngine:
             with read_scope:
                 grace_until: float | None = None
                 while not end.over:
-                    wait = HEARTBEAT_TIMEOUT_S
+                    wait = self.heartbeat_timeout_s
                     if grace_until is not None:
                         wait = max(0.0, grace_until - anyio.current_time())
                     with anyio.move_on_after(wait) as waited:
@@ -368,7 +376,7 @@ class WarmEngine:
                     if waited.cancelled_caught:
                         if grace_until is not None:
                             break  # an error turn with no assistant message: over
-                        a.broken = f"it sent nothing for {HEARTBEAT_TIMEOUT_S:g} s (no heartbeat)"
+                        a.broken = f"it sent nothing for {self.heartbeat_timeout_s:g} s"
                         a.launcher_failure = Failure(
                             FailureClass.PROCESS_CRASHED,
                             "the warm OpenCode server stopped answering",
