@@ -260,7 +260,7 @@ async def test_introspection_of_the_running_service(crew_server: Any, tmp_path: 
     parts = FakeParts(crew_home, engine)
     async with serving(crew_server, crew_home, parts, comp["token"]) as (service, local):
         health = (await local.get("/health")).json()
-        # Exactly the fields of computer.md §5, nothing more.
+        # Exactly the fields of computer.md §5, plus the warm servers (docs/warm-engine.md).
         assert set(health) == {
             "ready",
             "connected",
@@ -269,7 +269,9 @@ async def test_introspection_of_the_running_service(crew_server: Any, tmp_path: 
             "agents",
             "running_turns",
             "queued",
+            "warm",
         }
+        assert health["warm"] is None  # a scripted engine, not the warm one
         assert set(health["sandbox"]) == {"ok", "backend", "reason"}
         assert health["engine"] == {"found": True, "version": "test"}
         assert (health["ready"], health["agents"], health["queued"]) == (True, 1, 0)
