@@ -86,7 +86,7 @@ class DirectEngine:
     def __init__(self, crew_home: Path) -> None:
         boot = Bootstrap(
             server_url="http://127.0.0.1:9", token="unused", crew_home=crew_home,
-            opencode_path=FAKE_OPENCODE,
+            opencode_path=FAKE_OPENCODE, engine_mode="cold",
         )  # fmt: skip
         self.parts = LocalParts(boot)
         self.agent = AgentRecord(id=str(uuid.uuid4()), handle="spawn", name="S", model="local/fake")

@@ -34,6 +34,16 @@ the CPU our processes (Computer, launcher, server, this one) spend per turn
 of each kind. `--keep-log FILE` keeps OpenCode's own log of all the runs.
 
 Usage: scripts/bench turn [--runs N] [--keep-log FILE]   (N ≥ 5, default 10)
+
+With `--engine warm|cold` it compares one engine (docs/warm-engine.md)
+with the bare `opencode run`, alternating in one run: a trivial turn (one
+model call, no tool) and a tool turn (two model calls and a bash call),
+each managed (post → finished) and by hand, and prints
+`<engine> … median <seconds> s` per kind. It also reports the first turn
+(for warm: the server's start and its first turn) and, for warm, the
+server's resident memory after 20 turns.
+
+Usage: scripts/bench turn --engine warm|cold [--runs N]
 """
 
 from __future__ import annotations
@@ -324,12 +334,18 @@ def main() -> int:
     parser.add_argument(
         "--keep-log", type=Path, help="copy OpenCode's own log (both kinds of runs) here"
     )
+    parser.add_argument(
+        "--engine", choices=["warm", "cold"], help="compare this engine with opencode run"
+    )
     args = parser.parse_args()
     runs = max(5, args.runs)
+    if args.engine:
+        return engine_main(args.engine, runs)
     managed: list[float] = []
     by_hand: list[float] = []
     load_before = os.getloadavg()[0]
-    with local_stack(script=scenario("crew"), price_in_config=True) as stack:
+    # The managed-vs-by-hand comparison is of the cold engine (one opencode run per turn).
+    with local_stack(script=scenario("crew"), price_in_config=True, engine_mode="cold") as stack:
         if not stack.health["sandbox"]["ok"]:
             raise SystemExit(f"the sandbox is not usable: {stack.health['sandbox']['reason']}")
         agent = stack.create_agent("bench", "Bench", "Answers every message.", MODEL)
@@ -435,6 +451,91 @@ def main() -> int:
         f"  load average (1 min) before {load_before:.2f}, after {load_after:.2f} on {os.cpu_count()} CPUs"
         # The runs themselves load the machine: only the load before them tells of neighbours.
         + ("  — a busy machine: rerun on a quiet one" if load_before > 0.5 else "")
+    )
+    return 0
+
+
+ENGINE_SCRIPT = {"rules": [{"match": "TOOLTURN", "reply": {"bash": "echo hello > out.txt"}}]}
+ENGINE_KINDS = {"trivial": "Please say ok.", "tool": "TOOLTURN: please write out.txt."}
+
+
+def engine_main(engine: str, runs: int) -> int:
+    """`--engine`: one engine against `opencode run`, trivial and tool turns (module doc)."""
+    from crew_server.scripted_model import Script
+
+    times: dict[str, list[float]] = {
+        f"{e} {k}": [] for e in (engine, "by hand") for k in ENGINE_KINDS
+    }
+    load_before = os.getloadavg()[0]
+    with local_stack(
+        script=Script.parse(ENGINE_SCRIPT), price_in_config=True, engine_mode=engine
+    ) as stack:
+        if not stack.health["sandbox"]["ok"]:
+            raise SystemExit(f"the sandbox is not usable: {stack.health['sandbox']['reason']}")
+        agent = stack.create_agent("bench", "Bench", "Answers every message.", MODEL)
+        room = stack.call("POST", "/api/rooms", json={"kind": "dm", "agent_ids": [agent["id"]]})
+        wait_for("the Computer to take the agent", lambda: session_ready(stack, agent["id"]), 30)
+        watcher = TurnWatcher(stack)
+        time.sleep(0.2)  # the stream is open
+
+        def managed(body: str) -> float:
+            watcher.drain()
+            started = time.perf_counter()
+            stack.call("POST", f"/api/rooms/{room['id']}/messages", json={"body": body})
+            return watcher.next_finish(180) - started
+
+        first = managed(ENGINE_KINDS["trivial"])  # warm: starts the server, boots its instance
+        turns = 1
+        hand: dict[str, tuple[list[str], dict[str, str], bytes]] = {}
+        for kind, body in ENGINE_KINDS.items():
+            managed(body)
+            last = stack.finished_turn(agent["id"], turns, 30)
+            turns += 1
+            hand[kind] = hand_run(stack, agent["id"], last["input"], session_of(stack, agent["id"]))
+            timed_hand_run(*hand[kind])  # the hand runs' warm-up
+        for i in range(runs):
+            for kind, body in ENGINE_KINDS.items():
+                pair = {
+                    engine: lambda b=body: managed(b),
+                    "by hand": lambda k=kind: timed_hand_run(*hand[k]),
+                }
+                for who in (engine, "by hand") if i % 2 == 0 else ("by hand", engine):
+                    times[f"{who} {kind}"].append(pair[who]())
+                    turns += who == engine
+                    time.sleep(0.2)
+            print(
+                f"  run {i + 1}/{runs}: "
+                + ", ".join(f"{name} {values[-1]:.3f} s" for name, values in times.items()),
+                flush=True,
+            )
+        while turns < 21:  # the memory figure is after 20 turns
+            managed(ENGINE_KINDS["tool" if turns % 2 else "trivial"])
+            turns += 1
+        with stack.computer.introspection() as local:
+            row = local.get(f"/agents/{agent['id']}").json()
+        listed = stack.call("GET", "/api/turns", params={"agent_id": agent["id"]})
+        if any(t["status"] != "succeeded" for t in listed):
+            raise SystemExit(f"not every managed turn succeeded: {[t['status'] for t in listed]}")
+    load_after = os.getloadavg()[0]
+    print()
+    print(f"turn --engine {engine}: real opencode, scripted model, managed post → finished")
+    for name, values in times.items():
+        label = name if not name.startswith("by hand") else "opencode run by hand " + name[8:]
+        print(
+            f"  {label:<28} median {statistics.median(values):.3f} s  "
+            f"min {min(values):.3f}  max {max(values):.3f}  (n={len(values)})"
+        )
+    print(
+        f"  first turn (post → finished)   {first:.3f} s"
+        + ("  (starts the server)" if engine == "warm" else "")
+    )
+    state = row.get("engine") or {}
+    if engine == "warm":
+        rss = state.get("warm_rss_bytes")
+        shown = f"{rss / 2**20:.0f} MiB" if isinstance(rss, int) else "unknown"
+        print(f"  warm server RSS after {turns} turns   {shown}")
+    print(
+        f"  load average (1 min) before {load_before:.2f}, after {load_after:.2f} on {os.cpu_count()} CPUs"
     )
     return 0
 

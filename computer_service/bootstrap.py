@@ -72,6 +72,14 @@ class Bootstrap(BaseModel):
     # shorten it; an app has no reason to set it.
     retry_base_s: float = Field(default=RETRY_BASE_S, gt=0, le=300)
 
+    # The warm engine (docs/warm-engine.md): "warm" keeps one `opencode serve` per agent,
+    # "cold" runs one `opencode run` per turn. Default: warm where supported (Linux, bwrap).
+    engine_mode: Literal["warm", "cold"] | None = None
+    # A warm server without a turn for this long is stopped (10 min by default).
+    warm_idle_timeout_s: Annotated[int, Strict()] = Field(default=600, ge=1, le=7 * 24 * 3600)
+    # The warm servers' resident memory stays under this (MiB; default a quarter of the RAM).
+    warm_memory_mb: Annotated[int, Strict()] | None = Field(default=None, ge=64, le=16 * 1024**2)
+
     # How long one turn may run before it is ended (computer.md §3; 30 min by default).
     turn_time_limit_s: Annotated[int, Strict()] = Field(default=30 * 60, ge=1, le=7 * 24 * 3600)
     # Directories every agent may read (never write), e.g. a repository; never a secret place.

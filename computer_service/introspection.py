@@ -54,6 +54,25 @@ class EngineHealth(BaseModel):
     version: str | None
 
 
+class WarmHealth(BaseModel):
+    """The warm servers of this Computer (docs/warm-engine.md); absent when the engine is cold."""
+
+    servers: int
+    rss_bytes: int
+    memory_budget_bytes: int
+    idle_timeout_s: float
+
+
+class AgentEngine(BaseModel):
+    """How the agent's turns run: on a warm server, or one `opencode run` each (cold)."""
+
+    engine_mode: Literal["warm", "cold"]
+    warm: bool = False
+    warm_rss_bytes: int | None = None
+    warm_idle_s: float | None = None
+    cold_reason: str | None = None
+
+
 class Health(BaseModel):
     """`GET /health`."""
 
@@ -70,6 +89,7 @@ class Health(BaseModel):
     agents: int
     running_turns: int
     queued: int
+    warm: WarmHealth | None = None
 
 
 class DayUsage(BaseModel):
@@ -116,6 +136,7 @@ class AgentRow(BaseModel):
         default=None, description="when the running turn started (RFC 3339)"
     )
     today: DayUsage = NO_USAGE
+    engine: AgentEngine | None = None
 
 
 class TurnSummary(BaseModel):

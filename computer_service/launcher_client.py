@@ -100,6 +100,31 @@ class ModelsRequest(BaseModel):
     price_table: str | None = None
 
 
+class ServerRequest(BaseModel):
+    """`POST /servers` body: the agent's directories and environment, with the server's password."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    agent_id: str
+    agent_dir: str
+    runtime_dir: str
+    bin_dir: str
+    interpreter_dirs: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(repr=False)
+
+
+class ServerInfo(BaseModel):
+    """A warm server as the launcher reports it (`POST /servers`, `GET /servers`)."""
+
+    model_config = ConfigDict(extra="ignore")
+    agent_id: str
+    pid: int
+    start_time: int
+    port: int = Field(ge=1, le=65535)
+    started_at: str = ""
+    rss_bytes: int | None = None
+
+
 class StartedFrame(BaseModel):
     model_config = ConfigDict(extra="ignore")
     t: Literal["started"]
@@ -232,6 +257,44 @@ class LauncherClient:
         if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
             raise LauncherError("the launcher's /models answer is not a list of names")
         return list(models)
+
+    async def start_server(self, request: ServerRequest, timeout_s: float = 90.0) -> ServerInfo:
+        """`POST /servers`: start the agent's warm server; answers once it listens."""
+        body = orjson.dumps(request.model_dump(mode="json"))
+        answer = await self._request("POST", "/servers", timeout=timeout_s, content=body)
+        try:
+            return ServerInfo.model_validate(answer)
+        except ValidationError as exc:
+            raise LauncherError(f"the launcher's /servers answer is malformed: {exc}") from exc
+
+    async def servers(self) -> list[ServerInfo]:
+        """`GET /servers`: the warm servers alive, with their resident memory."""
+        answer = await self._request("GET", "/servers")
+        rows = answer.get("servers") if isinstance(answer, dict) else None
+        if not isinstance(rows, list):
+            raise LauncherError("the launcher's /servers answer is not a list")
+        try:
+            return [ServerInfo.model_validate(row) for row in rows]
+        except ValidationError as exc:
+            raise LauncherError(f"the launcher's /servers answer is malformed: {exc}") from exc
+
+    async def sweep_server(self, agent_id: str) -> tuple[int, int | None]:
+        """`POST /servers/{id}/sweep`: kill what the turn left behind.
+
+        How many were killed, and the server's resident memory after.
+        """
+        answer = await self._request("POST", f"/servers/{agent_id}/sweep")
+        answer = answer if isinstance(answer, dict) else {}
+        killed, rss = answer.get("killed"), answer.get("rss_bytes")
+        return (killed if isinstance(killed, int) else 0, rss if isinstance(rss, int) else None)
+
+    async def stop_server(self, agent_id: str) -> None:
+        """`POST /servers/{id}/stop`; a server already gone (404) is not an error."""
+        try:
+            await self._request("POST", f"/servers/{agent_id}/stop", timeout=15.0)
+        except LauncherRefused as exc:
+            if exc.status != 404:
+                raise
 
     async def stop(self, run_id: str) -> None:
         """`POST /runs/{id}/stop`: SIGINT to the run's group, SIGKILL after 2 s.

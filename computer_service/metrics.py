@@ -91,6 +91,8 @@ class Metrics:
         # The calendar day on this machine; a test sets it to cross midnight.
         self.clock: Callable[[], date] = date.today
         self._day = self.clock()
+        # More lines from other parts (the warm engine's counters), rendered last.
+        self.sections: list[Callable[[], list[str]]] = []
 
     def turn_finished(self, status: str, duration_s: float) -> None:
         """Count one finished turn and its duration."""
@@ -158,6 +160,8 @@ class Metrics:
             f'crew_computer_build_info{{version="{_label(VERSION)}"}} 1',
         ]
         lines += self._usage_lines()
+        for section in self.sections:
+            lines += section()
         return "\n".join(lines) + "\n"
 
     def _usage_lines(self) -> list[str]:

@@ -20,6 +20,7 @@ from computer_service.engine.base import Engine
 from computer_service.engine.opencode import OpenCodeEngine
 from computer_service.engine.opencode_env import model_listing_env
 from computer_service.engine.user_opencode import UserOpenCode
+from computer_service.engine.warm import WarmEngine
 from computer_service.home import PRICE_TABLE_LIMIT, AgentHome, AgentHomeError, RunDirectory
 from computer_service.launcher_client import (
     Frame,
@@ -30,6 +31,8 @@ from computer_service.launcher_client import (
     LauncherUnavailable,
     ModelsRequest,
     RunRequest,
+    ServerInfo,
+    ServerRequest,
     launcher_argv,
 )
 from computer_service.parts_protocol import (
@@ -40,6 +43,7 @@ from computer_service.parts_protocol import (
 )
 from computer_service.safe_fs import UnsafePath
 from computer_service.upstream import AgentRecord
+from computer_service.warm_pool import WarmPool, default_memory_budget
 from crew_common.layout import AgentPaths
 from crew_common.unix_socket import remove_dead_sockets
 
@@ -126,6 +130,37 @@ class CurrentLauncher:
         if client is not None:
             await client.stop(run_id)
 
+    # ---- warm servers: they live in one launcher process and die with it ----
+
+    def generation(self) -> object:
+        """The current launcher client: a new one means every warm server is gone."""
+        return self._parts.client
+
+    def _current(self) -> LauncherClient:
+        client = self._parts.client
+        if client is None:
+            raise LauncherUnavailable("the sandbox launcher is not running (it is being restarted)")
+        return client
+
+    async def start_server(self, request: ServerRequest) -> ServerInfo:
+        """`POST /servers` on the current launcher."""
+        return await self._current().start_server(request)
+
+    async def sweep_server(self, agent_id: str) -> tuple[int, int | None]:
+        """`POST /servers/{id}/sweep` on the current launcher."""
+        return await self._current().sweep_server(agent_id)
+
+    async def stop_server(self, agent_id: str) -> None:
+        """`POST /servers/{id}/stop` on the current launcher (none: nothing to stop)."""
+        client = self._parts.client
+        if client is not None:
+            await client.stop_server(agent_id)
+
+    async def servers(self) -> list[ServerInfo]:
+        """`GET /servers` on the current launcher (none: no servers)."""
+        client = self._parts.client
+        return await client.servers() if client is not None else []
+
 
 class LocalParts:
     """The launcher as a child process, `runtime/<run-id>/`, agent homes and `OpenCodeEngine`."""
@@ -139,6 +174,7 @@ class LocalParts:
         self._launchers = 0
         self._process: LauncherProcess | None = None
         self.client: LauncherClient | None = None
+        self._backend: str | None = None
 
     async def start_launcher(self) -> LauncherStatus:
         """Start a launcher and read its health; one that cannot start means no sandbox."""
@@ -174,6 +210,7 @@ class LocalParts:
             log.error("the sandbox launcher is not usable: %s", exc)
             return LauncherStatus(False, None, f"the sandbox launcher failed: {exc}", False, None)
         engine = health.engine
+        self._backend = health.sandbox.backend
         return LauncherStatus(
             sandbox_ok=health.sandbox.ok,
             backend=health.sandbox.backend,
@@ -228,15 +265,31 @@ class LocalParts:
         self.run_dir.remove()
 
     def engine(self) -> Engine:
-        """The OpenCode engine, following whichever launcher is current."""
-        return OpenCodeEngine(
-            CurrentLauncher(self),
+        """The OpenCode engine, following whichever launcher is current: warm or cold."""
+        launcher = CurrentLauncher(self)
+        cold = OpenCodeEngine(
+            launcher,
             crew_home=self.crew_home,
             run_id=self.run_id,
             server_url=self.bootstrap.server_url,
             bin_dir=self.run_dir.bin_dir,
             interpreter_dirs=self.run_dir.interpreter_dirs(),
         )
+        if self.engine_mode() == "cold":
+            return cold
+        budget = self.bootstrap.warm_memory_mb
+        pool = WarmPool(
+            launcher,
+            memory_budget=budget * 1024 * 1024 if budget is not None else default_memory_budget(),
+            idle_timeout_s=float(self.bootstrap.warm_idle_timeout_s),
+        )
+        return WarmEngine(cold, pool)
+
+    def engine_mode(self) -> str:
+        """The bootstrap's `engine_mode`, else warm where supported (Linux with bwrap)."""
+        if self.bootstrap.engine_mode is not None:
+            return self.bootstrap.engine_mode
+        return "warm" if self._backend == "bwrap" else "cold"
 
     def prepare_agent(self, agent: AgentRecord, token: str) -> AgentHome:
         """Prepare the agent's home; `AgentPreparationFailed` with the reason if not."""

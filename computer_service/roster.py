@@ -26,6 +26,7 @@ from anyio.abc import TaskGroup
 
 from computer_service.delivery import RETRY_BASE_S
 from computer_service.engine.base import Engine
+from computer_service.engine.warm import WarmEngine
 from computer_service.gate import TurnGate
 from computer_service.introspection import AgentDetail, AgentRow, DayUsage, TurnSummary
 from computer_service.metrics import Metrics
@@ -254,15 +255,25 @@ class Roster:
 
     def agent_rows(self) -> list[AgentRow]:
         """`GET /agents`: runners and agents with a problem, by handle."""
-        rows = [AgentRow.model_validate(runner.row()) for runner in self.runners.values()]
+        rows = [
+            AgentRow.model_validate({**runner.row(), "engine": self._engine_row(runner_id)})
+            for runner_id, runner in self.runners.items()
+        ]
         rows += [_problem_row(agent, reason) for agent, reason in self.problems.values()]
         return sorted((self._with_usage(row) for row in rows), key=lambda row: row.handle)
+
+    def _engine_row(self, agent_id: str) -> dict[str, object] | None:
+        """How this agent's turns run (warm server or cold), for `/agents`."""
+        if isinstance(self.engine, WarmEngine):
+            return self.engine.pool.agent_status(agent_id)
+        return {"engine_mode": "cold"} if self.engine is not None else None
 
     def agent_detail(self, agent_id: str) -> AgentDetail | None:
         """`GET /agents/{id}`; None for an unknown agent."""
         if (runner := self.runners.get(agent_id)) is not None:
             turns = [TurnSummary.model_validate(t) for t in runner.recent_turns()]
-            row = self._with_usage(AgentRow.model_validate(runner.row()))
+            engine = self._engine_row(agent_id)
+            row = self._with_usage(AgentRow.model_validate({**runner.row(), "engine": engine}))
             return AgentDetail.model_validate({**row.model_dump(), "recent_turns": turns})
         if (problem := self.problems.get(agent_id)) is not None:
             row = self._with_usage(_problem_row(*problem))

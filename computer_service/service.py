@@ -26,6 +26,7 @@ from typing import BinaryIO
 import anyio
 
 from computer_service.bootstrap import Bootstrap
+from computer_service.engine.warm import WarmEngine
 from computer_service.event_stream import SUPERSEDED, Backoff, EventStream
 from computer_service.gate import TurnGate
 from computer_service.home_lock import CrewHomeBusy, CrewHomeLock
@@ -37,6 +38,7 @@ from computer_service.introspection import (
     Health,
     IntrospectionServer,
     SandboxHealth,
+    WarmHealth,
     create_app,
 )
 from computer_service.metrics import Metrics
@@ -151,6 +153,8 @@ class ComputerService:
         self.roster.unavailable = unavailable
         if unavailable is None:
             self.roster.engine = self.parts.engine()
+            if isinstance(self.roster.engine, WarmEngine):
+                self.metrics.sections.append(self.roster.engine.pool.counters.lines)
 
     async def main_loop(self) -> None:
         """Follow the event stream and run turns until stdin closes, SIGTERM or SIGINT."""
@@ -162,6 +166,9 @@ class ComputerService:
                 tasks.start_soon(self._report_models)
             if self.roster.unavailable is None:
                 tasks.start_soon(self._keep_launcher)
+            if isinstance(self.roster.engine, WarmEngine):
+                # Stops idle warm servers; stops them all when the loop ends.
+                tasks.start_soon(self.roster.engine.maintain)
             tasks.start_soon(self.events.follow)
             await self.stop_requested.wait()
             # Abort the event stream and the sync at once; the runners stop after them.
@@ -372,6 +379,15 @@ class ComputerService:
             agents=self.roster.agent_count,
             running_turns=self.gate.running,
             queued=self.gate.queued,
+            warm=self._warm_health(),
+        )
+
+    def _warm_health(self) -> WarmHealth | None:
+        engine = self.roster.engine
+        return (
+            WarmHealth.model_validate(engine.pool.health())
+            if isinstance(engine, WarmEngine)
+            else None
         )
 
     def agent_rows(self) -> list[AgentRow]:

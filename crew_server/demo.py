@@ -351,6 +351,7 @@ def local_stack(
     own_login: bool = False,
     keep: bool = False,
     price_in_config: bool = False,
+    engine_mode: str | None = None,
 ) -> Iterator[LocalStack]:
     """Start the whole chain; stop it (Computer first) and remove the temp dir on exit."""
     if not BUNDLED_OPENCODE.exists():
@@ -378,6 +379,8 @@ def local_stack(
             "crew_home": str(crew_home),
             "opencode_path": str(BUNDLED_OPENCODE),
         }
+        if engine_mode is not None:
+            bootstrap["engine_mode"] = engine_mode  # default: warm where supported
         computer = start_computer(user_env(home, crew_home), bootstrap, crew_home, root)
         health = wait_for("the Computer's sandbox check", computer.health, START_TIMEOUT_S)
         yield LocalStack(root, server, model, computer, computer_id, http, health)
@@ -441,7 +444,9 @@ def describe_turn(turn: dict[str, Any]) -> list[str]:
     return lines
 
 
-def run_demo(model: str | None, keep: bool, reply_timeout: float) -> int:
+def run_demo(
+    model: str | None, keep: bool, reply_timeout: float, engine_mode: str | None = None
+) -> int:
     """The demo itself; returns the exit status."""
     say = print
     own = model is not None
@@ -450,7 +455,7 @@ def run_demo(model: str | None, keep: bool, reply_timeout: float) -> int:
         + ("your OpenCode login" if own else "the scripted model")
         + ", crew-computer, the launcher and OpenCode in the sandbox."
     )
-    with local_stack(own_login=own, keep=keep) as stack:
+    with local_stack(own_login=own, keep=keep, engine_mode=engine_mode) as stack:
         sandbox, engine = stack.health["sandbox"], stack.health["engine"]
         say(
             f"  crew-server    {stack.server.url} (dev mode, database in a temp dir, "
@@ -506,6 +511,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     parser.add_argument("--timeout", type=float, default=None, help="seconds to wait for the reply")
+    parser.add_argument(
+        "--engine",
+        choices=["warm", "cold"],
+        help="warm: one opencode serve per agent (the default on Linux); cold: opencode run per turn",
+    )
     args = parser.parse_args(argv)
     if args.model is not None and "/" not in args.model:
         print(
@@ -516,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     timeout = args.timeout or (300.0 if args.model else 90.0)
     try:
-        return run_demo(args.model, args.keep, timeout)
+        return run_demo(args.model, args.keep, timeout, args.engine)
     except DemoError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -157,5 +157,6 @@ def bootstrap_for(server_url: str, token: str, m: Machine, **extra: Any) -> dict
         "token": token,
         "crew_home": str(m.crew_home),
         "opencode_path": str(FAKE_OPENCODE),
+        "engine_mode": "cold",  # the fake opencode speaks `run` only, not `serve`
         **extra,
     }

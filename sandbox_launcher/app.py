@@ -23,7 +23,18 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from sandbox_launcher.engine_run import EngineRun
 from sandbox_launcher.launcher import Launcher, RequestRefused
 from sandbox_launcher.models import ModelsFailed, list_models
-from sandbox_launcher.schema import ModelList, ModelsRequest, RunList, RunRequest, StopResult
+from sandbox_launcher.schema import (
+    ModelList,
+    ModelsRequest,
+    RunList,
+    RunRequest,
+    ServerList,
+    ServerRequest,
+    ServerStopped,
+    StopResult,
+    SweepResult,
+)
+from sandbox_launcher.warm_server import ServerFailed, rss_bytes
 
 log = logging.getLogger(__name__)
 
@@ -173,8 +184,54 @@ def create_app(launcher: Launcher, secret: str) -> ASGIApp:
             return error(exc.status, exc.code, str(exc))
         return JSONResponse(ModelList(models=found))
 
+    # ---- warm servers (sandbox_launcher/warm_server.py) ----
+
+    async def servers(request: Request) -> Response:
+        if request.method == "GET":
+            listing = await anyio.to_thread.run_sync(launcher.servers.listing)
+            return JSONResponse(ServerList(servers=listing))
+        body = await _capped_body(request)
+        if body is None:
+            return error(413, "too_large", f"the request body is over {MAX_BODY} bytes")
+        try:
+            server_request = ServerRequest.model_validate_json(body)
+        except ValidationError as exc:
+            return error(400, "invalid_request", _validation_message(exc, "server request"))
+        try:
+            server = launcher.prepare_server(server_request)
+        except RequestRefused as exc:
+            return error(exc.status, exc.code, exc.message)
+        launcher.servers.by_agent[server.agent_id] = server  # claimed before the first await
+        try:
+            info = await server.start()
+        except (ServerFailed, OSError) as exc:
+            launcher.servers.by_agent.pop(server.agent_id, None)
+            log.warning("warm server of agent %s did not start: %s", server.agent_id, exc)
+            return error(502, "server_failed", f"the warm server did not start: {exc}")
+        return JSONResponse(info)
+
+    async def sweep_server(request: Request) -> Response:
+        agent_id = request.path_params["agent_id"]
+        server = launcher.servers.get(agent_id)
+        if server is None:
+            return error(404, "unknown_server", f"agent {agent_id} has no warm server")
+        killed = await anyio.to_thread.run_sync(server.sweep)
+        rss = rss_bytes(server.pid) if server.pid is not None else None
+        return JSONResponse(SweepResult(agent_id=agent_id, killed=killed, rss_bytes=rss))
+
+    async def stop_server(request: Request) -> Response:
+        agent_id = request.path_params["agent_id"]
+        server = launcher.servers.by_agent.pop(agent_id, None)
+        if server is None:
+            return error(404, "unknown_server", f"agent {agent_id} has no warm server")
+        code = await anyio.to_thread.run_sync(server.stop)
+        return JSONResponse(ServerStopped(agent_id=agent_id, exit_code=code))
+
     routes = [
         Route("/health", health, methods=["GET"]),
+        Route("/servers", servers, methods=["GET", "POST"]),
+        Route("/servers/{agent_id}/sweep", sweep_server, methods=["POST"]),
+        Route("/servers/{agent_id}/stop", stop_server, methods=["POST"]),
         Route("/runs", runs, methods=["GET", "POST"]),
         Route("/runs/{run_id}/stop", stop_run, methods=["POST"]),
         Route("/models", models, methods=["POST"]),

@@ -21,7 +21,14 @@ from sandbox_launcher.git_guard import commondir_absent, guarded_git_dirs, remov
 from sandbox_launcher.limits import CgroupParents, RunCgroup, TurnLimits
 from sandbox_launcher.paths import PathRefused, dir_below, is_inside
 from sandbox_launcher.policy import SandboxPolicy, check_read_dir
-from sandbox_launcher.schema import EngineHealth, Health, RunRequest, SandboxHealth
+from sandbox_launcher.schema import (
+    EngineHealth,
+    Health,
+    RunRequest,
+    SandboxHealth,
+    ServerRequest,
+)
+from sandbox_launcher.warm_server import WarmServer, WarmServers, server_command
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +155,7 @@ class Launcher:
     commondir_watch: dict[str, tuple[Path, ...]] = field(default_factory=dict)
     limits: TurnLimits = field(default_factory=TurnLimits)
     cgroups: CgroupParents | None = None  # where run cgroups go; None: rlimits only
+    servers: WarmServers = field(default_factory=WarmServers)
 
     def health(self) -> Health:
         """`GET /health`."""
@@ -155,14 +163,7 @@ class Launcher:
 
     def prepare(self, request: RunRequest) -> EngineRun:
         """Validate a run request and build its engine run; raises `RequestRefused`."""
-        if self.backend is None or not self.sandbox.ok:
-            raise RequestRefused(503, "sandbox_unavailable", self.sandbox.reason or "no sandbox")
-        if self.config.opencode is None:
-            raise RequestRefused(
-                503,
-                "engine_missing",
-                "opencode was not found when the launcher started; install it or pass --opencode",
-            )
+        backend = self._usable_backend()
         if request.run_id in self.runs:
             raise RequestRefused(409, "run_exists", f"run {request.run_id} is already running")
         busy = [r.run_id for r in self.runs.values() if r.agent_id == request.agent_id]
@@ -179,7 +180,7 @@ class Launcher:
         command = self._command(request, policy)
         env = self._env(request, policy)
         self.commondir_watch[request.run_id] = commondir_absent(policy.guarded_git)
-        argv = self.backend.argv(policy, command)
+        argv = backend.argv(policy, command)
         cgroup = self._cgroup(request.run_id)
         return EngineRun(
             run_id=request.run_id,
@@ -209,7 +210,37 @@ class Launcher:
             log.warning("no cgroup for run %s (%s): no memory limit for it", run_id, exc)
             return None
 
-    def _policy(self, request: RunRequest) -> SandboxPolicy:
+    def prepare_server(self, request: ServerRequest) -> WarmServer:
+        """Validate a server request and build the agent's warm server (not started yet).
+
+        The same policy and environment as a cold run of that agent; raises `RequestRefused`.
+        """
+        backend = self._usable_backend()
+        if self.servers.get(request.agent_id) is not None:
+            raise RequestRefused(
+                409, "server_exists", f"agent {request.agent_id} already has a warm server"
+            )
+        try:
+            policy = self._policy(request)
+        except PathRefused as exc:
+            raise RequestRefused(400, "path_refused", str(exc)) from exc
+        assert self.config.opencode is not None
+        command = server_command(os.path.realpath(self.config.opencode))
+        env = self._env(request, policy)
+        return WarmServer(request.agent_id, backend.argv(policy, command), env)
+
+    def _usable_backend(self) -> Backend:
+        if self.backend is None or not self.sandbox.ok:
+            raise RequestRefused(503, "sandbox_unavailable", self.sandbox.reason or "no sandbox")
+        if self.config.opencode is None:
+            raise RequestRefused(
+                503,
+                "engine_missing",
+                "opencode was not found when the launcher started; install it or pass --opencode",
+            )
+        return self.backend
+
+    def _policy(self, request: RunRequest | ServerRequest) -> SandboxPolicy:
         crew, agent_id = self.config.crew_home, request.agent_id
         layout = AgentPaths(crew_home=crew, run_id=self.config.run_id, agent_id=agent_id)
         expected = {
@@ -225,9 +256,7 @@ class Launcher:
             checked[name] = dir_below(crew, got, name)
         agent_dir, runtime_dir = checked["agent_dir"], checked["runtime_dir"]
         tmp_dir = dir_below(crew, str(layout.tmp_dir), "the runtime temp dir")
-        work_text = (request.engine_args.dir if request.engine_args else None) or str(
-            layout.work_dir
-        )
+        work_text = request.work_dir_text() or str(layout.work_dir)
         work_dir = dir_below(crew, work_text, "engine_args.dir")
         if not is_inside(work_dir, agent_dir):
             raise PathRefused(f"engine_args.dir must lie inside {agent_dir}, got {work_text!r}")
@@ -271,7 +300,7 @@ class Launcher:
         assert model is not None  # RunRequest guarantees it
         return [*command, "--model", model]
 
-    def _env(self, request: RunRequest, policy: SandboxPolicy) -> dict[str, str]:
+    def _env(self, request: RunRequest | ServerRequest, policy: SandboxPolicy) -> dict[str, str]:
         env = dict(request.env)
         # zsh writes heredocs to $TMPPREFIX (default /tmp/zsh), not $TMPDIR.
         env.setdefault("TMPDIR", str(policy.tmp_dir))

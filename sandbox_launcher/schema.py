@@ -133,6 +133,10 @@ class RunRequest(_Strict):
             raise ValueError("model is required (provider/model), top level or in engine_args")
         return self
 
+    def work_dir_text(self) -> str | None:
+        """`engine_args.dir` when given (the launcher defaults it to the agent's `work/`)."""
+        return self.engine_args.dir if self.engine_args else None
+
     @property
     def effective_model(self) -> str | None:
         return self.model or (self.engine_args.model if self.engine_args else None)
@@ -237,3 +241,65 @@ class ErrorBody(BaseModel):
 
 class ErrorResponse(BaseModel):
     error: ErrorBody
+
+
+# ---- warm servers (`opencode serve`, one per agent; docs/warm-engine.md) ----
+
+SERVER_PASSWORD_KEY = "OPENCODE_SERVER_PASSWORD"
+MIN_SERVER_PASSWORD = 32
+
+
+class ServerRequest(_Strict):
+    """`POST /servers`: start the agent's warm `opencode serve` under a cold run's policy.
+
+    The same directories and environment rules as `RunRequest`, plus the
+    server's own password (`OPENCODE_SERVER_PASSWORD`, required, only here).
+    """
+
+    agent_id: str = Field(pattern=ID_PATTERN)
+    agent_dir: str = Field(max_length=4096)
+    runtime_dir: str = Field(max_length=4096)
+    bin_dir: str = Field(max_length=4096)
+    interpreter_dirs: list[str] = Field(default_factory=list, max_length=32)
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("env")
+    @classmethod
+    def _env_allowed(cls, env: dict[str, str]) -> dict[str, str]:
+        refused = [k for k in env if not env_key_allowed(k) and k != SERVER_PASSWORD_KEY]
+        check_env(env, refused, "only the keys of computer.md §3 and the server's password")
+        if len(env.get(SERVER_PASSWORD_KEY, "")) < MIN_SERVER_PASSWORD:
+            raise ValueError(
+                f"{SERVER_PASSWORD_KEY} is required, at least {MIN_SERVER_PASSWORD} characters"
+            )
+        return env
+
+    def work_dir_text(self) -> str | None:
+        """The server's project is always the agent's `work/` (the launcher's default)."""
+        return None
+
+
+class ServerInfo(BaseModel):
+    """A warm server: its host pid and start time (to recognise the very process) and its port."""
+
+    agent_id: str
+    pid: int
+    start_time: int  # field 22 of /proc/<pid>/stat: a reused pid has another
+    port: int
+    started_at: str
+    rss_bytes: int | None = None
+
+
+class ServerList(BaseModel):
+    servers: list[ServerInfo]
+
+
+class SweepResult(BaseModel):
+    agent_id: str
+    killed: int
+    rss_bytes: int | None = None  # the server's, after the sweep
+
+
+class ServerStopped(BaseModel):
+    agent_id: str
+    exit_code: int | None

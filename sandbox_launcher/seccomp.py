@@ -18,6 +18,9 @@ deny on Linux):
 - `keyctl`, `add_key`, `request_key`: the kernel keyring is shared with the
   user's session (Kerberos tickets, ecryptfs keys).
 - `io_uring_*`: its operations (socket, connect, …) bypass this filter.
+- `ptrace`, `process_vm_readv`, `process_vm_writev`: an agent's tools share
+  the sandbox with the agent's warm `opencode serve` (docs/warm-engine.md)
+  and must not read or rewrite its memory; nothing an agent runs needs them.
 - Any other architecture (i386 or x32 calls from an x86-64 process would
   reach `socketcall` and friends unchecked): the process is killed.
 
@@ -68,6 +71,9 @@ _ARCHES: dict[str, tuple[int, dict[str, int]]] = {
             "io_uring_setup": 425,
             "io_uring_enter": 426,
             "io_uring_register": 427,
+            "ptrace": 101,
+            "process_vm_readv": 310,
+            "process_vm_writev": 311,
         },
     ),
     "aarch64": (
@@ -83,6 +89,9 @@ _ARCHES: dict[str, tuple[int, dict[str, int]]] = {
             "io_uring_setup": 425,
             "io_uring_enter": 426,
             "io_uring_register": 427,
+            "ptrace": 117,
+            "process_vm_readv": 270,
+            "process_vm_writev": 271,
         },
     ),
 }
@@ -93,6 +102,9 @@ DENIED_OUTRIGHT = (
     "io_uring_setup",
     "io_uring_enter",
     "io_uring_register",
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
 )
 DENIED_SOCKET_FAMILIES = (AF_UNIX, AF_VSOCK)
 

@@ -83,7 +83,7 @@ class Launcher(Protocol):
 
 
 @dataclass
-class _Attempt:
+class Attempt:
     """What one engine process produced, gathered while its frames stream in."""
 
     session_id: str | None = None
@@ -197,8 +197,21 @@ class OpenCodeEngine:
         paths: AgentPaths,
         secrets: list[str],
     ) -> TurnResult:
+        prepared = await self.prepare(request, stop, paths, secrets)
+        if isinstance(prepared, TurnResult):
+            return prepared
+        return await self.run_prepared(request, on_event, stop, paths, prepared, secrets)
+
+    async def prepare(
+        self, request: TurnRequest, stop: StopSignal, paths: AgentPaths, secrets: list[str]
+    ) -> dict[str, str] | TurnResult:
+        """The engine's whole environment for this turn, or the result that ends it early.
+
+        Adds what must never show in a reason (credentials, the agent's token) to `secrets`.
+        The warm engine starts its servers with exactly this environment.
+        """
         if stop.is_set():
-            return _stopped(None, Usage())
+            return stopped_result(None, Usage())
         if (bad_model := model_id_failure(request.model)) is not None:
             return TurnResult("failed", bad_model)
         provider = request.model.split("/", 1)[0]
@@ -227,9 +240,8 @@ class OpenCodeEngine:
             secrets.append(token.decode("utf-8", "replace").strip())
         await anyio.to_thread.run_sync(copy_price_table, paths, self.user.price_table)
         if stop.is_set():
-            return _stopped(None, Usage())
-
-        env = engine_env(
+            return stopped_result(None, Usage())
+        return engine_env(
             paths,
             bin_dir=self.bin_dir,
             server_url=self.server_url,
@@ -238,9 +250,20 @@ class OpenCodeEngine:
             base_path=self.base_path,
             lang=self.lang,
         )
+
+    async def run_prepared(
+        self,
+        request: TurnRequest,
+        on_event: EventSink,
+        stop: StopSignal,
+        paths: AgentPaths,
+        env: dict[str, str],
+        secrets: list[str],
+    ) -> TurnResult:
+        """Run the turn as one `opencode run` (again with a new session if the saved one vanished)."""
         session_id = request.plan.session_id
         attempt = await self._attempt(request, paths, env, session_id, on_event, stop)
-        result = self._result(attempt, stop, secrets)
+        result = attempt_result(attempt, stop, secrets)
         if (
             session_id is not None
             and result.failure is not None
@@ -251,8 +274,8 @@ class OpenCodeEngine:
             )
             usage = attempt.usage
             attempt = await self._attempt(request, paths, env, None, on_event, stop)
-            _add_usage(attempt.usage, usage)
-            result = self._result(attempt, stop, secrets)
+            add_usage(attempt.usage, usage)
+            result = attempt_result(attempt, stop, secrets)
         return result
 
     async def _attempt(
@@ -263,7 +286,7 @@ class OpenCodeEngine:
         session_id: str | None,
         on_event: EventSink,
         stop: StopSignal,
-    ) -> _Attempt:
+    ) -> Attempt:
         run_id = str(uuid.uuid4())
         run = RunRequest(
             run_id=run_id,
@@ -284,7 +307,7 @@ class OpenCodeEngine:
                 dir=str(paths.work_dir),
             ),
         )
-        a = _Attempt()
+        a = Attempt()
         started = anyio.Event()
         read_scope = anyio.CancelScope()
 
@@ -362,41 +385,43 @@ class OpenCodeEngine:
         if marker is not None:
             await on_event(marker)
 
-    def _result(self, a: _Attempt, stop: StopSignal, secrets: list[str]) -> TurnResult:
-        # Stop and completion at the same moment count as stopped.
-        if stop.is_set() or a.ending == "stopped":
-            return _stopped(a.session_id, a.usage)
-        if a.ending == "timeout":
-            failure = Failure(
-                FailureClass.ENGINE_ERROR,
-                f"the turn ran past its wall-clock limit ({_duration(a.time_limit_s)}) and "
-                "was ended; the model may be hanging or retrying silently. A longer job needs "
-                "a higher turn_time_limit_s: the agent's own (PATCH /api/agents/{id}) or the "
-                "Computer's bootstrap",
-            )
-        elif a.ending == "guard":
-            failure = Failure(FailureClass.ENGINE_ERROR, a.guard_reason)
-        elif a.launcher_failure is not None:
-            failure = a.launcher_failure
-        elif a.exit is None:
-            failure = Failure(FailureClass.PROCESS_CRASHED, "the run ended without an exit status")
-        else:
-            outcome = RunOutcome(
-                exit_code=a.exit.code,
-                signal=a.exit.signal,
-                launcher_reason=a.exit.reason,
-                last_error=a.last_error,
-                stdout_empty=a.lines == 0,
-                stderr_tail=a.exit.stderr_tail,
-            )
-            found = classify(outcome, secrets)
-            if found is None:
-                return TurnResult("succeeded", None, a.session_id, a.usage)
-            if found.cls is FailureClass.STOPPED:
-                return _stopped(a.session_id, a.usage)
-            failure = found
-        failure = Failure(failure.cls, redact(failure.reason, secrets))
-        return TurnResult("failed", failure, a.session_id, a.usage)
+
+def attempt_result(a: Attempt, stop: StopSignal, secrets: list[str]) -> TurnResult:
+    """How a turn ended, from what its engine process left behind (shared with the warm engine)."""
+    # Stop and completion at the same moment count as stopped.
+    if stop.is_set() or a.ending == "stopped":
+        return stopped_result(a.session_id, a.usage)
+    if a.ending == "timeout":
+        failure = Failure(
+            FailureClass.ENGINE_ERROR,
+            f"the turn ran past its wall-clock limit ({_duration(a.time_limit_s)}) and "
+            "was ended; the model may be hanging or retrying silently. A longer job needs "
+            "a higher turn_time_limit_s: the agent's own (PATCH /api/agents/{id}) or the "
+            "Computer's bootstrap",
+        )
+    elif a.ending == "guard":
+        failure = Failure(FailureClass.ENGINE_ERROR, a.guard_reason)
+    elif a.launcher_failure is not None:
+        failure = a.launcher_failure
+    elif a.exit is None:
+        failure = Failure(FailureClass.PROCESS_CRASHED, "the run ended without an exit status")
+    else:
+        outcome = RunOutcome(
+            exit_code=a.exit.code,
+            signal=a.exit.signal,
+            launcher_reason=a.exit.reason,
+            last_error=a.last_error,
+            stdout_empty=a.lines == 0,
+            stderr_tail=a.exit.stderr_tail,
+        )
+        found = classify(outcome, secrets)
+        if found is None:
+            return TurnResult("succeeded", None, a.session_id, a.usage)
+        if found.cls is FailureClass.STOPPED:
+            return stopped_result(a.session_id, a.usage)
+        failure = found
+    failure = Failure(failure.cls, redact(failure.reason, secrets))
+    return TurnResult("failed", failure, a.session_id, a.usage)
 
 
 def _duration(seconds: float) -> str:
@@ -406,13 +431,13 @@ def _duration(seconds: float) -> str:
     return f"{seconds:g} s"
 
 
-def _stopped(session_id: str | None, usage: Usage) -> TurnResult:
+def stopped_result(session_id: str | None, usage: Usage) -> TurnResult:
     return TurnResult(
         "cancelled", Failure(FailureClass.STOPPED, "the turn was stopped"), session_id, usage
     )
 
 
-def _add_usage(total: Usage, more: Usage) -> None:
+def add_usage(total: Usage, more: Usage) -> None:
     total.input_tokens += more.input_tokens
     total.output_tokens += more.output_tokens
     total.reasoning_tokens += more.reasoning_tokens

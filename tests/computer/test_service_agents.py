@@ -266,7 +266,7 @@ async def test_introspection_of_the_running_service(crew_server: Any, tmp_path: 
     parts = FakeParts(crew_home, engine)
     async with serving(crew_server, crew_home, parts, comp["token"]) as (service, local):
         health = (await local.get("/health")).json()
-        # The fields of computer.md §5, and what `crew-computer status` shows besides.
+        # The fields of computer.md §5, what `crew-computer status` shows, the warm servers.
         assert set(health) == {
             "version",
             "server_url",
@@ -278,7 +278,9 @@ async def test_introspection_of_the_running_service(crew_server: Any, tmp_path: 
             "agents",
             "running_turns",
             "queued",
+            "warm",
         }
+        assert health["warm"] is None  # a scripted engine, not the warm one
         assert set(health["sandbox"]) == {"ok", "backend", "reason", "not_granted"}
         assert health["engine"] == {"found": True, "version": "test"}
         assert (health["ready"], health["agents"], health["queued"]) == (True, 1, 0)

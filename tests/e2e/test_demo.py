@@ -17,7 +17,8 @@ from tests.support.ci import required_in_ci
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
 
-def test_demo_shows_the_reply_and_the_turn_record(tmp_path: Path) -> None:
+@pytest.mark.parametrize("engine", ["warm", "cold"])
+def test_demo_shows_the_reply_and_the_turn_record(tmp_path: Path, engine: str) -> None:
     if not OPENCODE.exists():
         required_in_ci("OpenCode (scripts/setup installs it into tools/opencode)")
     if shutil.which("bwrap") is None:
@@ -26,7 +27,7 @@ def test_demo_shows_the_reply_and_the_turn_record(tmp_path: Path) -> None:
     env["HOME"] = str(tmp_path)  # the demo must not need (or touch) the real home
 
     done = subprocess.run(
-        [str(ROOT / "scripts" / "demo")],
+        [str(ROOT / "scripts" / "demo"), "--engine", engine],
         capture_output=True,
         text=True,
         env=env,

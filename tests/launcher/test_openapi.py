@@ -38,6 +38,11 @@ MODELS: dict[str, type[BaseModel]] = {
     "ModelsRequest": models.ModelsRequest,
     "ModelList": models.ModelList,
     "Error": models.ErrorResponse,
+    "ServerRequest": models.ServerRequest,
+    "ServerInfo": models.ServerInfo,
+    "ServerList": models.ServerList,
+    "SweepResult": models.SweepResult,
+    "ServerStopped": models.ServerStopped,
 }
 
 
@@ -50,6 +55,10 @@ def test_document_is_openapi_3_1_with_every_route() -> None:
         ("/runs", "get"),
         ("/runs/{run_id}/stop", "post"),
         ("/models", "post"),
+        ("/servers", "post"),
+        ("/servers", "get"),
+        ("/servers/{agent_id}/sweep", "post"),
+        ("/servers/{agent_id}/stop", "post"),
     }
 
 
@@ -99,7 +108,7 @@ fuzz.app = _fuzz_app()  # probes and calls both go through the in-process app
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_schema_fuzz(case: Any) -> None:
     headers = {"Authorization": f"Bearer {SECRET}"}
-    if case.path == "/runs" and case.method == "POST":
+    if case.path in ("/runs", "/servers") and case.method == "POST":
         # A schema-valid run still names paths that do not exist (the schema
         # cannot say "existing"), so 400 is the right answer there.
         case.call_and_validate(headers=headers, excluded_checks=[positive_data_acceptance])

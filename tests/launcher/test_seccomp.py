@@ -65,9 +65,13 @@ X86 = {
     "io_uring_setup": 425,
     "read": 0,
     "landlock_restrict_self": 446,
+    "ptrace": 101,
+    "process_vm_readv": 310,
+    "process_vm_writev": 311,
 }
 ARM = {**X86, "socket": 198, "socketpair": 199, "connect": 203, "clone": 220, "unshare": 97}
 ARM |= {"keyctl": 219, "add_key": 217, "request_key": 218, "read": 63}
+ARM |= {"ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271}
 
 CASES = [
     ("socket", 1, EPERM),  # AF_UNIX: the host's ssh-agent, D-Bus, docker…
@@ -88,6 +92,9 @@ CASES = [
     ("add_key", 0, EPERM),
     ("request_key", 0, EPERM),
     ("io_uring_setup", 0, EPERM),
+    ("ptrace", 16, EPERM),  # PTRACE_ATTACH to the warm server
+    ("process_vm_readv", 0, EPERM),
+    ("process_vm_writev", 0, EPERM),
     ("read", 0, RET_ALLOW),
     ("landlock_restrict_self", 0, RET_ALLOW),
 ]

@@ -1,0 +1,469 @@
+"""`WarmEngine`: turns on the agent's warm `opencode serve` (docs/warm-engine.md).
+
+Behind the same `Engine` protocol as the cold engine, and built on it: the
+environment of a turn (`OpenCodeEngine.prepare`) is the server's, sessions
+live in the same data directory under the same `session.json` rules, and the
+server's events become exactly the lines `opencode run` prints
+(`warm_events.run_line`), so the line parser, the usage and cost, the
+records upstream and the failure classes are the cold engine's
+(`opencode.attempt_result`). One turn:
+
+1. the agent's server from the pool (started, or reused when the turn's
+   environment is the one it started with); no server (no room, three failed
+   starts) → the turn runs cold;
+2. open the instance's event stream; create a session (title and permissions
+   as `run` sets them) unless the saved one is continued;
+3. `prompt_async` with our own message id; events → lines → `EngineEvent`s;
+   `permission.asked` is answered `once` (as `run --auto`);
+4. over by `TurnEnd`'s rule (never at the first idle of an error turn);
+5. stop, wall-clock limit, step guard, output limit: abort the session,
+   wait for its end; a server that does not end it is killed;
+6. the launcher sweeps the server's namespace (nothing of the turn outlives it).
+
+Everything the server says is untrusted: bounded event sizes, a heartbeat
+deadline, defensive parsing. A server that breaks before the prompt was
+accepted is dropped and the turn runs cold; one that breaks during the turn
+ends it as a crashed cold run would (`process_crashed`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import httpx
+import orjson
+
+from computer_service import safe_fs
+from computer_service.engine.base import (
+    EventSink,
+    Failure,
+    FailureClass,
+    SessionPlan,
+    StopSignal,
+    TurnRequest,
+    TurnResult,
+)
+from computer_service.engine.events import engine_event_of
+from computer_service.engine.failures import redact
+from computer_service.engine.opencode import (
+    TURN_TITLE,
+    Attempt,
+    OpenCodeEngine,
+    add_usage,
+    attempt_result,
+)
+from computer_service.engine.warm_channel import NotTheServer
+from computer_service.engine.warm_events import (
+    MessageIds,
+    SseFrames,
+    TurnEnd,
+    permission_request,
+    run_line,
+)
+from computer_service.home import ENGINE_NAME, SESSION_ID
+from computer_service.launcher_client import ExitFrame, ServerRequest
+from computer_service.warm_pool import AgentServer, WarmPool
+from crew_common.layout import AgentPaths
+
+log = logging.getLogger(__name__)
+
+# The permissions `opencode run` gives the sessions it creates (its source).
+RUN_PERMISSIONS = [
+    {"permission": "question", "action": "deny", "pattern": "*"},
+    {"permission": "plan_enter", "action": "deny", "pattern": "*"},
+    {"permission": "plan_exit", "action": "deny", "pattern": "*"},
+]
+HEARTBEAT_TIMEOUT_S = 35.0  # the server beats every 10 s
+CONNECTED_TIMEOUT_S = 15.0
+ERROR_GRACE_S = 1.0  # an error turn without an assistant message: its second idle comes at once
+ABORT_TIMEOUT_S = 5.0
+END_GRACE_S = 10.0
+MAX_ANSWER_BYTES = 1024 * 1024
+
+
+class ServerBroken(Exception):
+    """The server answered something no working server would; it is dropped."""
+
+
+@dataclass
+class WarmAttempt(Attempt):
+    """A cold attempt's account plus what only a warm turn can go through."""
+
+    prompt_sent: bool = False
+    broken: str | None = None  # why the server must be dropped
+    bytes_out: int = 0
+    error_texts: str = ""
+
+
+class WarmEngine:
+    """The warm engine (module doc); `cold` runs the turns that get no server."""
+
+    name = ENGINE_NAME
+
+    def __init__(
+        self,
+        cold: OpenCodeEngine,
+        pool: WarmPool,
+        *,
+        end_grace_s: float = END_GRACE_S,
+        connected_timeout_s: float = CONNECTED_TIMEOUT_S,
+        heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
+    ) -> None:
+        self.cold = cold
+        self.pool = pool
+        self.end_grace_s = end_grace_s
+        self.connected_timeout_s = connected_timeout_s
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self._ids = MessageIds()
+
+    def plan_session(self, agent_id: str, model: str, agents_md: str) -> SessionPlan:
+        """The cold engine's rule: sessions are shared between both engines."""
+        return self.cold.plan_session(agent_id, model, agents_md)
+
+    async def maintain(self) -> None:
+        """For the Computer's life: stop idle servers; all of them at the end."""
+        await self.pool.maintain()
+
+    async def run_turn(
+        self, request: TurnRequest, on_event: EventSink, stop: StopSignal
+    ) -> TurnResult:
+        """Run one turn (module doc). Never raises, except cancellation."""
+        paths = self.cold.paths(request.agent_id)
+        secrets = [str(paths.agent_dir), str(paths.runtime_dir), str(self.cold.crew_home)]
+        try:
+            return await self._run_turn(request, on_event, stop, paths, secrets)
+        except Exception as exc:
+            log.exception("agent %s: the warm engine broke during a turn", request.agent_id)
+            while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
+                exc = exc.exceptions[0]
+            reason = redact(f"the engine failed unexpectedly: {type(exc).__name__}: {exc}", secrets)
+            return TurnResult("failed", Failure(FailureClass.PROCESS_CRASHED, reason))
+
+    async def _run_turn(
+        self,
+        request: TurnRequest,
+        on_event: EventSink,
+        stop: StopSignal,
+        paths: AgentPaths,
+        secrets: list[str],
+    ) -> TurnResult:
+        prepared = await self.cold.prepare(request, stop, paths, secrets)
+        if isinstance(prepared, TurnResult):
+            return prepared
+        env = prepared
+        # The server may keep what it read at its start: a new AGENTS.md gets a new server.
+        agents_md = await anyio.to_thread.run_sync(_agents_md, paths)
+        server = await self.pool.acquire(
+            request.agent_id,
+            env,
+            lambda password: self._server_request(paths, env, password),
+            extra_key=agents_md,
+        )
+        if server is None:
+            return await self._cold(request, on_event, stop, paths, env, secrets)
+        drop = True  # unless the turn got to its end with the server working
+        released = False
+        try:
+            session_id = request.plan.session_id
+            a = await self._attempt(server, request, session_id, on_event, stop)
+            if not a.prompt_sent and a.broken is not None:
+                log.warning(
+                    "agent %s: its warm server broke before the turn (%s); running it cold",
+                    request.agent_id,
+                    a.broken,
+                )
+                released = True
+                await self.pool.release(server, broken=True)
+                return await self._cold(request, on_event, stop, paths, env, secrets)
+            self.pool.counters.warm_turns += 1
+            result = attempt_result(a, stop, secrets)
+            if (
+                session_id is not None
+                and a.broken is None
+                and result.failure is not None
+                and result.failure.cls is FailureClass.SESSION_INVALID
+            ):
+                log.info(
+                    "agent %s: session %s vanished; starting a new one",
+                    request.agent_id,
+                    session_id,
+                )
+                usage = a.usage
+                a = await self._attempt(server, request, None, on_event, stop)
+                add_usage(a.usage, usage)
+                result = attempt_result(a, stop, secrets)
+            if a.broken is not None:
+                log.warning("agent %s: dropping its warm server: %s", request.agent_id, a.broken)
+            drop = a.broken is not None
+            return result
+        finally:
+            if not released:
+                with anyio.CancelScope(shield=True):
+                    await self.pool.release(server, broken=drop)
+
+    async def _cold(
+        self,
+        request: TurnRequest,
+        on_event: EventSink,
+        stop: StopSignal,
+        paths: AgentPaths,
+        env: dict[str, str],
+        secrets: list[str],
+    ) -> TurnResult:
+        self.pool.counters.cold_turns += 1
+        return await self.cold.run_prepared(request, on_event, stop, paths, env, secrets)
+
+    def _server_request(
+        self, paths: AgentPaths, env: dict[str, str], password: str
+    ) -> ServerRequest:
+        return ServerRequest(
+            agent_id=paths.agent_id,
+            agent_dir=str(paths.agent_dir),
+            runtime_dir=str(paths.runtime_dir),
+            bin_dir=str(self.cold.bin_dir),
+            interpreter_dirs=self.cold.interpreter_dirs,
+            env={**env, "OPENCODE_SERVER_PASSWORD": password},
+        )
+
+    # ---- one attempt ----
+
+    async def _attempt(
+        self,
+        server: AgentServer,
+        request: TurnRequest,
+        session_id: str | None,
+        on_event: EventSink,
+        stop: StopSignal,
+    ) -> WarmAttempt:
+        a = WarmAttempt()
+        try:
+            await self._converse(server, request, session_id, on_event, stop, a)
+        except NotTheServer as exc:
+            a.broken = str(exc)
+            a.launcher_failure = Failure(FailureClass.PROCESS_CRASHED, str(exc), environment=True)
+        except (httpx.HTTPError, ServerBroken, ValueError, TimeoutError) as exc:
+            a.broken = f"{type(exc).__name__}: {exc}"
+            a.launcher_failure = Failure(
+                FailureClass.PROCESS_CRASHED,
+                f"the warm OpenCode server failed during the turn ({a.broken})",
+            )
+        return a
+
+    async def _converse(
+        self,
+        server: AgentServer,
+        request: TurnRequest,
+        session_id: str | None,
+        on_event: EventSink,
+        stop: StopSignal,
+        a: WarmAttempt,
+    ) -> None:
+        client = server.client
+        sse_timeout = httpx.Timeout(self.connected_timeout_s, read=None)
+        async with client.stream("GET", "/event", timeout=sse_timeout) as sse:
+            if sse.status_code != 200:
+                raise ServerBroken(f"its event stream answered HTTP {sse.status_code}")
+            events = _events(sse.aiter_raw())
+            with anyio.fail_after(self.connected_timeout_s):
+                first = await anext(events)
+            if not isinstance(first, dict) or first.get("type") != "server.connected":
+                raise ServerBroken("its event stream did not start with server.connected")
+            new_session = session_id is None
+            if session_id is None:
+                session_id = await self._new_session(client)
+            a.session_id = session_id
+            message_id = self._ids.next()
+            provider, _, model = request.model.partition("/")
+            prompt = {
+                "messageID": message_id,
+                "parts": [{"type": "text", "text": request.render_input(new_session)}],
+                "model": {"providerID": provider, "modelID": model},
+            }
+            status, _ = await _post(client, f"/session/{session_id}/prompt_async", prompt)
+            if status == 404:
+                # What `opencode run --session <gone>` says: classified `session_invalid`.
+                a.exit = ExitFrame(t="exit", code=1, stderr_tail="Error: Session not found")
+                return
+            if status not in (200, 204):
+                raise ServerBroken(f"it refused the prompt with HTTP {status}")
+            a.prompt_sent = True
+            await self._follow(server, request, session_id, message_id, events, on_event, stop, a)
+
+    async def _new_session(self, client: httpx.AsyncClient) -> str:
+        status, content = await _post(
+            client, "/session", {"title": TURN_TITLE, "permission": RUN_PERMISSIONS}
+        )
+        body = _json(content)
+        session_id = body.get("id") if isinstance(body, dict) else None
+        if status != 200 or not isinstance(session_id, str):
+            raise ServerBroken(f"it did not create a session (HTTP {status})")
+        if not SESSION_ID.fullmatch(session_id):
+            raise ServerBroken("it answered a session id of an unexpected form")
+        return session_id
+
+    async def _follow(
+        self,
+        server: AgentServer,
+        request: TurnRequest,
+        session_id: str,
+        message_id: str,
+        events: AsyncIterator[Any],
+        on_event: EventSink,
+        stop: StopSignal,
+        a: WarmAttempt,
+    ) -> None:
+        """Read the turn's events until it is over (or ended and not answering)."""
+        end = TurnEnd(session_id, message_id)
+        client = server.client
+        read_scope = anyio.CancelScope()
+        over = anyio.Event()
+
+        async def end_turn(why: str) -> None:
+            if a.ending is None:
+                a.ending = why
+            try:
+                with anyio.fail_after(ABORT_TIMEOUT_S):
+                    await _post(client, f"/session/{session_id}/abort", None)
+            except (TimeoutError, httpx.HTTPError, NotTheServer) as exc:
+                a.broken = f"it did not take the abort ({type(exc).__name__})"
+                read_scope.cancel()
+                return
+            with anyio.move_on_after(self.end_grace_s):
+                await over.wait()
+                return
+            a.broken = f"it did not end the turn within {self.end_grace_s:g} s of the abort"
+            read_scope.cancel()
+
+        async def watch_stop() -> None:
+            await stop.wait()
+            await end_turn("stopped")
+
+        async def watch_clock() -> None:
+            await anyio.sleep(request.wall_clock_limit_s)
+            a.time_limit_s = request.wall_clock_limit_s
+            await end_turn("timeout")
+
+        async def answer_permission(request_id: str) -> None:
+            try:
+                await _post(client, f"/permission/{request_id}/reply", {"reply": "once"})
+            except (httpx.HTTPError, NotTheServer) as exc:
+                log.warning("agent %s: answering a permission failed: %s", request.agent_id, exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch_stop)
+            tg.start_soon(watch_clock)
+            with read_scope:
+                grace_until: float | None = None
+                while not end.over:
+                    wait = self.heartbeat_timeout_s
+                    if grace_until is not None:
+                        wait = max(0.0, grace_until - anyio.current_time())
+                    with anyio.move_on_after(wait) as waited:
+                        try:
+                            event = await anext(events)
+                        except StopAsyncIteration:
+                            a.broken = "its event stream ended during the turn"
+                            a.launcher_failure = Failure(
+                                FailureClass.PROCESS_CRASHED,
+                                "the warm OpenCode server went away during the turn",
+                            )
+                            break
+                    if waited.cancelled_caught:
+                        if grace_until is not None:
+                            break  # an error turn with no assistant message: over
+                        a.broken = f"it sent nothing for {self.heartbeat_timeout_s:g} s"
+                        a.launcher_failure = Failure(
+                            FailureClass.PROCESS_CRASHED,
+                            "the warm OpenCode server stopped answering",
+                        )
+                        break
+                    if (asked := permission_request(event, session_id)) is not None:
+                        tg.start_soon(answer_permission, asked)
+                    line = run_line(event, session_id, int(time.time() * 1000))
+                    if line is not None:
+                        await self._line(line, request, a, on_event, tg, end_turn)
+                    end.see(event)
+                    if end.error_idle and grace_until is None:
+                        grace_until = anyio.current_time() + ERROR_GRACE_S
+            over.set()
+            tg.cancel_scope.cancel()
+        if a.launcher_failure is None and a.broken is None:
+            a.exit = ExitFrame(
+                t="exit",
+                code=1 if a.last_error is not None else 0,
+                stderr_tail=a.error_texts,
+                reason="output_too_large" if a.ending == "output" else None,
+            )
+        elif a.launcher_failure is None:
+            a.launcher_failure = Failure(
+                FailureClass.PROCESS_CRASHED, f"the warm OpenCode server failed: {a.broken}"
+            )
+
+    async def _line(
+        self,
+        line: dict[str, Any],
+        request: TurnRequest,
+        a: WarmAttempt,
+        on_event: EventSink,
+        tg: anyio.abc.TaskGroup,
+        end_turn: Any,
+    ) -> None:
+        if a.ending is not None:
+            # Ended by us (stop, limit, guard): a cold run is killed then and prints nothing more.
+            return
+        encoded = orjson.dumps(line)
+        a.bytes_out += len(encoded) + 1
+        if a.bytes_out > self.cold.stdout_limit:
+            a.ending = "output"  # at once: no line after this one is reported
+            tg.start_soon(end_turn, "output")
+            return  # over the cap: nothing more is reported, as with a cold run
+        a.lines += 1
+        event = engine_event_of(encoded)
+        if event.type == "error":
+            # A cold run's log (stderr) names what its `error` line only hints at
+            # (`Model not found: …`); here the event itself carries it.
+            a.error_texts = (a.error_texts + "\n" + str(event.data.get("message", "")))[-4096:]
+        guard = a.track(event, request.max_steps)
+        await on_event(event)
+        if guard and a.ending is None:
+            a.guard_reason = guard
+            a.ending = "guard"
+            tg.start_soon(end_turn, "guard")
+
+
+def _agents_md(paths: AgentPaths) -> bytes:
+    try:
+        return safe_fs.read_regular_file(paths.crew_home, paths.agents_md, 1024 * 1024) or b""
+    except safe_fs.UnsafePath as exc:
+        log.warning("agent %s: cannot read AGENTS.md: %s", paths.agent_id, exc)
+        return b""
+
+
+async def _events(chunks: AsyncIterator[bytes]) -> AsyncIterator[Any]:
+    frames = SseFrames()
+    async for chunk in chunks:
+        for event in frames.feed(chunk):
+            yield event
+
+
+async def _post(client: httpx.AsyncClient, path: str, body: Any) -> tuple[int, bytes]:
+    """POST to the server; its status and at most `MAX_ANSWER_BYTES` of its answer (else broken)."""
+    content = b""
+    async with client.stream("POST", path, json=body) as answer:
+        async for chunk in answer.aiter_bytes():
+            content += chunk
+            if len(content) > MAX_ANSWER_BYTES:
+                raise ServerBroken(f"it answered over {MAX_ANSWER_BYTES} bytes")
+        return answer.status_code, content
+
+
+def _json(content: bytes) -> Any:
+    try:
+        return orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return None

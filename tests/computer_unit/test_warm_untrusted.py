@@ -1,0 +1,264 @@
+"""`WarmEngine` against a hostile or broken server (an in-process stand-in, no OpenCode).
+
+The stand-in listens on 127.0.0.1 in this very process, so the owner check
+passes; what it answers is scripted per test. A server that breaks before the
+prompt was accepted means a cold turn; after it, `process_crashed` and the
+server dropped; oversized events count as broken, never as memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import threading
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import orjson
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from computer_service.engine.base import (
+    EngineEvent,
+    FailureClass,
+    SessionPlan,
+    TurnRequest,
+    TurnResult,
+)
+from computer_service.engine.warm import WarmEngine
+from computer_service.engine.warm_channel import process_start_time
+from computer_service.launcher_client import ServerInfo, ServerRequest
+from computer_service.warm_pool import WarmPool
+from crew_common.layout import AgentPaths
+
+pytestmark = pytest.mark.anyio
+
+S = "ses_standin"
+
+
+class StandIn:
+    """A fake `opencode serve`: `events(message_id)` scripts what `/event` sends after the prompt."""
+
+    def __init__(self) -> None:
+        self.silent = False
+        self.script: list[bytes] = []
+        self.prompted = threading.Event()
+        self.message_id = ""
+        self.aborted = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def app(self) -> Starlette:
+        async def event(request: Request) -> Response:
+            async def body() -> AsyncIterator[bytes]:
+                if self.silent:
+                    await asyncio.sleep(3600)
+                yield b'data: {"type":"server.connected","properties":{}}\n\n'
+                while not self.prompted.is_set():
+                    await asyncio.sleep(0.01)
+                for chunk in self.script:
+                    yield chunk.replace(b"MSG", self.message_id.encode())
+                await asyncio.sleep(3600)
+
+            return StreamingResponse(body(), media_type="text/event-stream")
+
+        async def session(request: Request) -> Response:
+            return JSONResponse({"id": S})
+
+        async def prompt(request: Request) -> Response:
+            self.message_id = orjson.loads(await request.body())["messageID"]
+            self.prompted.set()
+            return Response(status_code=204)
+
+        async def abort(request: Request) -> Response:
+            self.aborted = True
+            return JSONResponse(True)
+
+        return Starlette(
+            routes=[
+                Route("/event", event),
+                Route("/session", session, methods=["POST"]),
+                Route("/session/{id}/prompt_async", prompt, methods=["POST"]),
+                Route("/session/{id}/abort", abort, methods=["POST"]),
+            ]
+        )
+
+
+@pytest.fixture
+def standin() -> Iterator[tuple[StandIn, int]]:
+    server = StandIn()
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(server.app(), log_config=None, lifespan="off")
+    running = uvicorn.Server(config)
+    thread = threading.Thread(target=running.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not running.started:
+        threading.Event().wait(0.01)
+    try:
+        yield server, port
+    finally:
+        running.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+class Launcher:
+    """The launcher's server endpoints: every server is the stand-in (in this process)."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.stopped: list[str] = []
+
+    def generation(self) -> object:
+        return self
+
+    async def start_server(self, request: ServerRequest) -> ServerInfo:
+        started = process_start_time(os.getpid())
+        assert started is not None
+        return ServerInfo(
+            agent_id=request.agent_id, pid=os.getpid(), start_time=started, port=self.port
+        )
+
+    async def sweep_server(self, agent_id: str) -> tuple[int, int | None]:
+        return 0, None
+
+    async def stop_server(self, agent_id: str) -> None:
+        self.stopped.append(agent_id)
+
+    async def servers(self) -> list[ServerInfo]:
+        return []
+
+
+class Cold:
+    """What `WarmEngine` uses of the cold engine; a cold turn just succeeds."""
+
+    crew_home = Path("/crew")
+    bin_dir = Path("/crew/runtime/r/bin")
+    stdout_limit = 8 * 1024 * 1024
+
+    def __init__(self) -> None:
+        self.interpreter_dirs: list[str] = []
+        self.cold_turns = 0
+
+    def paths(self, agent_id: str) -> AgentPaths:
+        return AgentPaths(self.crew_home, "r", agent_id)
+
+    def plan_session(self, agent_id: str, model: str, agents_md: str) -> SessionPlan:
+        return SessionPlan(None)
+
+    async def prepare(self, request: Any, stop: Any, paths: Any, secrets: Any) -> dict[str, str]:
+        return {"PWD": "/crew/agents/a/work"}
+
+    async def run_prepared(self, *args: Any) -> TurnResult:
+        self.cold_turns += 1
+        return TurnResult("succeeded", session_id="ses_cold")
+
+
+def engine(port: int) -> tuple[WarmEngine, Cold, Launcher]:
+    cold, launcher = Cold(), Launcher(port)
+    pool = WarmPool(launcher, memory_budget=1 << 40)
+    warm = WarmEngine(
+        cold,  # type: ignore[arg-type]
+        pool,
+        end_grace_s=1.0,
+        connected_timeout_s=1.0,
+        heartbeat_timeout_s=1.0,
+    )
+    return warm, cold, launcher
+
+
+async def turn(warm: WarmEngine) -> tuple[TurnResult, list[EngineEvent]]:
+    events: list[EngineEvent] = []
+
+    async def on_event(event: EngineEvent) -> None:
+        events.append(event)
+
+    request = TurnRequest("a", "local/scripted", SessionPlan(None), lambda new: "hi")
+    with anyio.fail_after(30):
+        result = await warm.run_turn(request, on_event, anyio.Event())
+    return result, events
+
+
+def frame(event: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(event) + b"\n\n"
+
+
+def part(kind: str, **more: Any) -> bytes:
+    body = {"type": kind, "sessionID": S, "messageID": "msg_x", **more}
+    return frame({"type": "message.part.updated", "properties": {"part": body}})
+
+
+FINAL = frame(
+    {
+        "type": "message.updated",
+        "properties": {
+            "info": {
+                "sessionID": S,
+                "role": "assistant",
+                "parentID": "MSG",
+                "time": {"completed": 1},
+            }
+        },
+    }
+)
+IDLE = frame({"type": "session.status", "properties": {"sessionID": S, "status": {"type": "idle"}}})
+
+
+async def test_a_scripted_turn_gives_runs_events(standin: tuple[StandIn, int]) -> None:
+    server, port = standin
+    server.script = [
+        part("step-start"),
+        part("text", text="ok", time={"start": 1, "end": 2}),
+        part("step-finish", reason="stop", tokens={"input": 3, "output": 2}, cost=0.5),
+        FINAL,
+        IDLE,
+    ]
+    warm, cold, _ = engine(port)
+    result, events = await turn(warm)
+    assert result.status == "succeeded" and result.session_id == S
+    assert [e.type for e in events] == ["step_start", "text", "step_finish"]
+    assert result.usage.input_tokens == 3 and result.usage.cost == 0.5
+    assert cold.cold_turns == 0 and warm.pool.counters.warm_turns == 1
+
+
+async def test_a_silent_server_is_dropped_and_the_turn_runs_cold(
+    standin: tuple[StandIn, int],
+) -> None:
+    server, port = standin
+    server.silent = True
+    warm, cold, launcher = engine(port)
+    result, _ = await turn(warm)
+    assert result.status == "succeeded" and result.session_id == "ses_cold"
+    assert cold.cold_turns == 1 and launcher.stopped == ["a"]
+
+
+async def test_a_server_that_goes_quiet_mid_turn_crashes_the_turn(
+    standin: tuple[StandIn, int],
+) -> None:
+    server, port = standin
+    server.script = [part("step-start")]  # then nothing, not even a heartbeat
+    warm, cold, launcher = engine(port)
+    result, events = await turn(warm)
+    assert result.failure is not None and result.failure.cls is FailureClass.PROCESS_CRASHED
+    assert [e.type for e in events] == ["step_start"]
+    assert cold.cold_turns == 0 and launcher.stopped == ["a"]
+
+
+async def test_an_oversized_event_breaks_the_server_not_the_memory(
+    standin: tuple[StandIn, int],
+) -> None:
+    server, port = standin
+    server.script = [b"data: " + b"x" * (17 * 1024 * 1024) + b"\n\n"]
+    warm, _, launcher = engine(port)
+    result, events = await turn(warm)
+    assert result.failure is not None and result.failure.cls is FailureClass.PROCESS_CRASHED
+    assert "over" in result.failure.reason and events == []
+    assert launcher.stopped == ["a"]

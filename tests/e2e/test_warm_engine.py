@@ -1,0 +1,236 @@
+"""The warm engine against the cold one, with the real OpenCode, the real sandbox and the scripted model.
+
+The same scripted turns go through both engines (each with its own agent);
+what reaches the runner — the result, its failure class, usage and cost, and
+every event in order — must be the same, times and ids aside. Then what only
+a warm server has to prove: a hostile turn's leftovers are swept (checked
+from the host), and a port the server does not own gets nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+from collections.abc import Iterator
+
+import anyio
+import pytest
+
+from computer_service.engine.base import FailureClass, TurnResult
+from computer_service.engine.warm_channel import NotTheServer, ServerAddress, check_owner
+from computer_service.home import SessionRecord, write_session_record
+from crew_server.scripted_model import Script, ScriptedModel
+from crew_testkit.engine_rig import MODEL, EngineRig, TurnRecord, comparable
+from crew_testkit.waiting import wait_until
+from tests.e2e.opencode_by_hand import OPENCODE
+from tests.support.ci import required_in_ci
+
+pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
+
+SCRIPT = {
+    "rules": [
+        {"match": "TOOL", "reply": {"bash": "echo hello > out.txt && cat out.txt"}},
+        {"match": "MULTI", "reply": {"bash": "echo one"}},
+        {"role": "tool", "match": "^one", "reply": {"bash": "echo two"}},
+        {"match": "E401", "reply": {"error": {"status": 401, "message": "Incorrect API key"}}},
+        {"match": "E429", "reply": {"error": {"status": 429, "retry_after_ms": 10}}},
+        {"match": "HANG", "reply": {"hang": "headers"}},
+        {
+            "match": "PTRACE",
+            "reply": {
+                "bash": "python3 -c 'import ctypes; l = ctypes.CDLL(None, use_errno=True); "
+                'r = l.ptrace(16, 2, 0, 0); print("ptrace", r, ctypes.get_errno())\''
+            },
+        },
+        {
+            "match": "HOSTILE",
+            "reply": {
+                "bash": "(setsid sleep 300 >/dev/null 2>&1 &) ; "
+                "(sh -c 'sleep 301 & exit' >/dev/null 2>&1) ; "
+                "(trap '' TERM; exec sleep 302) >/dev/null 2>&1 & echo started"
+            },
+        },
+    ]
+}
+
+
+@pytest.fixture
+def model() -> Iterator[ScriptedModel]:
+    if not OPENCODE.exists():
+        required_in_ci(f"the real OpenCode at {OPENCODE} (scripts/setup installs it)")
+    if not os.path.exists("/usr/bin/bwrap"):
+        required_in_ci("bwrap (Debian package bubblewrap)")
+    with ScriptedModel(Script.parse(SCRIPT)) as started:
+        yield started
+
+
+async def _stopped_when_hanging(rig: EngineRig, kind: str, agent_id: str) -> TurnRecord:
+    """A turn whose model call hangs, stopped once the model has the request."""
+    stop = anyio.Event()
+    before = len(rig.model.requests())
+
+    async def stop_when_asked() -> None:
+        while len(rig.model.requests()) == before:
+            await anyio.sleep(0.05)
+        stop.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(stop_when_asked)
+        record = await rig.turn(kind, agent_id, "HANG", stop=stop)
+        tg.cancel_scope.cancel()
+    return record
+
+
+def _summary(result: TurnResult) -> tuple[object, ...]:
+    failure = result.failure.cls if result.failure else None
+    return (result.status, failure, result.usage)
+
+
+@pytest.mark.timeout(600)
+async def test_the_same_turns_give_the_same_records_in_both_engines(model: ScriptedModel) -> None:
+    async with EngineRig(model, OPENCODE) as rig:
+        for agent_id in ("cold1", "warm1"):
+            rig.agent(agent_id)
+        records: dict[str, dict[str, TurnRecord]] = {"cold": {}, "warm": {}}
+        for kind, agent_id in (("cold", "cold1"), ("warm", "warm1")):
+            mine = records[kind]
+            for name in ("TRIVIAL", "TOOL", "MULTI", "E401", "E429"):
+                mine[name] = await rig.turn(kind, agent_id, name)
+            mine["HANG"] = await _stopped_when_hanging(rig, kind, agent_id)
+            # A saved session that no longer exists: a new one, and the turn as usual.
+            paths = rig.homes[agent_id].paths
+            record = SessionRecord.from_json(paths.session_file.read_bytes())
+            assert record is not None
+            gone = SessionRecord(record.engine, MODEL, record.agents_md_digest, "ses_gone0123")
+            write_session_record(paths, gone)
+            mine["VANISHED"] = await rig.turn(kind, agent_id, "TRIVIAL")
+            assert mine["VANISHED"].result.session_id not in (None, "ses_gone0123")
+
+        cold, warm = records["cold"], records["warm"]
+        assert cold["TRIVIAL"].result.status == "succeeded"
+        assert [e.type for e in cold["TOOL"].events] == [
+            "step_start",
+            "tool_use",
+            "step_finish",
+            "step_start",
+            "text",
+            "step_finish",
+        ]
+        assert cold["E401"].result.failure and (
+            cold["E401"].result.failure.cls is FailureClass.NOT_LOGGED_IN
+        )
+        assert cold["E429"].result.failure and (
+            cold["E429"].result.failure.cls is FailureClass.RATE_LIMITED
+        )
+        assert cold["HANG"].result.status == "cancelled"
+        for name in cold:
+            assert _summary(warm[name].result) == _summary(cold[name].result), name
+            assert comparable(warm[name].events) == comparable(cold[name].events), name
+        counters = rig.warm.pool.counters
+        assert counters.warm_turns == len(warm) and counters.cold_turns == 0
+        assert counters.starts == 1  # one server served every warm turn
+
+
+def _namespace_members(server_pid: int) -> list[str]:
+    """What runs in the server's pid namespace besides bwrap's init and the server (host view)."""
+    namespace = os.readlink(f"/proc/{server_pid}/ns/pid")
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == server_pid:
+            continue
+        try:
+            if os.readlink(f"/proc/{entry}/ns/pid") != namespace:
+                continue
+            with open(f"/proc/{entry}/status", encoding="utf-8") as f:
+                [ns_pids] = [line for line in f if line.startswith("NSpid:")]
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode().strip()
+        except (OSError, ValueError):
+            continue
+        if ns_pids.split()[-1] != "1":  # bwrap's init, the namespace's pid 1, stays
+            found.append(command)
+    return found
+
+
+@pytest.mark.timeout(300)
+async def test_a_hostile_turns_leftovers_are_swept_and_the_server_stays(
+    model: ScriptedModel,
+) -> None:
+    async with EngineRig(model, OPENCODE) as rig:
+        rig.agent("warm1")
+        record = await rig.turn("warm", "warm1", "HOSTILE")
+        assert record.result.status == "succeeded", record.result.failure
+        server = rig.warm.pool.servers["warm1"]
+        assert _namespace_members(server.address.pid) == []
+        assert rig.warm.pool.counters.swept_processes >= 3
+        # The server is still the same one, and still answers.
+        again = await rig.turn("warm", "warm1", "TRIVIAL")
+        assert again.result.status == "succeeded"
+        assert rig.warm.pool.servers["warm1"] is server
+        # The agent's tools cannot attach to the server (its namespace's pid 2).
+        traced = await rig.turn("warm", "warm1", "PTRACE")
+        [tool] = [e for e in traced.events if e.type == "tool_use"]
+        assert tool.data["output"].strip() == "ptrace -1 1"  # EPERM
+
+
+@pytest.mark.timeout(300)
+async def test_a_port_the_server_does_not_own_gets_nothing(model: ScriptedModel) -> None:
+    async with EngineRig(model, OPENCODE) as rig:
+        rig.agent("warm1")
+        first = await rig.turn("warm", "warm1", "TRIVIAL")
+        assert first.result.status == "succeeded"
+        server = rig.warm.pool.servers["warm1"]
+        address = server.address
+        check_owner(address)  # the real server passes
+        # The server dies; a squatter takes its port.
+        os.kill(address.pid, signal.SIGKILL)
+        wait_until("the server is gone", lambda: _gone(address.pid), 30)
+        squatter = wait_until("the server's port is free", lambda: _listener(address.port), 30)
+        squatter.settimeout(0.2)
+        try:
+            with pytest.raises(NotTheServer):
+                check_owner(address)
+            # A live process that does not hold the listener is refused too.
+            other = ServerAddress(os.getppid(), _start_time(os.getppid()), address.port, "x")
+            with pytest.raises(NotTheServer):
+                check_owner(other)
+            # The next turn never talks to the squatter: it runs cold, the server is dropped.
+            second = await rig.turn("warm", "warm1", "TRIVIAL")
+            assert second.result.status == "succeeded", second.result.failure
+            with pytest.raises(TimeoutError):
+                squatter.accept()
+        finally:
+            squatter.close()
+        assert rig.warm.pool.counters.cold_turns == 1
+        assert "warm1" not in rig.warm.pool.servers
+        third = await rig.turn("warm", "warm1", "TRIVIAL")
+        assert third.result.status == "succeeded", third.result.failure
+        assert rig.warm.pool.servers["warm1"].address.pid != address.pid
+
+
+def _listener(port: int) -> socket.socket | None:
+    """A socket listening on 127.0.0.1:`port`, or None while the port is still taken."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError:
+        sock.close()
+        return None
+    sock.listen(8)
+    return sock
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().split(b") ")[1][:1] in (b"Z", b"X")
+    except OSError:
+        return True
+
+
+def _start_time(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        stat = f.read()
+    return int(stat[stat.rfind(b")") + 2 :].split()[19])
