@@ -63,6 +63,7 @@ def test_a_database_of_an_older_schema_is_migrated_at_open_and_keeps_its_data(
         raw.execute("ALTER TABLE agents DROP COLUMN claim_more")
         raw.execute("DROP INDEX turns_running_by_agent")
         raw.execute("ALTER TABLE positions DROP COLUMN held_count")
+        raw.execute("DROP TABLE user_reads")
         raw.execute("DELETE FROM schema_migrations WHERE version >= 2")
     again = Store(str(db), Clock())
     assert again.computer_by_token(token) == computer_id
