@@ -6,6 +6,10 @@ from crew_server.store.db import StorePart
 from crew_server.store.rooms import room_row
 
 
+# Unread counts stop here (shown as "100+"): counting stays cheap in a room of any length.
+UNREAD_CAP = 100
+
+
 class UserReads(StorePart):
     """Marking rooms read by the user and counting what the user has not read yet."""
 
@@ -20,12 +24,15 @@ class UserReads(StorePart):
             )
 
     def unread_by_user(self) -> dict[str, int]:
-        """Per dm and group: how many messages others wrote after the user's read position."""
+        """Per dm and group: how many messages others wrote after the user's read position
+        (at most `UNREAD_CAP`)."""
         with self._database.read() as tx:
             rows = tx.execute(
-                "SELECT r.id, (SELECT COUNT(*) FROM messages m WHERE m.room_id = r.id "
-                "  AND m.seq > COALESCE(ur.read_seq, 0) AND m.author_kind != 'user') AS unread "
+                "SELECT r.id, (SELECT COUNT(*) FROM (SELECT 1 FROM messages m "
+                "  WHERE m.room_id = r.id AND m.seq > COALESCE(ur.read_seq, 0) "
+                "  AND m.author_kind != 'user' LIMIT ?)) AS unread "
                 "FROM rooms r LEFT JOIN user_reads ur ON ur.room_id = r.id "
-                "WHERE r.kind != 'thread'"
+                "WHERE r.kind != 'thread'",
+                (UNREAD_CAP,),
             ).fetchall()
         return {r["id"]: int(r["unread"]) for r in rows}
