@@ -46,7 +46,11 @@ class Mutes(StorePart):
             kind = room_row(tx, room_id)["kind"]
             if kind != "group":
                 raise Refused(f"only groups can be muted; a {kind} always wakes its agent")
-            tx.execute("INSERT OR REPLACE INTO mutes VALUES (?, ?, NULL)", (agent_id, room_id))
+            tx.execute(
+                "INSERT INTO mutes VALUES (?, ?, NULL) "
+                "ON CONFLICT (agent_id, room_id) DO UPDATE SET until = excluded.until",
+                (agent_id, room_id),
+            )
 
     def muted_in(self, room_id: str) -> dict[str, str | None]:
         """The agents muted in a room now: agent id → until (None: until unmuted)."""

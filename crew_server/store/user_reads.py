@@ -5,7 +5,6 @@ from __future__ import annotations
 from crew_server.store.db import StorePart
 from crew_server.store.rooms import room_row
 
-
 # Unread counts stop here (shown as "100+"): counting stays cheap in a room of any length.
 UNREAD_CAP = 100
 
@@ -19,7 +18,8 @@ class UserReads(StorePart):
             room_row(tx, room_id)
             tx.execute(
                 "INSERT INTO user_reads (room_id, read_seq) VALUES (?, ?) ON CONFLICT (room_id) "
-                "DO UPDATE SET read_seq = MAX(read_seq, excluded.read_seq)",
+                "DO UPDATE SET read_seq = CASE WHEN user_reads.read_seq < excluded.read_seq "
+                "THEN excluded.read_seq ELSE user_reads.read_seq END",
                 (room_id, seq),
             )
 
@@ -30,7 +30,7 @@ class UserReads(StorePart):
             rows = tx.execute(
                 "SELECT r.id, (SELECT COUNT(*) FROM (SELECT 1 FROM messages m "
                 "  WHERE m.room_id = r.id AND m.seq > COALESCE(ur.read_seq, 0) "
-                "  AND m.author_kind != 'user' LIMIT ?)) AS unread "
+                "  AND m.author_kind != 'user' LIMIT ?) AS capped) AS unread "
                 "FROM rooms r LEFT JOIN user_reads ur ON ur.room_id = r.id "
                 "WHERE r.kind != 'thread'",
                 (UNREAD_CAP,),

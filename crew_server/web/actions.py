@@ -156,7 +156,15 @@ async def create_agent(web: Web, request: Request, session: Session, form: Form)
     created = web.store.create_agent(
         body.handle, body.name, body.persona, body.model, body.engine, body.computer_id
     )
+    note_warnings(web, session, created)
     return see(f"/agents/{created['id']}")
+
+
+def note_warnings(web: Web, session: Session, saved: dict[str, Any]) -> None:
+    """What the store said about a saved agent (e.g. its model could not be checked yet)."""
+    warnings = saved.get("warnings") or []
+    if warnings:
+        web.flashes[session.session_id] = " ".join(str(w) for w in warnings)
 
 
 async def edit_agent(web: Web, request: Request, session: Session, form: Form) -> Response:
@@ -168,7 +176,7 @@ async def edit_agent(web: Web, request: Request, session: Session, form: Form) -
         for k, v in body.model_dump(exclude_unset=True).items()
         if v is not None or k == "computer_id"
     }
-    web.store.update_agent(agent_id, changes)
+    note_warnings(web, session, web.store.update_agent(agent_id, changes))
     return see(f"/agents/{agent_id}")
 
 

@@ -17,7 +17,7 @@ from asgi_lifespan import LifespanManager
 
 from crew_server.app import create_app
 from crew_server.clock import Clock
-from crew_server.store import AgentIdentity, Store
+from crew_server.store import USER, AgentIdentity, Store
 
 pytestmark = pytest.mark.anyio
 
@@ -249,3 +249,48 @@ async def test_a_new_computer_shows_its_token_once_with_the_line_to_paste(site: 
     assert "| crew-computer" in answer.text
     again = (await site.browser.get("/computers")).text
     assert token.group(1) not in again
+
+
+async def test_mute_unmute_and_tasks_through_the_forms(site: Site) -> None:
+    csrf = await site.sign_in()
+    gus, hal = await site.agent("gus"), await site.agent("hal")
+    made = await site.browser.post(
+        "/rooms",
+        data={"csrf": csrf, "kind": "group", "title": "Ops", "agent_id": [gus["id"], hal["id"]]},
+    )
+    assert made.status_code == 303
+    room_id = made.headers["location"].rsplit("/", 1)[1]
+    here = f"/rooms/{room_id}"
+
+    async def send(path: str, **fields: str) -> None:
+        answer = await site.browser.post(path, data={"csrf": csrf, "back": here, **fields})
+        assert answer.status_code == 303, answer.text
+        assert answer.headers["location"] == here
+
+    await send(f"{here}/mutes", agent_id=gus["id"], action="mute")
+    assert set(site.store.muted_in(room_id)) == {gus["id"]}
+    assert "Unmute @gus" in (await site.browser.get(here)).text
+    await send(f"{here}/mutes", agent_id=gus["id"], action="unmute")
+    assert site.store.muted_in(room_id) == {}
+
+    await send("/tasks", room_id=room_id, title="Ship it", assignee="hal")
+    message = site.store.user_post(room_id, "Write the notes\nwith details", None)
+    await send("/tasks/convert", message_id=message["id"])
+    await send("/tasks/2/status", status="in_review")
+    await send("/tasks/2/assign", assignee="@gus")
+    tasks = {t["number"]: t for t in site.store.list_tasks(USER, room_id)}
+    assert (tasks[1]["title"], tasks[1]["assignee"], tasks[1]["status"]) == (
+        "Ship it",
+        "hal",
+        "todo",
+    )
+    assert (tasks[2]["title"], tasks[2]["assignee"], tasks[2]["status"]) == (
+        "Write the notes",
+        "gus",
+        "in_review",
+    )
+    page = (await site.browser.get(here)).text
+    assert "Task #2 · in review · @gus" in page
+    # A refused change comes back to the page as a message above its form.
+    await send("/tasks/1/assign", assignee="nobody")
+    assert "there is no agent @nobody" in (await site.browser.get(here)).text
