@@ -61,6 +61,7 @@ def web_routes(ctx: Context) -> list[BaseRoute]:
         post("/tasks/{number}/assign", actions.assign_task, "/tasks"),
         get("/computers", views.computers),
         post("/computers", actions.create_computer, "/computers"),
+        get("/live/rooms", live.rooms),
         get("/live/rooms/{room_id}", live.room),
         get("/live/agents", live.roster),
         get("/live/agents/{agent_id}", live.agent),

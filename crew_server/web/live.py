@@ -130,6 +130,17 @@ async def room(web: Web, request: Request, session: Session) -> Response:
     return stream_of(web, poll)
 
 
+async def rooms(web: Web, request: Request, session: Session) -> Response:
+    """The rooms list with its unread counts as they change."""
+    changed = Changed()
+
+    def render() -> str:
+        return fragment("_rooms_nav.html", nav_context(web, None))
+
+    changed.replace("rooms-nav", render())
+    return stream_of(web, lambda: changed.replace("rooms-nav", render()))
+
+
 def nav_context(web: Web, current: str | None) -> dict[str, object]:
     return {"rooms": rooms_nav(web), "current": current}
 

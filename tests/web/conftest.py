@@ -34,9 +34,10 @@ def chromium_path() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    """A headless system chromium, one per test session."""
+    """A headless system chromium, one per test module (Playwright's sync API runs an
+    event loop while it is open, which the anyio tests of other modules cannot share)."""
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:

@@ -167,7 +167,10 @@ def test_hostile_text_shows_as_text_and_runs_nothing(page: Any, chain: Chain) ->
             {
                 "role": "user",
                 "match": having("HOSTILE-W"),
-                "reply": {"bash": heredoc("{{room}}", "echo " + HOSTILE)},
+                "reply": {
+                    "bash": f"cat <<'EOF'\n{HOSTILE}\nEOF\n"
+                    + heredoc("{{room}}", "echo " + HOSTILE)
+                },
             }
         ]
     )
@@ -181,9 +184,15 @@ def test_hostile_text_shows_as_text_and_runs_nothing(page: Any, chain: Chain) ->
     assert bodies[0] == "HOSTILE-W " + HOSTILE
     assert HOSTILE in bodies[1]
     assert page.locator("#timeline img, #timeline script").count() == 0
-    page.reload()
     page.goto(f"{chain.server.url}/agents")
     assert page.locator("#roster img").count() == 0
+    # The tool call that echoed it: input and output are text on the turn page too.
+    [turn] = chain.finished_turns(eve["id"], 1)
+    page.goto(f"{chain.server.url}/turns/{turn['id']}")
+    tool_input = page.locator(".ev-tool_use .tool-input").first.inner_text()
+    assert "<script>window.__pwned = 1</script><img src=x onerror=" in tool_input  # as JSON
+    assert HOSTILE in page.locator(".ev-tool_use .tool-output").first.inner_text()
+    assert page.locator("main img, main script").count() == 0
     assert page.evaluate("() => window.__pwned") is None
     assert page.dialogs == []
 
