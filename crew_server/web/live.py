@@ -26,6 +26,8 @@ from crew_server.web.session import Session
 from crew_server.web.views import agents_with_reasons, int_query, rooms_nav, turn_cost
 
 POLL_SECONDS = 0.4
+# Summaries (the rooms list, the roster) cost a query per room or agent: every 5th poll.
+SUMMARY_EVERY = 5
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,18 @@ class Update:
 
 
 Poll = Callable[[], list[Update]]
+
+
+def every(nth: int, poll: Poll) -> Poll:
+    """`poll` on every `nth` call only (the first call included)."""
+    calls = 0
+
+    def sometimes() -> list[Update]:
+        nonlocal calls
+        calls += 1
+        return poll() if calls % nth == 1 or nth == 1 else []
+
+    return sometimes
 
 
 def encoded(update: Update) -> bytes:
@@ -101,6 +115,12 @@ async def room(web: Web, request: Request, session: Session) -> Response:
     after = resume_after(request, "after")
     changed = Changed()
     changed.replace("rooms-nav", fragment("_rooms_nav.html", nav_context(web, room_id)))
+    nav = every(
+        SUMMARY_EVERY,
+        lambda: changed.replace(
+            "rooms-nav", fragment("_rooms_nav.html", nav_context(web, room_id))
+        ),
+    )
 
     def poll() -> list[Update]:
         nonlocal after
@@ -123,8 +143,7 @@ async def room(web: Web, request: Request, session: Session) -> Response:
                 # The person is looking at this room: what arrives is read.
                 web.store.mark_read_by_user(room_id, after)
         if not is_thread:
-            nav = fragment("_rooms_nav.html", nav_context(web, room_id))
-            updates += changed.replace("rooms-nav", nav)
+            updates += nav()
         return updates
 
     return stream_of(web, poll)
@@ -138,7 +157,7 @@ async def rooms(web: Web, request: Request, session: Session) -> Response:
         return fragment("_rooms_nav.html", nav_context(web, None))
 
     changed.replace("rooms-nav", render())
-    return stream_of(web, lambda: changed.replace("rooms-nav", render()))
+    return stream_of(web, every(SUMMARY_EVERY, lambda: changed.replace("rooms-nav", render())))
 
 
 def nav_context(web: Web, current: str | None) -> dict[str, object]:
@@ -153,7 +172,7 @@ async def roster(web: Web, request: Request, session: Session) -> Response:
         return fragment("_roster.html", {"roster": agents_with_reasons(web)})
 
     changed.replace("roster", render())
-    return stream_of(web, lambda: changed.replace("roster", render()))
+    return stream_of(web, every(2, lambda: changed.replace("roster", render())))
 
 
 async def agent(web: Web, request: Request, session: Session) -> Response:
@@ -170,7 +189,7 @@ async def agent(web: Web, request: Request, session: Session) -> Response:
         ) + changed.replace("agent-turns", fragment("_turn_rows.html", {"turns": turns}))
 
     poll()
-    return stream_of(web, poll)
+    return stream_of(web, every(2, poll))
 
 
 async def turn(web: Web, request: Request, session: Session) -> Response:
