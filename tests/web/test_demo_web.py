@@ -58,7 +58,13 @@ def test_the_web_demo_signs_in_from_its_link_and_stops_on_ctrl_c(browser: Any) -
         rest, _ = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+            # SIGTERM stops the demo cleanly (its server, Computer and model with it);
+            # SIGKILL only if it does not, which would leave them running.
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
     assert proc.returncode == 0, rest
     assert "Stopping" in rest
