@@ -213,6 +213,15 @@ class Messages(StorePart):
         page.reverse()
         return page
 
+    def threads_active_since(self, room_id: str, since: str) -> list[dict[str, Any]]:
+        """The room's messages whose thread got a reply after `since` (a stored time)."""
+        with self._database.read() as tx:
+            return select_messages(
+                tx,
+                "WHERE m.room_id = ? AND m.thread_last_at > ? ORDER BY m.seq",
+                (room_id, since),
+            )
+
     def get_message(self, message_id: str) -> dict[str, Any]:
         """One message."""
         with self._database.read() as tx:

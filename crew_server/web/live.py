@@ -20,6 +20,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from crew_server.clock import iso
 from crew_server.web.access import Web
 from crew_server.web.render import fragment
 from crew_server.web.session import Session
@@ -35,7 +36,7 @@ class Update:
     """One change to a page: new content for (or after the end of) an element."""
 
     target: str
-    mode: str  # "append" | "replace" | "end"
+    mode: str  # "append" | "replace" (the inside) | "outer" (the element) | "end"
     html: str = ""
     event_id: int | None = None
 
@@ -121,6 +122,27 @@ async def room(web: Web, request: Request, session: Session) -> Response:
             "rooms-nav", fragment("_rooms_nav.html", nav_context(web, room_id))
         ),
     )
+    threads_seen = iso(web.store.clock.now())
+
+    def threads() -> list[Update]:
+        """Messages whose thread got replies: shown again, with the new count."""
+        nonlocal threads_seen
+        active = web.store.threads_active_since(room_id, threads_seen)
+        if active:
+            threads_seen = max(str(m["thread"]["last_at"]) for m in active)
+        return [
+            Update(
+                f"m-{m['id']}",
+                "outer",
+                fragment(
+                    "_message.html",
+                    {"message": m, "room": shown, "csrf": session.csrf, "in_thread": False},
+                ),
+            )
+            for m in active
+        ]
+
+    thread_counts = every(SUMMARY_EVERY, threads)
 
     def poll() -> list[Update]:
         nonlocal after
@@ -143,7 +165,7 @@ async def room(web: Web, request: Request, session: Session) -> Response:
                 # The person is looking at this room: what arrives is read.
                 web.store.mark_read_by_user(room_id, after)
         if not is_thread:
-            updates += nav()
+            updates += nav() + thread_counts()
         return updates
 
     return stream_of(web, poll)

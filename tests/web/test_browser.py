@@ -144,6 +144,8 @@ def test_a_group_with_two_agents_and_a_thread(page: Any, chain: Chain, shots: Pa
         "#thread-messages article.by-agent", has_text="Bo answers in the thread."
     ).wait_for(timeout=LIVE_TIMEOUT_MS)
     assert page.locator("#timeline", has_text="Bo answers in the thread.").count() == 0
+    # The root's reply count in the timeline follows, without a reload.
+    mine.get_by_role("link", name="2 replies").wait_for(timeout=LIVE_TIMEOUT_MS)
     shoot(page, shots, "room-group-thread")
 
 

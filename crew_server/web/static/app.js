@@ -21,6 +21,8 @@ function applyUpdate(update, source) {
     if (nearBottom) target.scrollTop = target.scrollHeight;
   } else if (update.mode === "replace") {
     target.innerHTML = update.html;
+  } else if (update.mode === "outer") {
+    target.outerHTML = update.html;
   }
 }
 
