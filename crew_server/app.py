@@ -22,6 +22,7 @@ from crew_server.clock import Clock
 from crew_server.errors import ApiError
 from crew_server.scheduler import ReminderScheduler
 from crew_server.store import Store
+from crew_server.web import web_routes
 
 __all__ = ["PING_SECONDS", "EventHub", "create_app"]
 
@@ -49,7 +50,8 @@ def create_app(
             tasks.cancel_scope.cancel()
 
     app = Starlette(
-        routes=starlette_routes(ctx),
+        # The API's routes, then the web app's pages at / (crew_server/web).
+        routes=[*starlette_routes(ctx), *web_routes(ctx)],
         exception_handlers={ApiError: api_error, HTTPException: http_error, 500: server_error},
         lifespan=lifespan,
     )

@@ -502,14 +502,68 @@ def run_demo(
     return 0 if ok else 1
 
 
+def sign_in_url(server: ServerProcess) -> str:
+    """A link that signs the browser in: the token rides in the fragment, which the
+    browser never sends to the server (the sign-in page's script fills the form with it)."""
+    token = server.user_token_file.read_text().strip()
+    return f"{server.url}/login#token={token}"
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def run_web_demo(model: str | None, keep: bool) -> int:
+    """The whole system with one agent, for a person in a browser, until Ctrl+C."""
+    say = print
+    own = model is not None
+    # Ctrl+C, and SIGTERM too (a service manager's stop, or a shell's background job,
+    # where SIGINT is ignored): both stop the chain cleanly through local_stack.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _interrupt)
+    with local_stack(own_login=own, keep=keep) as stack:
+        sandbox = stack.health["sandbox"]
+        if not sandbox.get("ok"):
+            say(
+                f"The sandbox is not usable here: {sandbox.get('reason')}. See Troubleshooting in README.md."
+            )
+            return 1
+        agent = stack.create_agent(
+            "ada", "Ada", "A friendly engineer who answers briefly.", model or SCRIPTED_MODEL
+        )
+        stack.call("POST", "/api/rooms", json={"kind": "dm", "agent_ids": [agent["id"]]})
+        say(
+            "Crew web demo: crew-server, "
+            + ("your OpenCode login" if own else "the scripted model")
+            + ", crew-computer and one agent, @ada, with a direct chat.\n"
+        )
+        say(f"  Open this link to sign in:  {sign_in_url(stack.server)}")
+        say(f"  (or {stack.server.url}/login with the token in {stack.server.user_token_file})\n")
+        say("Running until Ctrl+C …", flush=True)
+        try:
+            while stack.server.proc.poll() is None and stack.computer.proc.poll() is None:
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            say("\nStopping crew-computer, crew-server and the model …")
+            return 0
+        say("A part of the demo stopped by itself; see the logs (--keep keeps them).")
+        return 1
+
+
 def main(argv: list[str] | None = None) -> int:
-    """`python -m crew_server.demo [--model provider/model] [--keep]`."""
+    """`python -m crew_server.demo [--model provider/model] [--keep] [--web]`."""
     parser = argparse.ArgumentParser(prog="scripts/demo", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--model",
         help="use your own OpenCode login and this model (provider/model) instead of the scripted one",
     )
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    parser.add_argument(
+        "--web",
+        action="store_true",
+        help="keep everything running with one agent and print a sign-in link for the "
+        "browser, until Ctrl+C",
+    )
     parser.add_argument("--timeout", type=float, default=None, help="seconds to wait for the reply")
     parser.add_argument(
         "--engine",
@@ -526,6 +580,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     timeout = args.timeout or (300.0 if args.model else 90.0)
     try:
+        if args.web:
+            return run_web_demo(args.model, args.keep)
         return run_demo(args.model, args.keep, timeout, args.engine)
     except DemoError as exc:
         print(f"error: {exc}", file=sys.stderr)

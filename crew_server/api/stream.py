@@ -58,6 +58,10 @@ class EventHub:
             if not flags:
                 del self._waiting[computer_id]
 
+    def listening(self) -> set[str]:
+        """The Computers with an open event stream now (connected)."""
+        return set(self._waiting)
+
     def notify(self, computer_ids: set[str]) -> None:
         """Called by the store after a commit, possibly from another thread."""
         loop = self._loop

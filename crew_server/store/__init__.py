@@ -2,7 +2,8 @@
 
 `Store` is the sum of its parts, one module per aggregate: `identities` (user,
 Computers, agents, tokens), `rooms`, `messages`, `positions` (and the unread
-claim), `turns`, `tasks`, `reminders`, `mutes`; `db` holds the connection, the
+claim), `turns`, `tasks`, `reminders`, `mutes`, `user_reads` (the web app's unread
+counts); `db` holds the connection, the
 transactions, the migrations and the SSE event log. Each part runs its
 statements through a `db.Transaction`; what parts share (a room's row, posting
 a message, claiming a room) are plain functions of a transaction.
@@ -25,6 +26,7 @@ from crew_server.store.reminders import Reminders
 from crew_server.store.rooms import Rooms
 from crew_server.store.tasks import Tasks
 from crew_server.store.turns import Turns
+from crew_server.store.user_reads import UserReads
 
 __all__ = [
     "CLAIM_MAX_CHARS",
@@ -38,7 +40,9 @@ __all__ = [
 ]
 
 
-class Store(Identities, Rooms, Messages, Positions, Turns, Tasks, Reminders, Mutes, EventLog):
+class Store(
+    Identities, Rooms, Messages, Positions, Turns, Tasks, Reminders, Mutes, UserReads, EventLog
+):
     """The server's durable state and the operations on it (see the package docstring)."""
 
     def __init__(

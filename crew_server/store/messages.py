@@ -198,6 +198,30 @@ class Messages(StorePart):
                 (room_id, after_seq, limit),
             )
 
+    def list_messages_before(
+        self, room_id: str, before_seq: int | None, limit: int
+    ) -> list[dict[str, Any]]:
+        """A page of a room's messages: the newest `limit` before `before_seq` (None: the
+        newest), oldest first. Reads only the page, so a long room opens as fast as a short one."""
+        with self._database.read() as tx:
+            room_row(tx, room_id)
+            page = select_messages(
+                tx,
+                "WHERE m.room_id = ? AND m.seq < ? ORDER BY m.seq DESC LIMIT ?",
+                (room_id, 2**53 if before_seq is None else before_seq, limit),
+            )
+        page.reverse()
+        return page
+
+    def threads_active_since(self, room_id: str, since: str) -> list[dict[str, Any]]:
+        """The room's messages whose thread got a reply after `since` (a stored time)."""
+        with self._database.read() as tx:
+            return select_messages(
+                tx,
+                "WHERE m.room_id = ? AND m.thread_last_at > ? ORDER BY m.seq",
+                (room_id, since),
+            )
+
     def get_message(self, message_id: str) -> dict[str, Any]:
         """One message."""
         with self._database.read() as tx:

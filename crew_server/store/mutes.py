@@ -36,6 +36,32 @@ class Mutes(StorePart):
             )
         return {"room_id": room_id, "until": until_text}
 
+    def mute_for_agent(self, agent_id: str, room_id: str) -> None:
+        """The user mutes an agent in a group until unmuted (the agent's own `mute` rules:
+        groups only, members only)."""
+        with self._database.write() as tx:
+            if tx.execute("SELECT 1 FROM agents WHERE id = ?", (agent_id,)).fetchone() is None:
+                raise NotFound(f"no agent {agent_id}")
+            require_member(tx, room_id, agent_id)
+            kind = room_row(tx, room_id)["kind"]
+            if kind != "group":
+                raise Refused(f"only groups can be muted; a {kind} always wakes its agent")
+            tx.execute(
+                "INSERT INTO mutes VALUES (?, ?, NULL) "
+                "ON CONFLICT (agent_id, room_id) DO UPDATE SET until = excluded.until",
+                (agent_id, room_id),
+            )
+
+    def muted_in(self, room_id: str) -> dict[str, str | None]:
+        """The agents muted in a room now: agent id → until (None: until unmuted)."""
+        with self._database.read() as tx:
+            rows = tx.execute(
+                "SELECT agent_id, until FROM mutes WHERE room_id = ? "
+                "AND (until IS NULL OR until > ?)",
+                (room_id, tx.now()),
+            ).fetchall()
+        return {r["agent_id"]: r["until"] for r in rows}
+
     def unmute(self, agent_id: str, room_id: str) -> None:
         """Lift a mute. Wakes nobody: what arrived meanwhile waits for the next wake-up."""
         with self._database.write() as tx:

@@ -273,8 +273,9 @@ class Turns(StorePart):
                 ).fetchall()
         return [turn_of(r) for r in rows]
 
-    def get_turn(self, turn_id: str) -> dict[str, Any]:
-        """A turn with its events in index order."""
+    def get_turn(self, turn_id: str, from_index: int = 0) -> dict[str, Any]:
+        """A turn with its events in index order (those from `from_index` on: a page
+        following a running turn reads only what is new)."""
         with self._database.read() as tx:
             row = tx.execute(f"SELECT {TURN_COLS} FROM turns WHERE id = ?", (turn_id,)).fetchone()
             if row is None:
@@ -287,8 +288,9 @@ class Turns(StorePart):
                     "data": orjson.loads(e["data"]),
                 }
                 for e in tx.execute(
-                    "SELECT idx, type, at, data FROM turn_events WHERE turn_id = ? ORDER BY idx",
-                    (turn_id,),
+                    "SELECT idx, type, at, data FROM turn_events WHERE turn_id = ? AND idx >= ? "
+                    "ORDER BY idx",
+                    (turn_id, from_index),
                 )
             ]
         return {**turn_of(row), "events": events}

@@ -126,7 +126,8 @@ async def test_bad_query_parameters_are_4xx_in_the_error_shape(world: World) -> 
 
 async def test_unknown_routes_and_methods_answer_json_errors(world: World) -> None:
     box = await world.computer()
-    for path in ("/computer/nothing", "/agent/nothing", "/api/nothing", "/"):
+    # "/" is the web app (crew_server/web) now
+    for path in ("/computer/nothing", "/agent/nothing", "/api/nothing", "/nothing"):
         answer = await world.client.get(path, headers=box.headers)
         assert answer.status_code == 404 and answer.json()["error"]["code"] == "not_found", path
         assert path in answer.json()["error"]["message"]

@@ -1,0 +1,147 @@
+"""The doors of the web app: every page needs a session, every form post its CSRF token.
+
+`page_view` and `form_action` wrap the web app's handlers into Starlette endpoints.
+A page without a session redirects to the sign-in form; a form post without a
+session or without the session's CSRF token is refused (403) before anything runs.
+A refusal of the store (`ApiError`: a taken handle, an unknown model) comes back to
+the page it was posted from as a message above its form.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs, quote
+
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+
+from crew_server.api.http import MAX_BODY, Context
+from crew_server.errors import ApiError
+from crew_server.store import Store
+from crew_server.web.render import SECURITY_HEADERS, page
+from crew_server.web.session import Session, Sessions, csrf_ok
+
+log = logging.getLogger("crew_server.web")
+
+
+@dataclass
+class Web:
+    """What the web app's handlers work with: the API's context and the sessions."""
+
+    ctx: Context
+    sessions: Sessions = field(default_factory=Sessions)
+    # One message per session, shown once on the next page (a refused form post).
+    flashes: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def store(self) -> Store:
+        return self.ctx.store
+
+    def base(self, session: Session, section: str, request: Request) -> dict[str, Any]:
+        """What every signed-in page's layout needs."""
+        return {
+            "csrf": session.csrf,
+            "section": section,
+            "here": request.url.path + (f"?{request.url.query}" if request.url.query else ""),
+            "flash": self.flashes.pop(session.session_id, None),
+        }
+
+
+class Form:
+    """A posted urlencoded form: the first value of a field, or all of them."""
+
+    def __init__(self, fields: dict[str, list[str]]) -> None:
+        self._fields = fields
+
+    def get(self, name: str, default: str = "") -> str:
+        values = self._fields.get(name)
+        return values[0] if values else default
+
+    def optional(self, name: str) -> str | None:
+        """The field stripped, or None when absent or blank."""
+        value = self.get(name).strip()
+        return value or None
+
+    def all(self, name: str) -> list[str]:
+        return list(self._fields.get(name, []))
+
+
+async def read_form(request: Request) -> Form:
+    """The request's urlencoded form (at most 1 MiB; a bigger body is cut off unread)."""
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > MAX_BODY:
+            break
+    fields = parse_qs(bytes(raw[:MAX_BODY]).decode("utf-8", "replace"), keep_blank_values=True)
+    return Form(fields)
+
+
+def back_to(form: Form, fallback: str) -> str:
+    """Where a form returns: its `back` field when it is a path of this site."""
+    target = form.get("back")
+    if target.startswith("/") and not target.startswith("//") and "\\" not in target:
+        return target
+    return fallback
+
+
+def see(path: str) -> Response:
+    """303: go and GET this page."""
+    return RedirectResponse(path, status_code=303, headers=SECURITY_HEADERS)
+
+
+PageView = Callable[[Web, Request, Session], Awaitable[Response]]
+FormAction = Callable[[Web, Request, Session, Form], Awaitable[Response]]
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def page_view(web: Web, view: PageView) -> Endpoint:
+    """A page: signed-out browsers go to the sign-in form (and come back afterwards)."""
+
+    async def endpoint(request: Request) -> Response:
+        session = web.sessions.of(request)
+        if session is None:
+            here = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+            return see(f"/login?next={quote(here, safe='')}")
+        try:
+            return await view(web, request, session)
+        except ApiError as exc:
+            return refusal(request, exc.status, exc.message)
+
+    return endpoint
+
+
+def form_action(web: Web, action: FormAction, fallback: str = "/rooms") -> Endpoint:
+    """A form post: refused without a session or its CSRF token; a store refusal goes
+    back to the form's page as a message."""
+
+    async def endpoint(request: Request) -> Response:
+        session = web.sessions.of(request)
+        form = await read_form(request)
+        if session is None:
+            return refusal(request, 403, "You are signed out. Sign in again, then repeat this.")
+        if not csrf_ok(session, form.get("csrf")):
+            log.warning("refused a form post to %s without a valid CSRF token", request.url.path)
+            return refusal(
+                request,
+                403,
+                "This form was refused: it did not carry this session's CSRF token. "
+                "Reload the page and send it again.",
+            )
+        try:
+            return await action(web, request, session, form)
+        except ApiError as exc:
+            if request.headers.get("x-crew-fetch"):
+                return Response(exc.message, status_code=exc.status, headers=SECURITY_HEADERS)
+            web.flashes[session.session_id] = exc.message
+            return see(back_to(form, fallback))
+
+    return endpoint
+
+
+def refusal(request: Request, status: int, message: str) -> Response:
+    """A page that says what went wrong and what to do."""
+    return page(request, "refusal.html", {"status": status, "message": message}, status)

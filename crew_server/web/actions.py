@@ -1,0 +1,239 @@
+"""The web app's form posts: sign-in and out, rooms, messages, agents, mutes, tasks,
+Computers.
+
+Every action here runs behind `access.form_action` (session and CSRF checked). The
+requests are validated with the API's own pydantic models and carried out by the
+same store functions the user API calls, so a rule (a taken handle, an unknown
+model, a dm with one agent) lives once and reads the same in the browser.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+from starlette.responses import Response
+
+from crew_server import models as m
+from crew_server.errors import Invalid
+from crew_server.store import USER
+from crew_server.web.access import Form, Web, back_to, read_form, see
+from crew_server.web.render import SECURITY_HEADERS, page
+from crew_server.web.session import (
+    SESSION_COOKIE,
+    SESSION_SECONDS,
+    SIGN_IN_COOKIE,
+    SIGN_IN_SECONDS,
+    Session,
+    set_cookie,
+)
+from crew_server.web.views import computers_page
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def validated(model: type[M], data: dict[str, Any]) -> M:
+    """`data` checked by the API's request model; `Invalid` (422) says what is wrong."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'form'}: {err['msg']}"
+            for err in exc.errors(include_url=False)[:5]
+        )
+        raise Invalid(f"the form is invalid: {problems}") from exc
+
+
+def safe_next(target: str) -> str:
+    """Where to go after signing in: a path of this site, else the rooms."""
+    if target.startswith("/") and not target.startswith("//") and "\\" not in target:
+        return target
+    return "/rooms"
+
+
+# ---------------------------------------------------------------- sign-in
+
+
+async def sign_in_form(web: Web, request: Request) -> Response:
+    """The sign-in form, with a one-time token bound to a pre-session cookie."""
+    if web.sessions.of(request) is not None:
+        return see(safe_next(request.query_params.get("next", "/rooms")))
+    token = web.sessions.new_sign_in()
+    context = {"sign_in": token, "next": safe_next(request.query_params.get("next", "/rooms"))}
+    response = page(request, "login.html", {**context, "error": None})
+    set_cookie(response, SIGN_IN_COOKIE, token, SIGN_IN_SECONDS)
+    return response
+
+
+async def sign_in(web: Web, request: Request) -> Response:
+    """The user token for a session cookie; a wrong token shows the form again (401)."""
+    form = await read_form(request)
+    target = safe_next(form.get("next", "/rooms"))
+    if not web.sessions.use_sign_in(form.get("sign_in"), request.cookies.get(SIGN_IN_COOKIE, "")):
+        return see(f"/login?next={quote(target, safe='')}")
+    if not web.store.check_user_token(form.get("token").strip()):
+        token = web.sessions.new_sign_in()
+        error = "That is not the user token. Use the token crew-server printed at first start."
+        response = page(
+            request, "login.html", {"sign_in": token, "next": target, "error": error}, 401
+        )
+        set_cookie(response, SIGN_IN_COOKIE, token, SIGN_IN_SECONDS)
+        return response
+    session = web.sessions.start()
+    response = see(target)
+    set_cookie(response, SESSION_COOKIE, session.session_id, SESSION_SECONDS)
+    response.delete_cookie(SIGN_IN_COOKIE, path="/")
+    return response
+
+
+async def sign_out(web: Web, request: Request, session: Session, form: Form) -> Response:
+    """End the session; the browser is back at the sign-in form."""
+    web.sessions.end(session)
+    response = see("/login")
+    response.delete_cookie(SESSION_COOKIE, path="/")
+    return response
+
+
+# ---------------------------------------------------------------- rooms and messages
+
+
+async def create_room(web: Web, request: Request, session: Session, form: Form) -> Response:
+    """A dm with one agent (the existing one when there is) or a group with several."""
+    kind = form.get("kind")
+    agent_ids = form.all("agent_id") if kind == "group" else [form.get("agent_id")]
+    body = validated(
+        m.RoomCreate,
+        {"kind": kind, "title": form.optional("title"), "agent_ids": [a for a in agent_ids if a]},
+    )
+    if not body.agent_ids:
+        raise Invalid("choose at least one agent")
+    created, _ = web.store.create_room(body.kind, body.title, body.agent_ids)
+    return see(f"/rooms/{created['id']}")
+
+
+async def post_message(web: Web, request: Request, session: Session, form: Form) -> Response:
+    """The user posts in the room (or in the thread of `thread_of`)."""
+    room_id = request.path_params["room_id"]
+    body = validated(
+        m.MessageCreate, {"body": form.get("body"), "thread_of": form.optional("thread_of")}
+    )
+    web.store.user_post(room_id, body.body, body.thread_of)
+    if request.headers.get("x-crew-fetch"):
+        # The page's script sent it; the live stream shows the message.
+        return Response(status_code=204, headers=SECURITY_HEADERS)
+    return see(back_to(form, f"/rooms/{room_id}"))
+
+
+async def mute(web: Web, request: Request, session: Session, form: Form) -> Response:
+    """Mute or unmute an agent in a group."""
+    room_id = request.path_params["room_id"]
+    agent_id = form.get("agent_id")
+    if form.get("action") == "unmute":
+        web.store.unmute(agent_id, room_id)
+    else:
+        web.store.mute_for_agent(agent_id, room_id)
+    return see(back_to(form, f"/rooms/{room_id}"))
+
+
+# ---------------------------------------------------------------- agents
+
+
+def agent_fields(form: Form) -> dict[str, Any]:
+    """The agent form's fields as the API's request body (a blank Computer is none)."""
+    return {
+        "name": form.get("name"),
+        "persona": form.get("persona"),
+        "model": form.get("model").strip(),
+        "computer_id": form.optional("computer_id"),
+    }
+
+
+async def create_agent(web: Web, request: Request, session: Session, form: Form) -> Response:
+    """A new agent, through the user API's request model and store function."""
+    body = validated(m.AgentCreate, {"handle": form.get("handle").strip(), **agent_fields(form)})
+    created = web.store.create_agent(
+        body.handle, body.name, body.persona, body.model, body.engine, body.computer_id
+    )
+    note_warnings(web, session, created)
+    return see(f"/agents/{created['id']}")
+
+
+def note_warnings(web: Web, session: Session, saved: dict[str, Any]) -> None:
+    """What the store said about a saved agent (e.g. its model could not be checked yet)."""
+    warnings = saved.get("warnings") or []
+    if warnings:
+        web.flashes[session.session_id] = " ".join(str(w) for w in warnings)
+
+
+async def edit_agent(web: Web, request: Request, session: Session, form: Form) -> Response:
+    """Change an agent's name, persona, model or Computer (as PATCH /api/agents/{id})."""
+    agent_id = request.path_params["agent_id"]
+    body = validated(m.AgentPatch, agent_fields(form))
+    changes = {
+        k: v
+        for k, v in body.model_dump(exclude_unset=True).items()
+        if v is not None or k == "computer_id"
+    }
+    note_warnings(web, session, web.store.update_agent(agent_id, changes))
+    return see(f"/agents/{agent_id}")
+
+
+# ---------------------------------------------------------------- tasks
+
+
+async def create_task(web: Web, request: Request, session: Session, form: Form) -> Response:
+    """A task in a room, as the user."""
+    body = validated(
+        m.TaskCreate,
+        {
+            "room_id": form.get("room_id"),
+            "title": form.get("title"),
+            "assignee": form.optional("assignee"),
+        },
+    )
+    web.store.create_task(USER, body.room_id, body.title, body.assignee)
+    return see(back_to(form, f"/rooms/{body.room_id}"))
+
+
+async def convert_task(web: Web, request: Request, session: Session, form: Form) -> Response:
+    """Make a message a task, as the user."""
+    body = validated(
+        m.TaskConvert,
+        {"message_id": form.get("message_id"), "assignee": form.optional("assignee")},
+    )
+    web.store.convert_task(USER, body.message_id, body.assignee)
+    return see(back_to(form, "/tasks"))
+
+
+def task_number(request: Request) -> int:
+    raw = request.path_params["number"]
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 15:
+        raise Invalid("the task number must be a positive integer, like 3")
+    return int(raw)
+
+
+async def task_status(web: Web, request: Request, session: Session, form: Form) -> Response:
+    """Move a task to another status."""
+    body = validated(m.TaskStatusSet, {"status": form.get("status")})
+    web.store.set_task_status(USER, task_number(request), body.status, None, None)
+    return see(back_to(form, "/tasks"))
+
+
+async def assign_task(web: Web, request: Request, session: Session, form: Form) -> Response:
+    """Give a task to an agent of its room."""
+    body = validated(m.TaskAssign, {"assignee": form.get("assignee").strip()})
+    web.store.assign_task(USER, task_number(request), body.assignee, None)
+    return see(back_to(form, "/tasks"))
+
+
+# ---------------------------------------------------------------- computers
+
+
+async def create_computer(web: Web, request: Request, session: Session, form: Form) -> Response:
+    """A new Computer: its token is shown on this answer only, with the line to paste."""
+    body = validated(m.ComputerCreate, {"name": form.get("name")})
+    computer_id, token = web.store.create_computer(body.name)
+    created = {"id": computer_id, "name": body.name, "token": token}
+    return computers_page(web, request, session, created)

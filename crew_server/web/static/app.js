@@ -1,0 +1,135 @@
+// The web app's one script (ours, no library). It only:
+//  - opens the live stream of every element with data-live and applies its updates
+//    (server-rendered, escaped fragments: {target, mode, html});
+//  - sends a composer's message without a reload (the stream shows it);
+//  - completes @handles in a composer.
+// Without it every page still works: forms post and the page reloads.
+"use strict";
+
+function applyUpdate(update, source) {
+  const target = document.getElementById(update.target);
+  if (update.mode === "end") {
+    source.close();
+    return;
+  }
+  if (!target) return;
+  if (update.mode === "append") {
+    const empty = target.querySelector(".empty");
+    if (empty) empty.remove();
+    const nearBottom = target.scrollHeight - target.scrollTop - target.clientHeight < 80;
+    target.insertAdjacentHTML("beforeend", update.html);
+    if (nearBottom) target.scrollTop = target.scrollHeight;
+  } else if (update.mode === "replace") {
+    target.innerHTML = update.html;
+  } else if (update.mode === "outer") {
+    target.outerHTML = update.html;
+  }
+}
+
+function openLiveStreams() {
+  for (const element of document.querySelectorAll("[data-live]")) {
+    const source = new EventSource(element.dataset.live);
+    source.addEventListener("update", (event) => applyUpdate(JSON.parse(event.data), source));
+  }
+}
+
+function sendWithoutReload(form) {
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const field = form.querySelector("textarea");
+    const button = form.querySelector("button[type=submit]");
+    if (!field.value.trim()) return;
+    button.disabled = true;
+    try {
+      const answer = await fetch(form.action, {
+        method: "POST",
+        body: new URLSearchParams(new FormData(form)),
+        headers: { "X-Crew-Fetch": "1" },
+        credentials: "same-origin",
+      });
+      if (answer.ok) {
+        field.value = "";
+        showProblem(form, "");
+      } else {
+        showProblem(form, await answer.text());
+      }
+    } catch (error) {
+      showProblem(form, "Not sent: the server did not answer. Try again.");
+    } finally {
+      button.disabled = false;
+      field.focus();
+    }
+  });
+}
+
+function showProblem(form, text) {
+  let note = form.querySelector(".problem");
+  if (!note) {
+    note = document.createElement("p");
+    note.className = "problem";
+    note.setAttribute("role", "alert");
+    form.append(note);
+  }
+  note.textContent = text;  // text, never markup
+  note.hidden = !text;
+}
+
+function completeHandles(field) {
+  const handles = (field.dataset.handles || "").split(" ").filter(Boolean);
+  const list = field.form.querySelector(".completions");
+  if (!handles.length || !list) return;
+
+  function wordAtCaret() {
+    const before = field.value.slice(0, field.selectionStart);
+    const match = before.match(/@([a-z0-9_-]*)$/);
+    return match ? match[1] : null;
+  }
+
+  function choose(handle) {
+    const start = field.selectionStart;
+    const before = field.value.slice(0, start).replace(/@([a-z0-9_-]*)$/, "@" + handle + " ");
+    field.value = before + field.value.slice(start);
+    field.selectionStart = field.selectionEnd = before.length;
+    list.hidden = true;
+    field.focus();
+  }
+
+  field.addEventListener("input", () => {
+    const word = wordAtCaret();
+    const found = word === null ? [] : handles.filter((h) => h.startsWith(word));
+    list.replaceChildren();
+    for (const handle of found) {
+      const item = document.createElement("li");
+      item.setAttribute("role", "option");
+      const button = document.createElement("button");
+      button.type = "button";
+      button.textContent = "@" + handle;
+      button.addEventListener("click", () => choose(handle));
+      item.append(button);
+      list.append(item);
+    }
+    list.hidden = found.length === 0;
+  });
+  field.addEventListener("keydown", (event) => {
+    if (event.key === "Tab" && !list.hidden) {
+      const first = list.querySelector("button");
+      if (first) {
+        event.preventDefault();
+        choose(first.textContent.slice(1));
+      }
+    } else if (event.key === "Escape") {
+      list.hidden = true;
+    } else if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) {
+      event.preventDefault();
+      field.form.requestSubmit();
+    }
+  });
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  openLiveStreams();
+  for (const form of document.querySelectorAll("form[data-composer]")) sendWithoutReload(form);
+  for (const field of document.querySelectorAll("textarea[data-handles]")) completeHandles(field);
+  const timeline = document.getElementById("timeline");
+  if (timeline) timeline.scrollTop = timeline.scrollHeight;
+});

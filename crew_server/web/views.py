@@ -1,0 +1,225 @@
+"""The web app's pages (GET): rooms and their timelines, agents, turns, tasks, Computers.
+
+Each view reads through the store's functions and renders one template; nothing
+here writes except the user's read position when the newest page of a room is shown.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from crew_server import rules
+from crew_server.errors import Invalid
+from crew_server.store import USER
+from crew_server.web.access import Web, see
+from crew_server.web.render import page
+from crew_server.web.session import Session
+
+# Messages per page of a timeline: a room of any length opens with one page.
+PAGE = 50
+TURNS_SHOWN = 50
+STATUSES = ("todo", "in_progress", "in_review", "done")
+
+
+def room_title(room: dict[str, Any]) -> str:
+    """What a room is called: a group's title, a dm's agent, a thread's group."""
+    if room["kind"] == "group":
+        return str(room["title"])
+    agents = [m["name"] for m in room["members"] if m["kind"] == "agent"]
+    if room["kind"] == "dm":
+        return agents[0] if agents else "Direct chat"
+    return f"Thread in {room.get('parent_title') or 'a direct chat'}"
+
+
+def rooms_nav(web: Web) -> list[dict[str, Any]]:
+    """The rooms for the side list: id, title, kind, unread count."""
+    unread = web.store.unread_by_user()
+    return [
+        {"id": r["id"], "title": room_title(r), "kind": r["kind"], "unread": unread.get(r["id"], 0)}
+        for r in web.store.list_rooms()
+    ]
+
+
+def agents_with_reasons(web: Web) -> list[dict[str, Any]]:
+    """The roster: each agent with its status and, for an error, why, in plain words."""
+    computers = {c["id"]: c for c in web.store.list_computers()}
+    roster = []
+    for agent in web.store.list_agents():
+        latest = web.store.list_turns(agent["id"], 1)
+        failure = latest[0]["failure"] if latest and latest[0]["status"] == "failed" else None
+        reason = agent["problem"] or (
+            f"{failure['class']}: {failure['reason']}" if failure is not None else None
+        )
+        status = "error" if agent["problem"] else agent["status"]
+        computer = computers.get(agent["computer_id"] or "")
+        roster.append(
+            {
+                **agent,
+                "status": status,
+                "reason": reason,
+                "computer_name": computer["name"] if computer else None,
+            }
+        )
+    return roster
+
+
+def known_models(web: Web) -> list[str]:
+    """Every model a Computer reported, sorted."""
+    return sorted({m for c in web.store.list_computers() for m in c["models"]})
+
+
+def int_query(request: Request, name: str) -> int | None:
+    """An optional positive integer query parameter."""
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return None
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 15:
+        raise Invalid(f"{name} must be a positive integer")
+    return int(raw)
+
+
+async def home(web: Web, request: Request, session: Session) -> Response:
+    """The start page is the rooms list."""
+    return see("/rooms")
+
+
+async def rooms(web: Web, request: Request, session: Session) -> Response:
+    """Every room with its unread count, and the forms for a new dm or group."""
+    context = {
+        **web.base(session, "rooms", request),
+        "rooms": rooms_nav(web),
+        "agents": web.store.list_agents(),
+    }
+    return page(request, "rooms.html", context)
+
+
+async def room(web: Web, request: Request, session: Session) -> Response:
+    """One room: a page of its timeline, the thread beside it, tasks, members."""
+    room_id = request.path_params["room_id"]
+    shown = web.store.get_room(room_id)
+    if shown["kind"] == "thread" and shown["parent_room_id"]:
+        return see(f"/rooms/{shown['parent_room_id']}?thread={shown['root_message_id']}")
+    before = int_query(request, "before")
+    messages = web.store.list_messages_before(room_id, before, PAGE)
+    newest = before is None
+    last_seq = messages[-1]["seq"] if messages else 0
+    if newest and last_seq:
+        web.store.mark_read_by_user(room_id, last_seq)
+    thread = None
+    root_id = request.query_params.get("thread")
+    if root_id and shown["kind"] == "group":
+        root = web.store.get_message(root_id)
+        if root["room_id"] != room_id:
+            raise Invalid("that message is not in this room")
+        thread_id = root["thread"]["id"] if root["thread"] else None
+        replies = web.store.list_messages(thread_id, 0, 500) if thread_id else []
+        thread = {
+            "root": root,
+            "id": thread_id,
+            "messages": replies,
+            "last_seq": replies[-1]["seq"] if replies else 0,
+        }
+    muted = web.store.muted_in(room_id)
+    members = [{**m, "muted": m["id"] in muted} for m in shown["members"] if m["kind"] == "agent"]
+    context = {
+        **web.base(session, "rooms", request),
+        "room": shown,
+        "title": room_title(shown),
+        "rooms": rooms_nav(web),
+        "messages": messages,
+        "older": messages[0]["seq"] if messages and messages[0]["seq"] > 1 else None,
+        "newest": newest,
+        "last_seq": last_seq,
+        "thread": thread,
+        "members": members,
+        "handles": [m["handle"] for m in members],
+        "tasks": web.store.list_tasks(USER, room_id),
+        "statuses": STATUSES,
+    }
+    return page(request, "room.html", context)
+
+
+async def agents(web: Web, request: Request, session: Session) -> Response:
+    """The roster with live status, and the form for a new agent."""
+    context = {
+        **web.base(session, "agents", request),
+        "roster": agents_with_reasons(web),
+        "computers": web.store.list_computers(),
+        "models": known_models(web),
+    }
+    return page(request, "agents.html", context)
+
+
+async def agent(web: Web, request: Request, session: Session) -> Response:
+    """One agent: status, settings (editable), its turns newest first, its reminders."""
+    agent_id = request.path_params["agent_id"]
+    web.store.get_agent(agent_id)
+    shown = next(a for a in agents_with_reasons(web) if a["id"] == agent_id)
+    context = {
+        **web.base(session, "agents", request),
+        "agent": shown,
+        "turns": web.store.list_turns(agent_id, TURNS_SHOWN),
+        "reminders": web.store.list_reminders(agent_id),
+        "computers": web.store.list_computers(),
+        "models": known_models(web),
+    }
+    return page(request, "agent.html", context)
+
+
+async def turn(web: Web, request: Request, session: Session) -> Response:
+    """One turn: input, events (steps, text, tool calls), result, usage, cost."""
+    shown = web.store.get_turn(request.path_params["turn_id"])
+    context = {
+        **web.base(session, "agents", request),
+        "turn": shown,
+        "agent": web.store.get_agent(shown["agent_id"]),
+        "next_index": shown["events"][-1]["index"] + 1 if shown["events"] else 0,
+        "cost": turn_cost(shown),
+    }
+    return page(request, "turn.html", context)
+
+
+def turn_cost(shown: dict[str, Any]) -> dict[str, float]:
+    """The turn's usage: its recorded totals, or (while running) summed from its steps."""
+    if shown.get("usage"):
+        return dict(shown["usage"])
+    return rules.usage_from_events(shown.get("events", []))
+
+
+async def tasks(web: Web, request: Request, session: Session) -> Response:
+    """Every task, and every agent's reminders."""
+    roster = web.store.list_agents()
+    reminders = [
+        {**r, "handle": a["handle"]} for a in roster for r in web.store.list_reminders(a["id"])
+    ]
+    rooms = {r["id"]: r["title"] for r in rooms_nav(web)}
+    context = {
+        **web.base(session, "tasks", request),
+        "tasks": web.store.list_tasks(USER, None),
+        "room_titles": rooms,
+        "reminders": reminders,
+        "statuses": STATUSES,
+    }
+    return page(request, "tasks.html", context)
+
+
+async def computers(web: Web, request: Request, session: Session) -> Response:
+    """The Computers with what they reported, and the form for a new one."""
+    return computers_page(web, request, session, None)
+
+
+def computers_page(
+    web: Web, request: Request, session: Session, created: dict[str, str] | None
+) -> Response:
+    """The Computers page; `created` (a new Computer with its token) is shown only once."""
+    listening = web.ctx.hub.listening()
+    context = {
+        **web.base(session, "computers", request),
+        "computers": [{**c, "connected": c["id"] in listening} for c in web.store.list_computers()],
+        "created": created,
+        "server_url": str(request.base_url).rstrip("/"),
+    }
+    return page(request, "computers.html", context, 201 if created else 200)

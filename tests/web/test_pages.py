@@ -1,0 +1,296 @@
+"""The web app in-process (httpx over ASGI): sign-in, CSRF, escaping, paging, the forms.
+
+The browser tests (test_browser.py) show the same through a real Chromium and the
+whole chain; these pin the rules quickly and name what broke.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import httpx
+import pytest
+from asgi_lifespan import LifespanManager
+
+from crew_server.app import create_app
+from crew_server.clock import Clock
+from crew_server.store import USER, AgentIdentity, Store
+
+pytestmark = pytest.mark.anyio
+
+HOSTILE = '<script>alert(1)</script><img src=x onerror="alert(2)">'
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@dataclass
+class Site:
+    """A signed-out browser and the user token, on an in-process server."""
+
+    browser: httpx.AsyncClient
+    api: httpx.AsyncClient
+    store: Store
+    token: str
+
+    async def sign_in(self) -> str:
+        """Sign in through the form; the CSRF token of the session."""
+        form = await self.browser.get("/login")
+        sign_in = hidden(form.text, "sign_in")
+        answer = await self.browser.post(
+            "/login", data={"sign_in": sign_in, "token": self.token, "next": "/rooms"}
+        )
+        assert answer.status_code == 303, answer.text
+        rooms = await self.browser.get("/rooms")
+        return hidden(rooms.text, "csrf")
+
+    async def agent(self, handle: str, computer_id: str | None = None) -> dict[str, str]:
+        body = {"handle": handle, "name": handle.title(), "model": "local/scripted"}
+        if computer_id:
+            body["computer_id"] = computer_id
+        answer = await self.api.post("/api/agents", json=body)
+        assert answer.status_code == 201, answer.text
+        agent: dict[str, str] = answer.json()
+        return agent
+
+
+def hidden(page: str, name: str) -> str:
+    found = re.search(rf'name="{name}" value="([^"]*)"', page)
+    assert found, f"no hidden {name} field in the page"
+    return found.group(1)
+
+
+@pytest.fixture
+async def site() -> AsyncIterator[Site]:
+    clock = Clock(datetime(2026, 10, 5, 9, 0, tzinfo=UTC))
+    store = Store(":memory:", clock)
+    token = store.ensure_user_token()
+    assert token is not None
+    app = create_app(store, clock)
+    async with LifespanManager(app) as manager:
+        transport = httpx.ASGITransport(app=manager.app)
+        async with (
+            httpx.AsyncClient(transport=transport, base_url="http://testserver") as browser,
+            httpx.AsyncClient(
+                transport=transport,
+                base_url="http://testserver",
+                headers={"Authorization": f"Bearer {token}"},
+            ) as api,
+        ):
+            yield Site(browser, api, store, token)
+    store.close()
+
+
+async def test_pages_need_a_session(site: Site) -> None:
+    for path in ("/", "/rooms", "/agents", "/tasks", "/computers", "/live/agents"):
+        answer = await site.browser.get(path)
+        assert answer.status_code == 303, path
+        assert answer.headers["location"].startswith("/login?next=")
+
+
+async def test_sign_in_sets_a_strict_http_only_cookie_and_sign_out_ends_it(site: Site) -> None:
+    form = await site.browser.get("/login")
+    answer = await site.browser.post(
+        "/login", data={"sign_in": hidden(form.text, "sign_in"), "token": site.token}
+    )
+    cookie = answer.headers["set-cookie"]
+    assert "crew_session=" in cookie
+    assert "HttpOnly" in cookie and "SameSite=strict" in cookie.replace("Strict", "strict")
+    rooms = await site.browser.get("/rooms")
+    assert rooms.status_code == 200
+    stolen = site.browser.cookies["crew_session"]
+    out = await site.browser.post("/logout", data={"csrf": hidden(rooms.text, "csrf")})
+    assert out.status_code == 303
+    # The old cookie value no longer works, even if a copy survived.
+    site.browser.cookies.set("crew_session", stolen)
+    again = await site.browser.get("/rooms")
+    assert again.status_code == 303
+
+
+async def test_a_wrong_token_is_refused(site: Site) -> None:
+    form = await site.browser.get("/login")
+    answer = await site.browser.post(
+        "/login", data={"sign_in": hidden(form.text, "sign_in"), "token": "cru_wrong"}
+    )
+    assert answer.status_code == 401
+    assert "not the user token" in answer.text
+    assert "crew_session" not in answer.headers.get("set-cookie", "")
+
+
+async def test_sign_in_without_its_form_token_is_refused(site: Site) -> None:
+    answer = await site.browser.post("/login", data={"token": site.token})
+    assert answer.status_code == 303
+    assert answer.headers["location"].startswith("/login")
+    assert "crew_session" not in answer.headers.get("set-cookie", "")
+
+
+async def test_a_form_post_without_csrf_is_refused_and_changes_nothing(site: Site) -> None:
+    csrf = await site.sign_in()
+    agent = await site.agent("ada")
+    room = (
+        await site.api.post("/api/rooms", json={"kind": "dm", "agent_ids": [agent["id"]]})
+    ).json()
+    for data in ({"body": "no token"}, {"body": "wrong token", "csrf": csrf[:-2] + "xx"}):
+        answer = await site.browser.post(f"/rooms/{room['id']}/messages", data=data)
+        assert answer.status_code == 403
+        assert "CSRF" in answer.text
+    assert site.store.list_messages(room["id"], 0, 10) == []
+    answer = await site.browser.post(
+        f"/rooms/{room['id']}/messages", data={"body": "with token", "csrf": csrf}
+    )
+    assert answer.status_code == 303
+    assert [m["body"] for m in site.store.list_messages(room["id"], 0, 10)] == ["with token"]
+
+
+async def test_every_page_has_a_strict_csp(site: Site) -> None:
+    await site.sign_in()
+    answer = await site.browser.get("/rooms")
+    csp = answer.headers["content-security-policy"]
+    assert "script-src 'self'" in csp and "default-src 'none'" in csp
+    assert "unsafe-inline" not in csp
+    assert answer.headers["x-content-type-options"] == "nosniff"
+    assert "<script>" not in answer.text.replace('<script src="/static/app.js" defer></script>', "")
+
+
+async def test_what_agents_write_is_escaped(site: Site) -> None:
+    csrf = await site.sign_in()
+    agent = await site.agent("eve")
+    room = (
+        await site.api.post("/api/rooms", json={"kind": "dm", "agent_ids": [agent["id"]]})
+    ).json()
+    await site.browser.post(
+        f"/rooms/{room['id']}/messages", data={"body": HOSTILE + " @eve", "csrf": csrf}
+    )
+    await site.api.patch(f"/api/agents/{agent['id']}", json={"name": "<b onmouseover=x>Eve</b>"})
+    page = (await site.browser.get(f"/rooms/{room['id']}")).text
+    assert "<script>alert" not in page and "<img src=x" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "<b onmouseover" not in page
+    assert '<span class="mention">@eve</span>' in page
+    roster = (await site.browser.get("/agents")).text
+    assert "<b onmouseover" not in roster and "&lt;b onmouseover=x&gt;Eve&lt;/b&gt;" in roster
+
+
+async def test_a_long_room_opens_with_one_page_and_pages_back(site: Site) -> None:
+    await site.sign_in()
+    agent = await site.agent("bob")
+    room = (
+        await site.api.post("/api/rooms", json={"kind": "dm", "agent_ids": [agent["id"]]})
+    ).json()
+    for i in range(1, 121):
+        site.store.user_post(room["id"], f"message number {i}", None)
+    page = (await site.browser.get(f"/rooms/{room['id']}")).text
+    assert "message number 120" in page and "message number 71<" in page
+    assert "message number 70<" not in page
+    older = re.search(r'href="(/rooms/[^"]+\?before=\d+)"', page)
+    assert older, "no link to older messages"
+    back = (await site.browser.get(older.group(1))).text
+    assert "message number 70<" in back and "message number 21<" in back
+    assert "message number 71<" not in back
+
+
+async def test_unread_counts_follow_what_the_user_opened(site: Site) -> None:
+    await site.sign_in()
+    agent = await site.agent("cid")
+    room = (
+        await site.api.post("/api/rooms", json={"kind": "dm", "agent_ids": [agent["id"]]})
+    ).json()
+    cid = AgentIdentity(agent["id"], "cid", "no-computer")
+    site.store.reply(cid, room["id"], "one", None)
+    site.store.reply(cid, room["id"], "two", None)
+    site.store.user_post(room["id"], "mine do not count", None)
+    assert site.store.unread_by_user()[room["id"]] == 2
+    rooms = (await site.browser.get("/rooms")).text
+    assert 'aria-label="2 unread"' in rooms
+    await site.browser.get(f"/rooms/{room['id']}")
+    assert site.store.unread_by_user()[room["id"]] == 0
+
+
+async def test_an_agent_form_goes_through_the_api_rules(site: Site) -> None:
+    csrf = await site.sign_in()
+    await site.agent("dora")
+    answer = await site.browser.post(
+        "/agents",
+        data={
+            "csrf": csrf,
+            "handle": "dora",
+            "name": "Dora 2",
+            "model": "local/scripted",
+            "back": "/agents",
+        },
+    )
+    assert answer.status_code == 303 and answer.headers["location"] == "/agents"
+    page = (await site.browser.get("/agents")).text
+    assert "the handle @dora is taken" in page
+    answer = await site.browser.post(
+        "/agents",
+        data={"csrf": csrf, "handle": "BAD HANDLE", "name": "x", "model": "m", "back": "/agents"},
+    )
+    assert "handle" in (await site.browser.get("/agents")).text
+    made = await site.browser.post(
+        "/agents", data={"csrf": csrf, "handle": "finn", "name": "Finn", "model": "local/scripted"}
+    )
+    assert made.status_code == 303 and made.headers["location"].startswith("/agents/")
+    assert [a["handle"] for a in site.store.list_agents()] == ["dora", "finn"]
+
+
+async def test_a_new_computer_shows_its_token_once_with_the_line_to_paste(site: Site) -> None:
+    csrf = await site.sign_in()
+    answer = await site.browser.post("/computers", data={"csrf": csrf, "name": "laptop"})
+    assert answer.status_code == 201
+    token = re.search(r'id="new-token" readonly value="(crc_[^"]+)"', answer.text)
+    assert token, "no token shown"
+    assert site.store.computer_by_token(token.group(1))
+    assert "| crew-computer" in answer.text
+    again = (await site.browser.get("/computers")).text
+    assert token.group(1) not in again
+
+
+async def test_mute_unmute_and_tasks_through_the_forms(site: Site) -> None:
+    csrf = await site.sign_in()
+    gus, hal = await site.agent("gus"), await site.agent("hal")
+    made = await site.browser.post(
+        "/rooms",
+        data={"csrf": csrf, "kind": "group", "title": "Ops", "agent_id": [gus["id"], hal["id"]]},
+    )
+    assert made.status_code == 303
+    room_id = made.headers["location"].rsplit("/", 1)[1]
+    here = f"/rooms/{room_id}"
+
+    async def send(path: str, **fields: str) -> None:
+        answer = await site.browser.post(path, data={"csrf": csrf, "back": here, **fields})
+        assert answer.status_code == 303, answer.text
+        assert answer.headers["location"] == here
+
+    await send(f"{here}/mutes", agent_id=gus["id"], action="mute")
+    assert set(site.store.muted_in(room_id)) == {gus["id"]}
+    assert "Unmute @gus" in (await site.browser.get(here)).text
+    await send(f"{here}/mutes", agent_id=gus["id"], action="unmute")
+    assert site.store.muted_in(room_id) == {}
+
+    await send("/tasks", room_id=room_id, title="Ship it", assignee="hal")
+    message = site.store.user_post(room_id, "Write the notes\nwith details", None)
+    await send("/tasks/convert", message_id=message["id"])
+    await send("/tasks/2/status", status="in_review")
+    await send("/tasks/2/assign", assignee="@gus")
+    tasks = {t["number"]: t for t in site.store.list_tasks(USER, room_id)}
+    assert (tasks[1]["title"], tasks[1]["assignee"], tasks[1]["status"]) == (
+        "Ship it",
+        "hal",
+        "todo",
+    )
+    assert (tasks[2]["title"], tasks[2]["assignee"], tasks[2]["status"]) == (
+        "Write the notes",
+        "gus",
+        "in_review",
+    )
+    page = (await site.browser.get(here)).text
+    assert "Task #2 · in review · @gus" in page
+    # A refused change comes back to the page as a message above its form.
+    await send("/tasks/1/assign", assignee="nobody")
+    assert "there is no agent @nobody" in (await site.browser.get(here)).text
