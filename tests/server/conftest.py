@@ -13,9 +13,7 @@ from crew_server.app import create_app
 from crew_server.clock import Clock
 from crew_server.store import Store
 from tests.server.world import World
-from tests.support.postgres import BACKENDS, location_for, postgres_cluster
-
-__all__ = ["postgres_cluster"]
+from tests.support.postgres import BACKENDS, location_for
 
 START = datetime(2026, 10, 5, 9, 0, tzinfo=UTC)
 
