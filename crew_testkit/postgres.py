@@ -19,11 +19,12 @@ import threading
 from pathlib import Path
 from urllib.parse import parse_qs, quote, urlsplit
 
+_COMMON_SETTINGS = "-c max_connections=200 -c shared_buffers=64MB -c listen_addresses=''"
 # Durability is not what tests measure: no fsync makes each CREATE DATABASE cheap.
-_TEST_SETTINGS = (
-    "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
-    "-c max_connections=200 -c shared_buffers=64MB -c listen_addresses=''"
-)
+TEST_SETTINGS = f"-c fsync=off -c synchronous_commit=off -c full_page_writes=off {_COMMON_SETTINGS}"
+# Benchmarks: what SQLite's WAL + synchronous=NORMAL promises (a crash may lose the last
+# commits, never corrupts), so the two backends are measured alike.
+BENCH_SETTINGS = f"-c synchronous_commit=off {_COMMON_SETTINGS}"
 
 
 class PostgresMissing(RuntimeError):
@@ -60,8 +61,8 @@ class PostgresCluster:
         self._lock = threading.Lock()
 
     @classmethod
-    def start(cls) -> PostgresCluster:
-        """initdb + pg_ctl start in a new temporary directory."""
+    def start(cls, settings: str = TEST_SETTINGS) -> PostgresCluster:
+        """initdb + pg_ctl start in a new temporary directory (`settings`: server options)."""
         bin_dir = server_binaries()
         root = Path(tempfile.mkdtemp(prefix="crew-pg-"))
         owner = "postgres" if os.geteuid() == 0 else None
@@ -75,7 +76,7 @@ class PostgresCluster:
         )  # fmt: skip
         cluster._run(
             "pg_ctl", "-D", str(cluster.data), "-l", str(root / "server.log"), "-w",
-            "-o", f"{_TEST_SETTINGS} -k {root}", "start",
+            "-o", f"{settings} -k {root}", "start",
         )  # fmt: skip
         return cluster
 
