@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 import anyio
 
 from crew_server.clock import Clock
-from crew_server.errors import ApiError, StorageFull
+from crew_server.errors import DatabaseUnavailable, StorageFull
 from crew_server.store.db import Cursor, Database, Transaction, migration_files
 
 try:
@@ -58,13 +58,6 @@ ATTEMPTS = 30
 # Advisory lock keys (any constants; one namespace per database).
 MIGRATION_LOCK = 7_311_001
 STATEMENT_TIMEOUT_MS = 10_000
-
-
-class DatabaseUnavailable(ApiError):
-    """The database cannot take the request now (lost, or too many conflicting writers)."""
-
-    status = 503
-    code = "database_unavailable"
 
 
 @lru_cache(maxsize=1024)
