@@ -67,7 +67,14 @@ class PostgresCluster:
         root = Path(tempfile.mkdtemp(prefix="crew-pg-"))
         owner = "postgres" if os.geteuid() == 0 else None
         if owner is not None:
-            entry = pwd.getpwnam(owner)
+            try:
+                entry = pwd.getpwnam(owner)
+            except KeyError:
+                shutil.rmtree(root, ignore_errors=True)
+                raise PostgresMissing(
+                    "running as root, the cluster needs the unprivileged user 'postgres' "
+                    "(Debian's postgresql package creates it; scripts/setup installs that)"
+                ) from None
             os.chown(root, entry.pw_uid, entry.pw_gid)
         cluster = cls(root, bin_dir, owner)
         cluster._run(

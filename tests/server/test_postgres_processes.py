@@ -34,12 +34,14 @@ def test_every_migration_has_its_postgresql_twin() -> None:
 
 @pytest.fixture
 def servers(postgres_cluster: PostgresCluster, tmp_path: Path) -> Iterator[list[CrewServer]]:
-    """Three processes on one fresh database (one user token: the first one made it)."""
+    """Three processes started at once on one fresh database (they race to create the
+    one user token: one does, the others find it)."""
     url = postgres_cluster.new_database()
-    started: list[CrewServer] = []
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        starting = [pool.submit(start_crew_server, tmp_path, db=url) for _ in range(3)]
+    started = [s.result() for s in starting if s.exception() is None]
     try:
-        for _ in range(3):
-            started.append(start_crew_server(tmp_path, db=url))
+        assert len(started) == 3, [s.exception() for s in starting]
         yield started
     finally:
         for server in started:
@@ -129,8 +131,9 @@ def test_three_processes_share_rooms_claims_and_wakes(servers: list[CrewServer])
 
     claimed: dict[str, list[tuple[str, int]]] = {a["id"]: [] for a in agents}
 
-    def drain(agent: dict[str, Any], headers: dict[str, str], rounds: int) -> None:
-        """Claim → register → ack, each request through the next process (round robin)."""
+    def drain(agent: dict[str, Any], headers: dict[str, str], rounds: int, *, stop: bool) -> None:
+        """Claim → register → ack, each request through the next process (round robin);
+        with `stop`, until a claim finds nothing."""
         clients = [httpx.Client(base_url=s.url, headers=headers, timeout=30) for s in servers]
         turn = itertools.cycle(clients)
         try:
@@ -141,6 +144,8 @@ def test_three_processes_share_rooms_claims_and_wakes(servers: list[CrewServer])
                 for r in rooms:
                     claimed[agent["id"]] += [(r["room"]["id"], m["seq"]) for m in r["messages"]]
                 if not rooms:
+                    if stop:
+                        return
                     continue
                 body = {"rooms": [], "input": "x", "engine": "opencode", "model": "m"}
                 made = next(turn).post(f"/computer/agents/{agent['id']}/turns", json=body)
@@ -153,12 +158,14 @@ def test_three_processes_share_rooms_claims_and_wakes(servers: list[CrewServer])
 
     with ThreadPoolExecutor(max_workers=10) as pool:
         jobs = [pool.submit(user_writer, n) for n in range(6)]
-        jobs += [pool.submit(drain, a, connections[i % 2], 12) for i, a in enumerate(agents)]
+        jobs += [
+            pool.submit(drain, a, connections[i % 2], 12, stop=False) for i, a in enumerate(agents)
+        ]
         for job in jobs:
             job.result()
     # What is still unread after the writers stopped: drained the same way.
     for i, agent in enumerate(agents):
-        drain(agent, connections[i % 2], 30)
+        drain(agent, connections[i % 2], 30, stop=True)
 
     for room in [group, *dms]:
         seqs = [m["seq"] for m in servers[2].messages(room["id"])]
