@@ -184,7 +184,12 @@ class PostgresDatabase(Database):
                 connection.execute("COMMIT")
             except BaseException:
                 if not connection.closed and not connection.broken:
-                    connection.execute("ROLLBACK")
+                    try:
+                        connection.execute("ROLLBACK")
+                    except psycopg.Error as failed:
+                        # The error that matters is the one being raised; the next
+                        # transaction opens a new connection if this one is broken.
+                        log.warning("rolling back failed too: %s", failed)
                 raise
         if tx.touched and self.listener is not None:
             self.listener(tx.touched)
