@@ -1,5 +1,5 @@
-"""`crew-server --db PATH --host 127.0.0.1 --port N [--dev] [--user-token-file PATH]`:
-the reference crew server.
+"""`crew-server --db PATH|URL --host 127.0.0.1 --port N [--dev] [--user-token-file PATH]`:
+the reference crew server (SQLite file, or a PostgreSQL database several processes share).
 
 Reads top-down: parse arguments → open the store (migrations run) → make sure a
 user token exists (printed once, or written to `--user-token-file`) → serve with
@@ -20,6 +20,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
+from urllib.parse import urlsplit, urlunsplit
 
 import uvicorn
 
@@ -34,12 +35,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="crew-server",
         description="The reference crew server: rooms, messages, turns, tasks, reminders "
-        "and mutes on one SQLite file. Every /api/ call needs the user token, which is "
+        "and mutes on one SQLite file, or on a PostgreSQL database that several crew-server "
+        "processes share (docs/teams.md). Every /api/ call needs the user token, which is "
         "printed once, at first start (or written to --user-token-file).",
     )
     parser.add_argument("--version", action="version", version=f"crew-server {VERSION}")
     parser.add_argument(
-        "--db", required=True, help="SQLite file (created when missing), or :memory:"
+        "--db",
+        required=True,
+        help="SQLite file (created when missing), :memory:, or a PostgreSQL URL "
+        "(postgresql://user@host/dbname; the database must exist, tables are created)",
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8765)
@@ -132,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         store = Store(args.db, clock)
     except Exception as exc:  # any failure to open or migrate the db ends the start
         listener.close()
-        print(f"crew-server: cannot open the database {args.db}: {exc}", file=sys.stderr)
+        print(f"crew-server: cannot open the database {shown(args.db)}: {exc}", file=sys.stderr)
         return 1
     keep = write_token_to(args.user_token_file) if args.user_token_file else print_token
     try:
@@ -166,6 +171,15 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         store.close()
     return 0
+
+
+def shown(location: str) -> str:
+    """The database location for messages, without a password a URL may carry."""
+    parts = urlsplit(location)
+    if parts.password is None:
+        return location
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def print_token(token: str) -> None:

@@ -44,6 +44,8 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with anyio.create_task_group() as tasks:
+            # Several processes on one PostgreSQL database: their commits wake our streams.
+            tasks.start_soon(store.follow_other_processes, hub.notify, hub.notify_all)
             if run_scheduler:
                 tasks.start_soon(scheduler.run)
             yield

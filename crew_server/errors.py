@@ -123,3 +123,11 @@ class NotAnswered(ApiError):
 
     status = 409
     code = "not_answered"
+
+
+class DatabaseUnavailable(ApiError):
+    """PostgreSQL cannot take the request now (the connection was lost, or conflicting
+    writers kept winning): nothing was written; the same request works again soon."""
+
+    status = 503
+    code = "database_unavailable"

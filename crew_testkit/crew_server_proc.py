@@ -57,7 +57,7 @@ class CrewServer:
         self,
         process: subprocess.Popen[bytes],
         url: str,
-        db: Path,
+        db: Path | str,
         log: Path,
         user_token_file: Path | None = None,
     ) -> None:
@@ -65,7 +65,7 @@ class CrewServer:
         self.url = url
         self.db = db
         self.log = log
-        self.user_token_file = user_token_file or db.parent / USER_TOKEN_FILE
+        self.user_token_file = user_token_file or log.parent / USER_TOKEN_FILE
         self._client: httpx.Client | None = None
 
     # ------------------------------------------------------------ life
@@ -208,12 +208,13 @@ class CrewServer:
 
 
 def start_crew_server(
-    tmp_path: Path, *, db: Path | None = None, port: int | None = None
+    tmp_path: Path, *, db: Path | str | None = None, port: int | None = None
 ) -> CrewServer:
     """Start `crew-server --dev` on loopback and wait until `/health` answers.
 
     The user token goes to `tmp_path/user-token` at first start; a restart with the
-    same `tmp_path` (and `db`) finds it there.
+    same `tmp_path` (and `db`) finds it there. `db` may be a PostgreSQL URL: several
+    servers started with it (and one `tmp_path`) share the database and the token.
     """
     tmp_path.mkdir(parents=True, exist_ok=True)
     db = db or tmp_path / "crew.db"

@@ -8,6 +8,11 @@ from pathlib import Path
 
 import pytest
 
+# One private PostgreSQL cluster per session, for every package's tests that want it.
+from tests.support.postgres import postgres_cluster
+
+__all__ = ["postgres_cluster"]
+
 
 @pytest.fixture(autouse=True)
 def isolated_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:

@@ -76,6 +76,10 @@ class EventHub:
         elif not loop.is_closed():
             loop.call_soon_threadsafe(self._set, computer_ids)
 
+    def notify_all(self) -> None:
+        """Wake every open stream (commits may have gone unheard); on the loop's thread."""
+        self._set(set(self._waiting))
+
     def _set(self, computer_ids: set[str]) -> None:
         for computer_id in computer_ids:
             for flag in self._waiting.get(computer_id, ()):

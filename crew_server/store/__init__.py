@@ -1,4 +1,4 @@
-"""All durable state of the reference server, behind one class: `Store` (SQLite).
+"""All durable state of the reference server, behind one class: `Store`.
 
 `Store` is the sum of its parts, one module per aggregate: `identities` (user,
 Computers, agents, tokens), `rooms`, `messages`, `positions` (and the unread
@@ -8,16 +8,22 @@ transactions, the migrations and the SSE event log. Each part runs its
 statements through a `db.Transaction`; what parts share (a room's row, posting
 a message, claiming a room) are plain functions of a transaction.
 
-A Postgres backend would be a second class with the same public methods; the
-rules that need no database live in `crew_server.rules`.
+The backend is chosen by the location `Store` is opened with (`db.open_database`):
+a SQLite file (or `:memory:`), or a `postgresql://` URL that several server
+processes share (`postgres`). Every public method is one attempt of the backend
+(`Database.attempt`): PostgreSQL runs it again when a concurrent writer in
+another process conflicted with it. The rules that need no database live in
+`crew_server.rules`.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from typing import Any
 
 from crew_server.clock import Clock
-from crew_server.store.db import EVENT_LOG_KEEP, PRUNE_EVERY, Database, EventLog
+from crew_server.store.db import EVENT_LOG_KEEP, PRUNE_EVERY, EventLog, open_database
 from crew_server.store.identities import USER, Actor, AgentIdentity, Identities, hash_token
 from crew_server.store.messages import Messages
 from crew_server.store.mutes import Mutes
@@ -47,7 +53,7 @@ class Store(
 
     def __init__(
         self,
-        path: str,
+        location: str,
         clock: Clock,
         *,
         event_log_keep: int = EVENT_LOG_KEEP,
@@ -58,9 +64,22 @@ class Store(
         self.clock = clock
         self._claim_max_messages = claim_max_messages
         self._claim_max_chars = claim_max_chars
-        self._database = Database(
-            path, clock, event_log_keep=event_log_keep, prune_every=prune_every
+        self._database = open_database(
+            location, clock, event_log_keep=event_log_keep, prune_every=prune_every
         )
+
+    @property
+    def dialect(self) -> str:
+        """`sqlite` or `postgresql`."""
+        return self._database.dialect
+
+    async def follow_other_processes(
+        self, notify: Callable[[set[str]], None], notify_all: Callable[[], None]
+    ) -> None:
+        """Tell `notify` which Computers got SSE events committed by other server
+        processes until cancelled, `notify_all` when some may have gone unheard
+        (returns at once on SQLite: one process)."""
+        await self._database.follow_other_processes(notify, notify_all)
 
     @property
     def listener(self) -> Callable[[set[str]], None] | None:
@@ -74,3 +93,22 @@ class Store(
     def close(self) -> None:
         """Close the database connection."""
         self._database.close()
+
+
+def _attempted(method: Callable[..., Any]) -> Callable[..., Any]:
+    """`method` run as one attempt of the backend (retried on a write conflict)."""
+
+    @functools.wraps(method)
+    def attempt(self: Store, *args: Any, **kwargs: Any) -> Any:
+        return self._database.attempt(lambda: method(self, *args, **kwargs))
+
+    return attempt
+
+
+# Every public operation of the parts: each runs at most one write transaction (then
+# maybe a read), so running it again after a conflict is the same as running it once.
+for _part in Store.__mro__[1:]:
+    for _name, _method in list(vars(_part).items()):
+        if _name.startswith("_") or not callable(_method) or _name in vars(Store):
+            continue
+        setattr(Store, _name, _attempted(_method))

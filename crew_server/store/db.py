@@ -1,10 +1,16 @@
-"""The Store's database: one SQLite connection, its transactions, migrations, the SSE log.
+"""The Store's database: the backends, their transactions, migrations, the SSE log.
 
-One connection guarded by a lock: every request's work is a few indexed
-statements, so callers run them inline instead of hopping to a thread pool.
-The file database runs in WAL mode; `:memory:` serves the tests. The schema
-comes from the numbered files in `crew_server/migrations/`, applied at open.
-Rows are `sqlite3.Row`: code reads columns by name.
+`open_database(location)` picks the backend: a file path or `:memory:` is SQLite
+(this module), a `postgresql://` URL is PostgreSQL (`crew_server.store.postgres`).
+The aggregate modules write one SQL for both (`?` placeholders, `ON CONFLICT`
+upserts) and run it through a `Transaction`; what differs (locks, notifications,
+retries) lives in the backend.
+
+SQLite: one connection guarded by a lock. Every request's work is a few indexed
+statements, so callers run them inline instead of hopping to a thread pool. The
+file database runs in WAL mode; `:memory:` serves the tests. The schema comes
+from the numbered files in `crew_server/migrations/`, applied at open. Rows are
+read by column name (`sqlite3.Row` here, dicts on PostgreSQL).
 """
 
 from __future__ import annotations
@@ -14,9 +20,10 @@ import sqlite3
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from importlib import resources
-from typing import Any
+from importlib.abc import Traversable
+from typing import Any, Protocol, TypeVar
 
 import orjson
 
@@ -29,22 +36,109 @@ log = logging.getLogger("crew_server.store")
 EVENT_LOG_KEEP = 50_000
 PRUNE_EVERY = 1_000
 
+T = TypeVar("T")
+
 
 def new_id() -> str:
     """A fresh UUID (text), the form of every id."""
     return str(uuid.uuid4())
 
 
-class Database:
-    """The connection and its lock; hands out read and write transactions."""
+def is_postgres_url(location: str) -> bool:
+    """Whether `--db` names a PostgreSQL database rather than a SQLite file."""
+    return location.startswith(("postgresql://", "postgres://"))
 
-    def __init__(self, path: str, clock: Clock, *, event_log_keep: int, prune_every: int) -> None:
+
+def migration_files(dialect: str) -> list[tuple[int, Traversable]]:
+    """(version, file) of the numbered migrations of a dialect, oldest first.
+
+    SQLite's live in `crew_server/migrations/`, PostgreSQL's twins (same numbers) in
+    `crew_server/migrations/postgresql/`.
+    """
+    folder = resources.files("crew_server.migrations")
+    if dialect == "postgresql":
+        folder = folder.joinpath("postgresql")
+    files = [f for f in folder.iterdir() if f.name.endswith(".sql")]
+    return sorted(((int(f.name.split("_", 1)[0]), f) for f in files), key=lambda vf: vf[0])
+
+
+class Cursor(Protocol):
+    """What a statement gives back, on either backend."""
+
+    @property
+    def rowcount(self) -> int: ...
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+class Statements(Protocol):
+    """Runs SQL on one connection (sqlite3's connection, or the PostgreSQL adapter)."""
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor: ...
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> Cursor: ...
+
+
+class Database:
+    """A backend: hands out read and write transactions; tells the listener of commits."""
+
+    dialect = ""
+
+    def __init__(self, clock: Clock, *, event_log_keep: int, prune_every: int) -> None:
         self.clock = clock
         self.event_log_keep = event_log_keep
         self.prune_every = prune_every
         self.events_since_prune = 0
         # Called after a commit with the ids of Computers that have new SSE events.
         self.listener: Callable[[set[str]], None] | None = None
+
+    def write(self) -> AbstractContextManager[Transaction]:
+        """One write transaction; SSE listeners hear about new events after the commit."""
+        raise NotImplementedError
+
+    def read(self) -> AbstractContextManager[Transaction]:
+        """Reads that see every committed write."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Close the connections."""
+        raise NotImplementedError
+
+    def attempt(self, call: Callable[[], T]) -> T:
+        """Run one store operation; a backend with conflicting writers retries it here."""
+        return call()
+
+    async def follow_other_processes(
+        self, notify: Callable[[set[str]], None], notify_all: Callable[[], None]
+    ) -> None:
+        """Tell `notify` of commits by other server processes until cancelled; `notify_all`
+        when some may have gone unheard. SQLite has one process: nothing to do."""
+
+
+def open_database(
+    location: str, clock: Clock, *, event_log_keep: int, prune_every: int
+) -> Database:
+    """The backend `location` names: a PostgreSQL URL, else a SQLite file or `:memory:`."""
+    if is_postgres_url(location):
+        from crew_server.store.postgres import PostgresDatabase
+
+        return PostgresDatabase(
+            location, clock, event_log_keep=event_log_keep, prune_every=prune_every
+        )
+    return SqliteDatabase(location, clock, event_log_keep=event_log_keep, prune_every=prune_every)
+
+
+class SqliteDatabase(Database):
+    """One SQLite connection and its lock (one server process)."""
+
+    dialect = "sqlite"
+
+    def __init__(self, path: str, clock: Clock, *, event_log_keep: int, prune_every: int) -> None:
+        super().__init__(clock, event_log_keep=event_log_keep, prune_every=prune_every)
         self._lock = threading.RLock()
         self.connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self.connection.row_factory = sqlite3.Row
@@ -66,16 +160,7 @@ class Database:
             db = self.connection
             db.execute("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY)")
             done = {r["version"] for r in db.execute("SELECT version FROM schema_migrations")}
-            files = sorted(
-                (
-                    f
-                    for f in resources.files("crew_server.migrations").iterdir()
-                    if f.name.endswith(".sql")
-                ),
-                key=lambda f: f.name,
-            )
-            for file in files:
-                version = int(file.name.split("_", 1)[0])
+            for version, file in migration_files(self.dialect):
                 if version in done:
                     continue
                 script = file.read_text(encoding="utf-8")
@@ -89,7 +174,7 @@ class Database:
     def write(self) -> Iterator[Transaction]:
         """One write transaction; SSE listeners hear about new events after the commit."""
         with self._lock, _disk_full_is_503():
-            tx = Transaction(self)
+            tx = Transaction(self, self.connection)
             self.connection.execute("BEGIN IMMEDIATE")
             try:
                 yield tx
@@ -107,7 +192,7 @@ class Database:
     def read(self) -> Iterator[Transaction]:
         """Reads under the lock (they see every committed write)."""
         with self._lock, _disk_full_is_503():
-            yield Transaction(self)
+            yield Transaction(self, self.connection)
 
 
 @contextmanager
@@ -128,17 +213,17 @@ def _disk_full_is_503() -> Iterator[None]:
 class Transaction:
     """Statements run inside one `Database.write` (or `read`), and the SSE events they add."""
 
-    def __init__(self, database: Database) -> None:
+    def __init__(self, database: Database, statements: Statements) -> None:
         self._database = database
-        self._db = database.connection
+        self._db = statements
         # Computers with new SSE events, told to the listener after the commit.
         self.touched: set[str] = set()
 
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
         """Run one statement."""
         return self._db.execute(sql, params)
 
-    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> sqlite3.Cursor:
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> Cursor:
         """Run one statement per row of parameters."""
         return self._db.executemany(sql, rows)
 
@@ -146,12 +231,18 @@ class Transaction:
         """The clock's time as stored text."""
         return iso(self._database.clock.now())
 
+    def serialize(self, name: str) -> None:
+        """Transactions naming the same `name` run one after the other (SQLite: all do)."""
+
     def emit(self, computer_id: str, event: str, data: dict[str, Any]) -> None:
         """Append one SSE event for a Computer."""
         self.emit_many([(computer_id, event, data)])
 
     def emit_many(self, events: Sequence[tuple[str, str, dict[str, Any]]]) -> None:
         """Append SSE events (computer id, event, data) to the log, in order."""
+        # A Computer's events must commit in id order (a stream reads after its cursor).
+        for computer_id in sorted({c for c, _, _ in events} - self.touched):
+            self.serialize(f"events:{computer_id}")
         now = self.now()
         self._db.executemany(
             "INSERT INTO computer_events (computer_id, event, data, created_at) VALUES (?, ?, ?, ?)",
@@ -170,11 +261,15 @@ class Transaction:
         if through > 0:
             self._db.execute("DELETE FROM computer_events WHERE id <= ?", (through,))
             # Remembered so a stream resuming from before it knows it missed events.
-            self._db.execute(
-                "INSERT INTO settings VALUES ('events_pruned_through', ?) ON CONFLICT (key) "
-                "DO UPDATE SET value = MAX(CAST(value AS INTEGER), excluded.value)",
-                (through,),
-            )
+            row = self._db.execute(
+                "SELECT value FROM settings WHERE key = 'events_pruned_through'"
+            ).fetchone()
+            if row is None or int(row["value"]) < through:
+                self._db.execute(
+                    "INSERT INTO settings VALUES ('events_pruned_through', ?) "
+                    "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                    (str(through),),
+                )
 
     def wake(self, agent_ids: Iterable[str]) -> None:
         """A `wake` to the Computer of each agent (agents on no Computer wait unread)."""
@@ -227,7 +322,13 @@ class EventLog(StorePart):
             row = tx.execute("SELECT MAX(id) AS newest FROM computer_events").fetchone()
             newest = int(row["newest"] or 0)
             if last_id is None or last_id > newest:
-                return newest, None
+                # This Computer's newest, not everyone's: with several server processes
+                # an event of this Computer may hold a smaller id yet commit later.
+                row = tx.execute(
+                    "SELECT MAX(id) AS newest FROM computer_events WHERE computer_id = ?",
+                    (computer_id,),
+                ).fetchone()
+                return int(row["newest"] or 0), None
             row = tx.execute(
                 "SELECT value FROM settings WHERE key = 'events_pruned_through'"
             ).fetchone()

@@ -162,7 +162,8 @@ class Identities(StorePart):
         token = new_token("cru")
         with self._database.write() as tx:
             tx.execute(
-                "INSERT OR REPLACE INTO settings VALUES ('user_token_hash', ?)",
+                "INSERT INTO settings VALUES ('user_token_hash', ?) "
+                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                 (hash_token(token),),
             )
             if keep is not None:

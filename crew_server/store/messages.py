@@ -49,7 +49,7 @@ def open_thread(tx: Transaction, message_id: str) -> tuple[str, bool]:
             for r in tx.execute("SELECT agent_id FROM room_members WHERE room_id = ?", (room_id,))
         )
     tx.executemany(
-        "INSERT OR IGNORE INTO positions (agent_id, room_id) VALUES (?, ?)",
+        "INSERT INTO positions (agent_id, room_id) VALUES (?, ?) ON CONFLICT DO NOTHING",
         [(a, thread_id) for a in sorted(followers)],
     )
     return thread_id, True
@@ -107,8 +107,9 @@ def post(
         tx.execute(
             "INSERT INTO positions (agent_id, room_id, delivered_seq, read_seq) "
             "VALUES (?, ?, ?, ?) ON CONFLICT (agent_id, room_id) DO UPDATE SET "
-            "read_seq = CASE WHEN read_seq = delivered_seq THEN excluded.read_seq "
-            "ELSE read_seq END, delivered_seq = excluded.delivered_seq",
+            "read_seq = CASE WHEN positions.read_seq = positions.delivered_seq "
+            "THEN excluded.read_seq ELSE positions.read_seq END, "
+            "delivered_seq = excluded.delivered_seq",
             (author.id, rid, seq, seq),
         )
     if author is None:
@@ -120,7 +121,7 @@ def post(
     if woken and kind == "thread":
         # Whoever a thread message wakes must also get it at the next unread claim.
         tx.executemany(
-            "INSERT OR IGNORE INTO positions (agent_id, room_id) VALUES (?, ?)",
+            "INSERT INTO positions (agent_id, room_id) VALUES (?, ?) ON CONFLICT DO NOTHING",
             [(a, rid) for a in woken],
         )
     tx.wake(woken)
@@ -139,7 +140,7 @@ def _room_facts(
     else the room's members less those who muted it."""
     if kind == "thread":
         tx.executemany(
-            "INSERT OR IGNORE INTO positions (agent_id, room_id) VALUES (?, ?)",
+            "INSERT INTO positions (agent_id, room_id) VALUES (?, ?) ON CONFLICT DO NOTHING",
             [(a, rid) for a in mentions],
         )
         followers = frozenset(
@@ -283,9 +284,10 @@ class Messages(StorePart):
                 )
                 if unseen is not None:
                     tx.execute(
-                        "UPDATE positions SET delivered_seq = ?, read_seq = MIN(read_seq, ?) "
+                        "UPDATE positions SET delivered_seq = ?, "
+                        "read_seq = CASE WHEN read_seq < ? THEN read_seq ELSE ? END "
                         "WHERE agent_id = ? AND room_id = ?",
-                        (delivered, delivered, agent.agent_id, target),
+                        (delivered, delivered, delivered, agent.agent_id, target),
                     )
         if held is not None:
             raise Held(agent.agent_id, held)

@@ -31,7 +31,8 @@ class Mutes(StorePart):
                 raise Refused(str(exc)) from exc
             until_text = iso(until) if until is not None else None
             tx.execute(
-                "INSERT OR REPLACE INTO mutes VALUES (?, ?, ?)",
+                "INSERT INTO mutes VALUES (?, ?, ?) "
+                "ON CONFLICT (agent_id, room_id) DO UPDATE SET until = excluded.until",
                 (agent.agent_id, room_id, until_text),
             )
         return {"room_id": room_id, "until": until_text}

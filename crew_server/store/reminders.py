@@ -112,6 +112,8 @@ class Reminders(StorePart):
         fired = 0
         qualified = ", ".join(f"r.{c.strip()}" for c in REMINDER_COLS.split(","))
         with self._database.write() as tx:
+            # Several server processes: one fires at a time (the others find nothing due).
+            tx.serialize("reminders")
             due = tx.execute(
                 f"SELECT {qualified}, a.handle FROM reminders r "
                 "JOIN agents a ON a.id = r.agent_id WHERE r.next_at <= ? ORDER BY r.next_at, r.id",

@@ -164,15 +164,17 @@ class Turns(StorePart):
             if first_index > next_index:
                 record_gap(tx, turn_id, next_index, first_index - 1)
             tx.executemany(
-                "INSERT OR IGNORE INTO turn_events (turn_id, idx, type, at, data) VALUES (?, ?, ?, ?, ?)",
+                "INSERT INTO turn_events (turn_id, idx, type, at, data) VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT DO NOTHING",
                 [
                     (turn_id, first_index + i, e["type"], e["at"], e["data_json"])
                     for i, e in enumerate(events)
                 ],
             )
             tx.execute(
-                "UPDATE turns SET next_index = MAX(next_index, ?) WHERE id = ?",
-                (first_index + len(events), turn_id),
+                "UPDATE turns SET next_index = CASE WHEN next_index > ? THEN next_index ELSE ? END "
+                "WHERE id = ?",
+                (first_index + len(events), first_index + len(events), turn_id),
             )
 
     def finish_turn(

@@ -160,9 +160,11 @@ def _need(path: Path, what: str) -> None:
 
 
 @contextlib.contextmanager
-def running_chain() -> Iterator[Chain]:
+def running_chain(database: str | None = None) -> Iterator[Chain]:
     """Start the whole chain in a fresh short temp dir (Unix socket paths stay short).
 
+    With `database` (a PostgreSQL URL) two server processes share it: the Computer
+    talks to the first (`chain.server`), the user's calls (`chain.http`) go to the second.
     Set CREW_E2E_KEEP=1 to keep the directory (logs, database, agent dirs) afterwards.
     """
     _need(OPENCODE, "OpenCode (scripts/setup installs it into tools/opencode)")
@@ -175,10 +177,13 @@ def running_chain() -> Iterator[Chain]:
         if os.environ.get("CREW_E2E_KEEP") != "1":
             stack.callback(shutil.rmtree, root, ignore_errors=True)
         model = stack.enter_context(ScriptedModel(Script()))
-        server = stack.enter_context(start_crew_server(root / "server"))
+        server = stack.enter_context(start_crew_server(root / "server", db=database))
+        user_server = server
+        if database is not None:
+            user_server = stack.enter_context(start_crew_server(root / "server", db=database))
         write_scripted_login(home, model.base_url, price_in_config=True)
         http = stack.enter_context(
-            httpx.Client(base_url=server.url, timeout=10, headers=server.user_headers)
+            httpx.Client(base_url=user_server.url, timeout=10, headers=server.user_headers)
         )
         created = server.create_computer("e2e")
         bootstrap = {

@@ -169,9 +169,11 @@ async def test_malformed_and_invalid_bodies_get_clear_4xx(world: World) -> None:
 
 
 @pytest.mark.parametrize("dev", [False, True])
-async def test_user_api_needs_the_user_token_with_or_without_dev(dev: bool) -> None:
+async def test_user_api_needs_the_user_token_with_or_without_dev(
+    dev: bool, store_location: str
+) -> None:
     clock = Clock()
-    store = Store(":memory:", clock)
+    store = Store(store_location, clock)
     token = store.ensure_user_token()
     assert token is not None and store.ensure_user_token() is None  # created once
     app = create_app(store, clock, dev=dev, run_scheduler=False)
@@ -269,13 +271,13 @@ async def test_values_beyond_what_can_be_stored_are_422_never_500(world: World) 
     assert record["status"] == "running" and "events" in record and record["events"] == []
 
 
-async def test_an_unexpected_failure_is_a_json_500() -> None:
+async def test_an_unexpected_failure_is_a_json_500(store_location: str) -> None:
     class BrokenStore(Store):
         def list_agents(self) -> list[dict[str, object]]:
             raise RuntimeError("the disk is on fire")
 
     clock = Clock()
-    store = BrokenStore(":memory:", clock)
+    store = BrokenStore(store_location, clock)
     token = store.ensure_user_token()
     assert token is not None
     app = create_app(store, clock, dev=True, run_scheduler=False)

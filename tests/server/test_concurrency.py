@@ -19,6 +19,7 @@ from crew_server.clock import Clock
 from crew_server.errors import Held
 from crew_server.store import AgentIdentity, Store
 from crew_testkit.crew_server_proc import computer_connection, start_crew_server
+from tests.support.postgres import BACKENDS, location_for
 
 PER_WRITER = 25
 
@@ -29,8 +30,12 @@ def _check_room(messages: list[dict[str, Any]], expected: set[str]) -> None:
     assert len(bodies) == len(set(bodies)) and set(bodies) == expected
 
 
-def test_two_stores_on_one_file_write_one_group_at_once(tmp_path: Path) -> None:
-    db = str(tmp_path / "crew.db")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_two_stores_on_one_database_write_one_group_at_once(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Two stores on one SQLite file, or on one PostgreSQL schema (as two processes)."""
+    db = str(tmp_path / "crew.db") if backend == "sqlite" else location_for(backend, request)
     first, second = Store(db, Clock()), Store(db, Clock())
     try:
         box_a, _ = first.create_computer("a")

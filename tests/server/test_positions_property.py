@@ -9,11 +9,18 @@ from datetime import UTC, datetime
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
 
 from crew_server.clock import Clock
 from crew_server.errors import Held
 from crew_server.store import AgentIdentity, Store
+from crew_testkit.postgres import PostgresCluster
 
 HANDLES = ("alice", "bob")
 
@@ -21,10 +28,13 @@ HANDLES = ("alice", "bob")
 class Positions(RuleBasedStateMachine):
     """One Computer, two agents, a dm of alice and a group of both; threads as they come."""
 
+    # Where each run's store lives (SQLite here; a PostgreSQL schema in `OnPostgres`).
+    cluster: PostgresCluster | None = None
+
     @initialize()
     def setup(self) -> None:
         self.store = Store(
-            ":memory:",
+            self.cluster.new_schema() if self.cluster else ":memory:",
             Clock(datetime(2026, 10, 5, 9, tzinfo=UTC)),
             claim_max_messages=3,
             claim_max_chars=120,
@@ -132,10 +142,14 @@ class Positions(RuleBasedStateMachine):
         if not hasattr(self, "store"):
             return
         # On a copy of the database, so the machine goes on from the same state.
-        copy = Store(":memory:", self.store.clock, claim_max_messages=3, claim_max_chars=120)
-        self.store._database.connection.backup(
-            copy._database.connection
-        )  # a test-only snapshot of the store
+        if self.cluster is not None:
+            snapshot = self.cluster.copy_schema(self.store._database.url)
+            copy = Store(snapshot, self.store.clock, claim_max_messages=3, claim_max_chars=120)
+        else:
+            copy = Store(":memory:", self.store.clock, claim_max_messages=3, claim_max_chars=120)
+            self.store._database.connection.backup(
+                copy._database.connection
+            )  # a test-only snapshot of the store
         try:
             for agent in self.agents.values():
                 expected: dict[str, list[int]] = {}
@@ -167,3 +181,20 @@ Positions.TestCase.settings = settings(
     suppress_health_check=list(HealthCheck),
 )
 test_positions_property = Positions.TestCase
+
+
+def test_positions_property_on_postgresql(postgres_cluster: PostgresCluster) -> None:
+    """The same machine on PostgreSQL; fewer runs (each step's snapshot is a schema copy)."""
+
+    class OnPostgres(Positions):
+        cluster = postgres_cluster
+
+    run_state_machine_as_test(
+        OnPostgres,
+        settings=settings(
+            max_examples=4,
+            stateful_step_count=20,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+        ),
+    )

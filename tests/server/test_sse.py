@@ -149,10 +149,10 @@ def serve_in_thread(store: Store, ping_seconds: float = 15.0) -> Iterator[str]:
 
 
 @pytest.fixture
-def threaded_server() -> Iterator[tuple[httpx.Client, Store]]:
+def threaded_server(store_location: str) -> Iterator[tuple[httpx.Client, Store]]:
     """uvicorn in a thread serving an app whose pings come every 0.2 s; a client on it
     that sends the user token (calls with their own `Authorization` send that)."""
-    store = Store(":memory:", Clock())
+    store = Store(store_location, Clock())
     token = store.ensure_user_token()
     try:
         with (
@@ -198,8 +198,10 @@ def _pruned_world(store: Store) -> tuple[str, str, list[dict[str, Any]]]:
     return computer_id, token, agents
 
 
-def test_a_cursor_older_than_the_log_asks_to_wake_every_agent_of_that_computer() -> None:
-    store = Store(":memory:", Clock(), event_log_keep=4, prune_every=1)
+def test_a_cursor_older_than_the_log_asks_to_wake_every_agent_of_that_computer(
+    store_location: str,
+) -> None:
+    store = Store(store_location, Clock(), event_log_keep=4, prune_every=1)
     computer_id, _, agents = _pruned_world(store)
     newest = store.last_event_id()
     assert len(store.events_after(computer_id, 0)) == 4  # the rest was pruned
@@ -215,8 +217,10 @@ def test_a_cursor_older_than_the_log_asks_to_wake_every_agent_of_that_computer()
 
 
 @pytest.mark.timeout(30)
-def test_a_stream_resuming_before_the_log_wakes_every_agent_then_replays_the_rest() -> None:
-    store = Store(":memory:", Clock(), event_log_keep=4, prune_every=1)
+def test_a_stream_resuming_before_the_log_wakes_every_agent_then_replays_the_rest(
+    store_location: str,
+) -> None:
+    store = Store(store_location, Clock(), event_log_keep=4, prune_every=1)
     try:
         computer_id, token, agents = _pruned_world(store)
         kept = [str(i) for i, _, _ in store.events_after(computer_id, 0)]

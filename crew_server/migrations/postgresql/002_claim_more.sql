@@ -1,0 +1,2 @@
+-- Twin of ../002_claim_more.sql.
+ALTER TABLE agents ADD COLUMN claim_more BIGINT NOT NULL DEFAULT 0;
