@@ -25,6 +25,13 @@ from sandbox_launcher.bwrap import (
     preflight,
 )
 from sandbox_launcher.mounts import alias_masks
+from sandbox_launcher.network import (
+    NetworkPlan,
+    PastaTools,
+    SandboxNetwork,
+    find_pasta,
+    missing_reason,
+)
 from sandbox_launcher.policy import SandboxPolicy
 from sandbox_launcher.schema import SandboxHealth
 from sandbox_launcher.seatbelt import SANDBOX_EXEC, seatbelt_argv
@@ -46,6 +53,10 @@ class Backend(Protocol):
 
     def argv(self, policy: SandboxPolicy, command: list[str]) -> list[str]: ...
 
+    def network(self, plan: NetworkPlan) -> SandboxNetwork | None:
+        """The sandbox's own network for one run; None: it shares the host's."""
+        ...
+
 
 @dataclass(frozen=True)
 class BwrapBackend:
@@ -53,6 +64,7 @@ class BwrapBackend:
 
     tools: BwrapTools
     linux_mode: LinuxMode
+    pasta: PastaTools | None = None  # None only in tests of the argv alone
     name: Literal["bwrap", "seatbelt"] = "bwrap"
 
     @property
@@ -63,6 +75,10 @@ class BwrapBackend:
         # Mounts change while the launcher runs: aliases are looked up per run.
         aliases = alias_masks(policy.deny_roots)
         return bwrap_argv(policy, self.linux_mode, self.tools, command, aliases)
+
+    def network(self, plan: NetworkPlan) -> SandboxNetwork | None:
+        # open_backend never makes one without pasta: no run shares the host's network.
+        return SandboxNetwork(self.pasta, plan) if self.pasta else None
 
 
 @dataclass(frozen=True)
@@ -75,6 +91,9 @@ class SeatbeltBackend:
     def argv(self, policy: SandboxPolicy, command: list[str]) -> list[str]:
         return seatbelt_argv(policy, command)
 
+    def network(self, plan: NetworkPlan) -> SandboxNetwork | None:
+        return None  # Seatbelt has no network namespaces: the host's network (README)
+
 
 def open_backend(requested: LinuxMode | None) -> tuple[Backend | None, SandboxHealth]:
     """Find and preflight this platform's backend. The health is not final: the self-test follows."""
@@ -83,7 +102,7 @@ def open_backend(requested: LinuxMode | None) -> tuple[Backend | None, SandboxHe
             return None, SandboxHealth(
                 ok=False, backend="seatbelt", reason=f"{SANDBOX_EXEC} not found or not executable"
             )
-        return SeatbeltBackend(), SandboxHealth(ok=True, backend="seatbelt")
+        return SeatbeltBackend(), SandboxHealth(ok=True, backend="seatbelt", network="shared")
     if not sys.platform.startswith("linux"):
         return None, SandboxHealth(
             ok=False, backend="bwrap", reason=f"no sandbox backend for platform {sys.platform}"
@@ -94,8 +113,15 @@ def open_backend(requested: LinuxMode | None) -> tuple[Backend | None, SandboxHe
         if reason is not None:
             raise SandboxUnavailable(reason)
         mode = choose_mode(requested, landlock.abi())
+        # Without its own network namespace an agent could squat the crew server's
+        # port and receive the Computer's token: refuse rather than run (README).
+        pasta = find_pasta()
+        if pasta is None:
+            raise SandboxUnavailable(missing_reason())
     except SandboxUnavailable as exc:
         return None, SandboxHealth(ok=False, backend="bwrap", reason=str(exc))
-    backend = BwrapBackend(tools, mode)
+    backend = BwrapBackend(tools, mode, pasta)
     note = TMPFS_NOTE if mode is LinuxMode.TMPFS else None
-    return backend, SandboxHealth(ok=True, backend="bwrap", mode=backend.mode, reason=note)
+    return backend, SandboxHealth(
+        ok=True, backend="bwrap", mode=backend.mode, reason=note, network="namespace"
+    )

@@ -25,6 +25,7 @@ import anyio
 import orjson
 from anyio.abc import ByteReceiveStream, Process
 
+from sandbox_launcher.network import NetworkUnavailable, SandboxNetwork
 from sandbox_launcher.schema import ExitFrame, RunInfo
 
 log = logging.getLogger(__name__)
@@ -126,6 +127,7 @@ class EngineRun:
         env: dict[str, str],
         stdin: bytes,
         stdout_limit: int,
+        network: SandboxNetwork | None = None,
     ) -> None:
         self.run_id = run_id
         self.agent_id = agent_id
@@ -133,6 +135,7 @@ class EngineRun:
         self.env = env
         self.stdin = stdin
         self.stdout_limit = stdout_limit
+        self.network = network  # its own network namespace (Linux), attached before it starts
         self.started_at = datetime.now(UTC).isoformat(timespec="milliseconds")
         self.pid: int | None = None
         self.bytes_out = 0
@@ -167,18 +170,30 @@ class EngineRun:
         the clean-up runs shielded.
         """
         self._emit = emit
-        process = await anyio.open_process(
-            self.argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=self.env,
-            start_new_session=True,
-        )
+        network = self.network
+        try:
+            process = await anyio.open_process(
+                network.argv(self.argv) if network else self.argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=self.env,
+                start_new_session=True,
+                pass_fds=network.pass_fds if network else (),
+            )
+        except OSError:
+            if network:
+                network.close()
+            raise
         self.pid = process.pid
         log.info("run %s of agent %s started (pid %d)", self.run_id, self.agent_id, process.pid)
         try:
-            await self._send(orjson.dumps({"t": "started", "pid": process.pid}) + b"\n")
+            if network:
+                await self._attach_network(network, process.pid)
+            started: dict[str, object] = {"t": "started", "pid": process.pid}
+            if network and network.plan.publish:
+                started["published_port"] = network.plan.publish[1]
+            await self._send(orjson.dumps(started) + b"\n")
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._feed_stdin, process)
                 tg.start_soon(self._collect_stderr, process)
@@ -193,6 +208,8 @@ class EngineRun:
         finally:
             with anyio.CancelScope(shield=True):
                 await self._ensure_dead(process)
+                if network:
+                    network.close()
         code = process.returncode
         assert code is not None  # the process has been waited for
         log.info(
@@ -208,6 +225,16 @@ class EngineRun:
             stderr_tail=_tail_text(bytes(self._stderr)),
             reason=self.reason,
         )
+
+    async def _attach_network(self, network: SandboxNetwork, pgid: int) -> None:
+        """Network the sandbox before its engine starts; a sandbox without one never runs."""
+        network.spawned()
+        try:
+            await network.attach()
+        except NetworkUnavailable:
+            # bwrap ignores SIGINT and waits on its block fd: no graceful stop to wait for.
+            _signal_group(pgid, signal.SIGKILL)
+            raise
 
     async def _send(self, data: bytes) -> None:
         if self.client_gone or self._emit is None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from crew_common.layout import AgentPaths
 from sandbox_launcher.backend import Backend
 from sandbox_launcher.engine_run import EngineRun
+from sandbox_launcher.network import NetworkPlan, free_loopback_port
 from sandbox_launcher.paths import PathRefused, dir_below, is_inside
 from sandbox_launcher.policy import SandboxPolicy, check_read_dir
 from sandbox_launcher.schema import EngineHealth, Health, RunRequest, SandboxHealth
@@ -169,6 +170,15 @@ class Launcher:
             raise RequestRefused(400, "path_refused", str(exc)) from exc
         command = self._command(request, policy)
         env = self._env(request, policy)
+        publish = None
+        if request.publish_port is not None:
+            publish = (request.publish_port, free_loopback_port())
+        plan = NetworkPlan(tuple(request.loopback_ports), publish)
+        network = self.backend.network(plan)
+        if network is None and publish is not None:
+            raise RequestRefused(
+                400, "publish_unsupported", "publish_port needs the sandbox's own network (Linux)"
+            )
         return EngineRun(
             run_id=request.run_id,
             agent_id=request.agent_id,
@@ -176,6 +186,7 @@ class Launcher:
             env=env,
             stdin=request.stdin.encode("utf-8"),
             stdout_limit=request.stdout_limit,
+            network=network,
         )
 
     def _policy(self, request: RunRequest) -> SandboxPolicy:
