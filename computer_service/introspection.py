@@ -47,6 +47,8 @@ class SandboxHealth(BaseModel):
     ok: bool | None
     backend: str | None
     reason: str | None
+    # "namespace": each sandbox has its own network (Linux); "shared": the host's (macOS).
+    network: str | None = None
 
 
 class EngineHealth(BaseModel):

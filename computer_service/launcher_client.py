@@ -89,6 +89,7 @@ class RunRequest(BaseModel):
     stdin: str
     stdout_limit: int = DEFAULT_STDOUT_LIMIT
     engine_args: EngineArgs
+    loopback_ports: list[int] = Field(default_factory=list)
 
 
 class ModelsRequest(BaseModel):
@@ -129,6 +130,7 @@ class SandboxHealth(BaseModel):
     ok: bool
     backend: str | None = None
     reason: str | None = None
+    network: str | None = None
 
 
 class EngineHealth(BaseModel):

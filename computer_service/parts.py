@@ -178,6 +178,7 @@ class LocalParts:
             reason=health.sandbox.reason,
             engine_found=engine is not None and bool(engine.path),
             engine_version=engine.version if engine is not None else None,
+            network=health.sandbox.network,
         )
 
     async def stop_launcher(self) -> None:
@@ -233,6 +234,7 @@ class LocalParts:
             server_url=self.bootstrap.server_url,
             bin_dir=self.run_dir.bin_dir,
             interpreter_dirs=self.run_dir.interpreter_dirs(),
+            loopback_ports=list(self.bootstrap.sandbox_loopback_ports),
         )
 
     def prepare_agent(self, agent: AgentRecord, token: str) -> AgentHome:

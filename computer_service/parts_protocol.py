@@ -36,6 +36,8 @@ class LauncherStatus:
     reason: str | None
     engine_found: bool
     engine_version: str | None
+    # "namespace" (Linux: each sandbox its own) or "shared" (macOS: the host's).
+    network: str | None = None
 
     def unavailable_reason(self) -> str | None:
         """Why no agent can run, or None when the sandbox and the engine are usable."""

@@ -356,6 +356,7 @@ class ComputerService:
                 ok=self.launcher.sandbox_ok,
                 backend=self.launcher.backend,
                 reason=self.launcher.reason,
+                network=self.launcher.network,
             ),
             engine=EngineHealth(
                 found=self.launcher.engine_found, version=self.launcher.engine_version
