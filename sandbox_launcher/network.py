@@ -41,6 +41,7 @@ is the one place that starts and stops pasta.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -62,6 +63,7 @@ SETPRIV_CANDIDATES = ("/usr/bin/setpriv", "/bin/setpriv")
 INSTALL_HINT = "install passt (Debian/Ubuntu: apt install passt; Fedora: dnf install passt)"
 SANDBOX_IPV4 = ("10.0.2.100", "24", "10.0.2.2")  # address, prefix, gateway (as slirp4netns)
 SANDBOX_IPV6 = ("fd63:7265:7700::100", "fd63:7265:7700::2")  # address, gateway ("crew" ULA)
+NS_GET_USERNS = 0xB701  # ioctl on a namespace fd: the user namespace that owns it
 READY_TIMEOUT_S = 10.0
 READY_POLL_S = 0.002
 STOP_GRACE_S = 1.0
@@ -120,8 +122,10 @@ def _port_spec(ports: Sequence[int]) -> str:
     return ",".join(str(p) for p in sorted(set(ports))) if ports else "none"
 
 
-def pasta_argv(tools: PastaTools, pid: int, plan: NetworkPlan, as_root: bool) -> list[str]:
-    """The argv that attaches pasta to the network namespace of `pid`. Pure."""
+def pasta_argv(
+    tools: PastaTools, ns_fds: tuple[int, int], plan: NetworkPlan, as_root: bool
+) -> list[str]:
+    """The argv that attaches pasta to a sandbox's namespaces, given as fds (user, net). Pure."""
     address4, prefix4, gateway4 = SANDBOX_IPV4
     address6, gateway6 = SANDBOX_IPV6
     argv = [tools.setpriv, "--pdeathsig", "KILL", "--", tools.pasta, "-f", "-q"]
@@ -134,7 +138,10 @@ def pasta_argv(tools: PastaTools, pid: int, plan: NetworkPlan, as_root: bool) ->
     argv += ["-t", inbound, "-u", "none", "-T", _port_spec(plan.loopback_ports), "-U", "none"]
     if as_root:
         argv += ["--runas", "0"]
-    return [*argv, str(pid)]
+    user_fd, net_fd = ns_fds
+    # We stop pasta ourselves: it need not watch the namespace (its path is an fd of its own).
+    argv += ["--no-netns-quit", "--userns", f"/proc/self/fd/{user_fd}"]
+    return [*argv, "--netns", f"/proc/self/fd/{net_fd}"]
 
 
 def with_network(argv: list[str], info_fd: int, block_fd: int) -> list[str]:
@@ -230,17 +237,32 @@ class SandboxNetwork:
         return child_pid(self._info)
 
     def _start_pasta(self, pid: int) -> None:
-        argv = pasta_argv(self.tools, pid, self.plan, os.geteuid() == 0)
+        # The namespaces as fds: bwrap (unprivileged) nests a second user namespace
+        # inside the first, so /proc/<pid>/ns/user may already be the inner one, in
+        # which pasta could not enter the network namespace. NS_GET_USERNS gives the
+        # user namespace that owns the network namespace, whatever bwrap did since.
+        net_fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            user_fd = fcntl.ioctl(net_fd, NS_GET_USERNS)
+        except OSError:
+            os.close(net_fd)
+            raise
+        argv = pasta_argv(self.tools, (user_fd, net_fd), self.plan, os.geteuid() == 0)
         # A file, not a pipe: nobody reads pasta's stderr while the run goes on.
         self._pasta_log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
-        self._pasta = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=self._pasta_log,
-            start_new_session=True,  # never in the sandbox's group: a stop SIGINT is not for it
-            env={"PATH": "/usr/bin:/bin"},
-        )
+        try:
+            self._pasta = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=self._pasta_log,
+                start_new_session=True,  # not in the sandbox's group: a stop SIGINT is not for it
+                env={"PATH": "/usr/bin:/bin"},
+                pass_fds=(user_fd, net_fd),
+            )
+        finally:
+            os.close(user_fd)
+            os.close(net_fd)
 
     def _ready(self, pid: int) -> bool:
         """pasta has configured the interface and listens on every forwarded port."""
