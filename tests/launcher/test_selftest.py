@@ -15,8 +15,8 @@ import pytest
 
 from sandbox_launcher.backend import BwrapBackend, open_backend
 from sandbox_launcher.bwrap import LinuxMode
-from sandbox_launcher.policy import SandboxPolicy
 from sandbox_launcher.network import NetworkPlan, SandboxNetwork
+from sandbox_launcher.policy import SandboxPolicy
 from sandbox_launcher.selftest import self_test
 from tests.support.ci import required_in_ci
 
