@@ -137,6 +137,20 @@ def pipe_holder(cfg: dict[str, Any]) -> None:
     emit({"event": "leaving"})
 
 
+def serve(cfg: dict[str, Any]) -> None:
+    # An engine server inside the sandbox: greet one client, then wait to be stopped.
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", cfg["port"]))
+    listener.listen(1)
+    emit({"event": "listening"})
+    conn, _ = listener.accept()
+    conn.sendall(b"hello from the sandbox")
+    conn.close()
+    emit({"event": "served"})
+    while True:
+        time.sleep(1)
+
+
 def echo(cfg: dict[str, Any]) -> None:
     emit({"argv": sys.argv[1:], "env": dict(os.environ), "cwd": os.getcwd(), "stdin": cfg})
     sys.stdout.write("no newline at the end")
@@ -160,6 +174,7 @@ def main() -> None:
         "flood": flood,
         "pipe_holder": pipe_holder,
         "echo": echo,
+        "serve": serve,
     }
     scenarios[cfg["scenario"]](cfg)
 
