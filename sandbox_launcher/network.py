@@ -45,7 +45,6 @@ import fcntl
 import json
 import logging
 import os
-import signal
 import socket
 import subprocess
 import tempfile
@@ -66,7 +65,6 @@ SANDBOX_IPV6 = ("fd63:7265:7700::100", "fd63:7265:7700::2")  # address, gateway 
 NS_GET_USERNS = 0xB701  # ioctl on a namespace fd: the user namespace that owns it
 READY_TIMEOUT_S = 10.0
 READY_POLL_S = 0.002
-STOP_GRACE_S = 1.0
 MAX_FORWARDED_PORTS = 32
 _TCP_LISTEN = "0A"
 _LOOPBACK_V4 = "0100007F"  # 127.0.0.1 as /proc/net/tcp writes it (little-endian hex)
@@ -330,13 +328,10 @@ class SandboxNetwork:
         pasta, self._pasta = self._pasta, None
         if pasta is not None:
             if pasta.poll() is None:
-                pasta.send_signal(signal.SIGTERM)
-                try:
-                    pasta.wait(timeout=STOP_GRACE_S)
-                except subprocess.TimeoutExpired:
-                    pasta.kill()
-                    pasta.wait()
-            elif pasta.returncode not in (0, -signal.SIGTERM):
+                # Nothing of pasta's is worth a graceful exit; the sandbox is gone.
+                pasta.kill()
+                pasta.wait()
+            else:
                 log.warning("pasta ended with status %s: %s", pasta.returncode, self._log_tail())
         if self._pasta_log is not None:
             self._pasta_log.close()
