@@ -166,6 +166,7 @@ async def test_unusable_sandbox_answers_503_with_the_reason(
         "backend": "bwrap",
         "mode": "hybrid",
         "reason": "bwrap not found (test)",
+        "network": None,
     }
 
 
