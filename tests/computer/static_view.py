@@ -26,7 +26,7 @@ class StaticView:
         return Health(
             ready=True,
             connected=True,
-            sandbox=SandboxHealth(ok=True, backend="bwrap", reason=None),
+            sandbox=SandboxHealth(ok=True, backend="bwrap", reason=None, network="namespace"),
             engine=EngineHealth(found=True, version="1.18.33"),
             agents=2,
             running_turns=1,

@@ -43,7 +43,12 @@ def client_for(view: StaticView, bus: EventBus | None = None) -> httpx.AsyncClie
 async def test_routes_answer_and_errors_are_json(view: StaticView) -> None:
     async with client_for(view) as client:
         health = (await client.get("/health")).json()
-        assert health["sandbox"] == {"ok": True, "backend": "bwrap", "reason": None}
+        assert health["sandbox"] == {
+            "ok": True,
+            "backend": "bwrap",
+            "reason": None,
+            "network": "namespace",
+        }
         rows = (await client.get("/agents")).json()
         assert [r["handle"] for r in rows] == ["alice", "bob"]
         detail = (await client.get("/agents/a1")).json()

@@ -73,7 +73,12 @@ async def test_sandbox_unusable_no_runner_and_every_agent_told_also_later_ones(
         ]
         health = (await local.get("/health")).json()
         assert health["connected"] is True and health["agents"] == 2
-        assert health["sandbox"] == {"ok": False, "backend": None, "reason": UNUSABLE.reason}
+        assert health["sandbox"] == {
+            "ok": False,
+            "backend": None,
+            "reason": UNUSABLE.reason,
+            "network": None,
+        }
         refused = await local.post(f"/agents/{early['id']}/wake")
         assert refused.status_code == 409 and refused.json()["error"]["code"] == "conflict"
         assert crew_server.turns(early["id"]) == []
@@ -270,7 +275,7 @@ async def test_introspection_of_the_running_service(crew_server: Any, tmp_path: 
             "running_turns",
             "queued",
         }
-        assert set(health["sandbox"]) == {"ok", "backend", "reason"}
+        assert set(health["sandbox"]) == {"ok", "backend", "reason", "network"}
         assert health["engine"] == {"found": True, "version": "test"}
         assert (health["ready"], health["agents"], health["queued"]) == (True, 1, 0)
 
