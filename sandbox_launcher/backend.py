@@ -31,6 +31,7 @@ from sandbox_launcher.network import (
     SandboxNetwork,
     find_pasta,
     missing_reason,
+    sandbox_resolver,
 )
 from sandbox_launcher.policy import SandboxPolicy
 from sandbox_launcher.schema import SandboxHealth
@@ -78,7 +79,10 @@ class BwrapBackend:
 
     def network(self, plan: NetworkPlan) -> SandboxNetwork | None:
         # open_backend never makes one without pasta: no run shares the host's network.
-        return SandboxNetwork(self.pasta, plan) if self.pasta else None
+        if self.pasta is None:
+            return None
+        # Looked up per run: the host's resolver changes with its network.
+        return SandboxNetwork(self.pasta, plan, sandbox_resolver())
 
 
 @dataclass(frozen=True)

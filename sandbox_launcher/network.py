@@ -27,6 +27,11 @@ pasta's options, checked against Debian 12's pasta (2023-03):
 - `-a/-n/-g`: the sandbox's own addresses (a private 10.0.2.0/24 as slirp's,
   and a ULA for IPv6). pasta's default copies the host's address, which
   makes the host's own non-loopback address unreachable from the sandbox.
+- DNS: the sandbox reads the host's resolv.conf. When that names only a
+  resolver on the host's loopback (systemd-resolved's 127.0.0.53), which is
+  out of reach inside (and pasta 2023-03 splices forwarded ports to the
+  host's 127.0.0.1 only), the sandbox is shown systemd-resolved's list of
+  upstream servers in its place (`sandbox_resolver`).
 - `--config-net`: pasta configures the interface itself (nobody runs DHCP
   inside); `-f -q`: a foreground child of ours, quiet.
 - `--runas 0` when the launcher is root: pasta would otherwise drop to
@@ -42,6 +47,7 @@ is the one place that starts and stops pasta.
 from __future__ import annotations
 
 import fcntl
+import ipaddress
 import json
 import logging
 import os
@@ -142,16 +148,78 @@ def pasta_argv(
     return [*argv, "--netns", f"/proc/self/fd/{net_fd}"]
 
 
-def with_network(argv: list[str], info_fd: int, block_fd: int) -> list[str]:
+def with_network(
+    argv: list[str], info_fd: int, block_fd: int, resolver: tuple[str, str] | None = None
+) -> list[str]:
     """`argv` (a bwrap argv) with its own network namespace and the two sync fds. Pure.
 
-    The options go right after the bwrap program, before its other options.
+    The options go right after the bwrap program, before its other options;
+    `resolver` (source, destination), a resolv.conf to show instead of the
+    host's, goes with the last mounts (before `--chdir`), over `--ro-bind / /`.
     """
     for index, word in enumerate(argv):
         if os.path.basename(word) == "bwrap":
             sync = ["--unshare-net", "--info-fd", str(info_fd), "--block-fd", str(block_fd)]
-            return [*argv[: index + 1], *sync, *argv[index + 1 :]]
+            argv = [*argv[: index + 1], *sync, *argv[index + 1 :]]
+            if resolver is not None:
+                at = argv.index("--chdir")
+                argv = [*argv[:at], "--ro-bind", *resolver, *argv[at:]]
+            return argv
     raise ValueError("not a bwrap argv: no bwrap program in it")
+
+
+HOST_RESOLV_CONF = "/etc/resolv.conf"
+# systemd-resolved's list of the upstream servers, next to its loopback stub.
+RESOLVED_UPSTREAM = "/run/systemd/resolve/resolv.conf"
+
+
+def nameservers(resolv_conf: str) -> list[str]:
+    """The `nameserver` addresses of a resolv.conf text. Pure."""
+    found = []
+    for line in resolv_conf.splitlines():
+        words = line.split()
+        if len(words) >= 2 and words[0] == "nameserver":
+            found.append(words[1])
+    return found
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address.split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def resolver_for_sandbox(host_conf: str, upstream_conf: str | None) -> bool:
+    """Should the sandbox see the upstream list instead of the host's resolv.conf? Pure.
+
+    Yes when every nameserver of the host's is on its loopback (a stub such as
+    systemd-resolved's 127.0.0.53, out of reach in the sandbox's own network)
+    and the upstream list names one that is not.
+    """
+    host = nameservers(host_conf)
+    if not host or not all(_is_loopback(a) for a in host) or upstream_conf is None:
+        return False
+    return any(not _is_loopback(a) for a in nameservers(upstream_conf))
+
+
+def sandbox_resolver() -> tuple[str, str] | None:
+    """(upstream resolv.conf, where the host's really is) when the sandbox needs it, else None."""
+    target = os.path.realpath(HOST_RESOLV_CONF)
+    upstream = os.path.realpath(RESOLVED_UPSTREAM)
+    if upstream == target:
+        return None
+    try:
+        with open(target) as f:
+            host = f.read(64 * 1024)
+    except OSError:
+        return None
+    try:
+        with open(upstream) as f:
+            upstream_text: str | None = f.read(64 * 1024)
+    except OSError:
+        upstream_text = None
+    return (upstream, target) if resolver_for_sandbox(host, upstream_text) else None
 
 
 def child_pid(info: bytes) -> int | None:
@@ -202,9 +270,12 @@ class SandboxNetwork:
     `close()`; the engine starts only after a successful attach.
     """
 
-    def __init__(self, tools: PastaTools, plan: NetworkPlan) -> None:
+    def __init__(
+        self, tools: PastaTools, plan: NetworkPlan, resolver: tuple[str, str] | None = None
+    ) -> None:
         self.tools = tools
         self.plan = plan
+        self.resolver = resolver  # (source, destination) of a resolv.conf to show inside
         self._info_r, self._info_w = os.pipe()
         self._block_r, self._block_w = os.pipe()
         self._info = b""
@@ -217,8 +288,8 @@ class SandboxNetwork:
         return (self._info_w, self._block_r)
 
     def argv(self, bwrap_argv: list[str]) -> list[str]:
-        """The sandbox's argv with its own network namespace."""
-        return with_network(bwrap_argv, self._info_w, self._block_r)
+        """The sandbox's argv with its own network namespace (and a reachable resolver)."""
+        return with_network(bwrap_argv, self._info_w, self._block_r, self.resolver)
 
     def spawned(self) -> None:
         """Close our copies of bwrap's ends (call once the sandbox is started)."""

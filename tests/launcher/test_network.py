@@ -34,7 +34,7 @@ import pytest
 from crew_testkit.waiting import wait_until
 from sandbox_launcher.backend import BwrapBackend, open_backend
 from sandbox_launcher.bwrap import LinuxMode
-from sandbox_launcher.network import find_pasta
+from sandbox_launcher.network import NetworkPlan, SandboxNetwork, find_pasta
 from sandbox_launcher.policy import SandboxPolicy
 from tests.support.ci import required_in_ci
 
@@ -434,5 +434,53 @@ def test_the_probe_sees_the_escapes_without_a_namespace(mode: LinuxMode, needs_b
         assert squatted == "accepted" and checks["squat_received"]["worked"], checks
         assert checks["host_listener_visible"]["worked"]
         assert checks["unforwarded_loopback"]["result"] == "'private-service'"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.parametrize("mode", [LinuxMode.HYBRID, LinuxMode.TMPFS])
+def test_a_loopback_resolver_is_replaced_by_the_upstream_list(
+    mode: LinuxMode, needs_bwrap: None
+) -> None:
+    """systemd-resolved's stub (127.0.0.53) is out of reach inside: the sandbox sees upstream."""
+    backend, health = open_backend(mode)
+    assert isinstance(backend, BwrapBackend) and backend.pasta, health
+    base = Path(tempfile.mkdtemp(prefix="crew-net-dns-", dir="/var/tmp"))
+    try:
+        host_conf = Path(os.path.realpath("/etc/resolv.conf"))
+        upstream = base / "upstream-resolv.conf"  # what systemd-resolved would list
+        upstream.write_text(host_conf.read_text() + "# crew test upstream\n")
+        upstream.chmod(0o644)
+        home = base / "home"
+        policy = SandboxPolicy(
+            home=home,
+            crew_home=home / ".crew",
+            agent_dir=home / "agent",
+            runtime_dir=home / "rt",
+            tmp_dir=home / "rt" / "tmp",
+            work_dir=home / "agent",
+        )
+        for path in (policy.tmp_dir, policy.agent_dir, policy.crew_home / "sockets"):
+            path.mkdir(parents=True)
+        network = SandboxNetwork(backend.pasta, NetworkPlan(), (str(upstream), str(host_conf)))
+        command = ["/bin/sh", "-c", "cat /etc/resolv.conf; getent hosts deb.debian.org || true"]
+        process = subprocess.Popen(
+            network.argv(backend.argv(policy, command)),
+            stdout=subprocess.PIPE,
+            pass_fds=network.pass_fds,
+            env={"PATH": "/usr/bin:/bin"},
+        )
+        try:
+            network.spawned()
+            network.attach_blocking()
+            out, _ = process.communicate(timeout=60)
+        finally:
+            network.close()
+        assert "# crew test upstream" in out.decode()
+        if (
+            subprocess.run(["getent", "hosts", "deb.debian.org"], capture_output=True).returncode
+            == 0
+        ):
+            assert "deb.debian.org" in out.decode().split("# crew test upstream", 1)[1]
     finally:
         shutil.rmtree(base, ignore_errors=True)

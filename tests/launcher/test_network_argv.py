@@ -10,7 +10,9 @@ from sandbox_launcher.network import (
     child_pid,
     has_default_route,
     listening_ports,
+    nameservers,
     pasta_argv,
+    resolver_for_sandbox,
     with_network,
 )
 
@@ -102,3 +104,42 @@ def test_default_route() -> None:
     assert has_default_route(head + link + default)
     assert not has_default_route(head + link)
     assert not has_default_route("")
+
+
+def test_with_network_shows_a_resolver_over_the_root_bind() -> None:
+    argv = ["/usr/bin/bwrap", "--ro-bind", "/", "/", "--chdir", "/w", "--", "sh"]
+    resolver = ("/run/systemd/resolve/resolv.conf", "/run/systemd/resolve/stub-resolv.conf")
+    assert with_network(argv, 5, 6, resolver) == [
+        "/usr/bin/bwrap", "--unshare-net", "--info-fd", "5", "--block-fd", "6",
+        "--ro-bind", "/", "/",
+        "--ro-bind", "/run/systemd/resolve/resolv.conf", "/run/systemd/resolve/stub-resolv.conf",
+        "--chdir", "/w", "--", "sh",
+    ]  # fmt: skip
+
+
+STUB = "# systemd-resolved stub\nnameserver 127.0.0.53\noptions edns0 trust-ad\nsearch lan\n"
+UPSTREAM = "nameserver 192.168.1.1\nnameserver fe80::1%eth0\nsearch lan\n"
+
+
+@pytest.mark.parametrize(
+    ("host", "upstream", "replace"),
+    [
+        (STUB, UPSTREAM, True),  # systemd-resolved's stub: show its upstream servers
+        (STUB, None, False),  # no upstream list: nothing better to show
+        (STUB, "nameserver 127.0.0.1\n", False),  # upstream on loopback too
+        ("nameserver 10.255.255.53\n", UPSTREAM, False),  # reachable as it is
+        ("nameserver 127.0.0.53\nnameserver 9.9.9.9\n", UPSTREAM, False),  # one reachable
+        ("nameserver ::1\n", UPSTREAM, True),
+        ("", UPSTREAM, False),  # no nameserver: the libc default, leave it
+    ],
+)
+def test_resolver_for_sandbox(host: str, upstream: str | None, replace: bool) -> None:
+    assert resolver_for_sandbox(host, upstream) is replace
+
+
+def test_nameservers() -> None:
+    assert nameservers(STUB + UPSTREAM + "nameserver\n#nameserver 1.1.1.1\n") == [
+        "127.0.0.53",
+        "192.168.1.1",
+        "fe80::1%eth0",
+    ]
