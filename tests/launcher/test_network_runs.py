@@ -78,3 +78,36 @@ def test_a_published_port_reaches_the_sandbox_and_pasta_ends_with_the_stop(
     finally:
         code, err = launcher.stop()
     assert code == 0, err
+
+
+@pytest.mark.timeout(120)
+def test_pasta_dies_with_a_killed_launcher(
+    needs_bwrap: None, isolated_home: Path, tmp_path: Path
+) -> None:
+    """SIGKILL leaves the launcher no clean-up: the parent-death signal ends pasta anyway."""
+    if find_pasta() is None:
+        required_in_ci("pasta (Debian package passt)")
+    layout = make_layout(isolated_home)
+    layout.add_agent("alice")
+    launcher = LauncherProcess(layout, write_fake_opencode(tmp_path / "bin"))
+    try:
+        body = layout.run_request("alice", {"scenario": "serve", "port": INSIDE_PORT})
+        with launcher.client() as client, client.stream("POST", "/runs", json=body) as response:
+            lines = response.iter_lines()
+            assert orjson.loads(next(lines))["t"] == "started"
+            assert orjson.loads(orjson.loads(next(lines))["data"]) == {"event": "listening"}
+            pastas = _pastas(launcher.pid)
+            assert pastas, "no pasta next to the run"
+            launcher.proc.kill()
+            launcher.proc.wait()
+        wait_until("pasta gone", lambda: all(not _alive(p) for p in pastas))
+    finally:
+        launcher.stop()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
