@@ -403,8 +403,12 @@ def main() -> int:
         if not managed_env or differ:
             raise SystemExit(f"the hand run's environment differs from the managed one: {differ}")
         # The warm-up started the session the hand runs continue: compare all but that.
-        if without_session(managed_run["bwrap"]) != without_session(argv[2:]):
-            raise SystemExit(f"the argv differs:\n{managed_run['bwrap']}\n{argv[2:]}")
+        network = hand.backend.network(hand.plan)
+        networked = network.argv(argv) if network else argv
+        if network:
+            network.close()
+        if without_session(managed_run["bwrap"]) != without_session(networked[2:]):
+            raise SystemExit(f"the argv differs:\n{managed_run['bwrap']}\n{networked[2:]}")
         timed_hand_run(hand, with_network=True)
         timed_hand_run(hand, with_network=False)
 
