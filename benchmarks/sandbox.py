@@ -15,8 +15,11 @@ differences (robust against a neighbour's load coming and going). Aim
                   what tmpfs mode cost before issue 12
 - argv tmpfs:     the launcher's full tmpfs argv (helper: rlimits + seccomp), run directly
 - argv hybrid:    the launcher's full hybrid argv (helper: rlimits + Landlock + seccomp)
+- argv X +net:    the same with the sandbox's own network namespace: bwrap --unshare-net,
+                  pasta attached before the command runs, stopped after (issue 12)
 - launcher X:     POST /runs over the launcher's Unix socket until the `exit` frame,
-                  with `/usr/bin/true` as the engine (it ignores the opencode arguments)
+                  with `/usr/bin/true` as the engine (it ignores the opencode arguments);
+                  with its network namespace, as every run has
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sandbox_launcher.bwrap import LinuxMode, bwrap_argv, find_tools
+from sandbox_launcher.network import NetworkPlan, PastaTools, SandboxNetwork, find_pasta
 from sandbox_launcher.policy import SandboxPolicy
 
 TRUE = "/usr/bin/true"
@@ -126,12 +130,30 @@ def run_checked(argv: list[str], env: dict[str, str] | None = None) -> None:
     subprocess.run(argv, check=True, env=env, stdin=subprocess.DEVNULL)
 
 
+def run_networked(argv: list[str], env: dict[str, str], pasta: PastaTools) -> None:
+    """`argv` in its own network namespace, as the launcher runs it."""
+    network = SandboxNetwork(pasta, NetworkPlan())
+    try:
+        process = subprocess.Popen(
+            network.argv(argv), env=env, stdin=subprocess.DEVNULL, pass_fds=network.pass_fds
+        )
+        network.spawned()
+        network.attach_blocking()
+        if process.wait() != 0:
+            raise SystemExit(f"networked run failed: {process.returncode}")
+    finally:
+        network.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=100)
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
     tools = find_tools()
+    pasta = find_pasta()
+    if pasta is None:
+        raise SystemExit("pasta not found: install passt (scripts/setup does)")
     base = Path(tempfile.mkdtemp(prefix="crew-bench-", dir="/var/tmp"))
     home = base / "home"
     launchers: dict[str, Launcher] = {}
@@ -169,6 +191,12 @@ def main() -> None:
             "argv hybrid": lambda: run_checked(
                 bwrap_argv(policy, LinuxMode.HYBRID, tools, [TRUE]), env
             ),
+            "argv tmpfs +net": lambda: run_networked(
+                bwrap_argv(policy, LinuxMode.TMPFS, tools, [TRUE]), env, pasta
+            ),
+            "argv hybrid +net": lambda: run_networked(
+                bwrap_argv(policy, LinuxMode.HYBRID, tools, [TRUE]), env, pasta
+            ),
             "launcher tmpfs": lambda: launchers["tmpfs"].run_true("bench-tmpfs"),
             "launcher hybrid": lambda: launchers["hybrid"].run_true("bench-hybrid"),
         }
@@ -204,11 +232,18 @@ def main() -> None:
         f"Landlock on top (hybrid): {landlock:+.2f} ms"
     )
     for mode in ("tmpfs", "hybrid"):
+        on, off = med[f"argv {mode} +net"], med[f"argv {mode}"]
+        print(
+            f"network namespace ({mode}): {on / off:.2f}× the argv without it, "
+            f"{over(f'argv {mode} +net', f'argv {mode}'):+.2f} ms (pasta started, attached, stopped)"
+        )
+    for mode in ("tmpfs", "hybrid"):
         total = over(f"launcher {mode}")
         verdict = "meets" if total <= 15 else "MISSES"
         print(
             f"launcher {mode}: {total:+.2f} ms over bare bwrap ({verdict} the ≤ 15 ms aim); "
-            f"of which launcher/HTTP {over(f'launcher {mode}', f'argv {mode}'):+.2f} ms, "
+            f"of which launcher/HTTP {over(f'launcher {mode}', f'argv {mode} +net'):+.2f} ms, "
+            f"network namespace {over(f'argv {mode} +net', f'argv {mode}'):+.2f} ms, "
             f"sandbox policy {over(f'argv {mode}'):+.2f} ms"
         )
     if load_before > 0.5:  # the 1-min average before the rounds: neighbours, not this benchmark

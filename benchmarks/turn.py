@@ -3,6 +3,9 @@
 Both series run the real OpenCode in the real sandbox against the scripted
 model, with the same work per turn: two model requests, one bash tool call
 that writes a file and runs `crew reply` (a real post to the real server).
+The sandbox has its own network namespace (pasta) in the managed and the
+"by hand" series; a third, "bare", runs the same by hand without it, so the
+cost of the network isolation is measured side by side (ratios printed).
 
 - managed: a user message is posted to the real `crew-server`; timed until the
   turn the real `crew-computer` ran for it is recorded as finished (the
@@ -69,6 +72,7 @@ import orjson
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from computer_service.engine.loopback_ports import sandbox_loopback_ports  # noqa: E402
 from computer_service.engine.opencode_env import engine_env, opencode_config  # noqa: E402
 from computer_service.engine.user_opencode import (  # noqa: E402
     UserOpenCode,
@@ -78,8 +82,9 @@ from computer_service.engine.user_opencode import (  # noqa: E402
 from crew_common.layout import AgentPaths  # noqa: E402
 from crew_server.demo import LocalStack, local_stack, wait_for  # noqa: E402
 from crew_server.scripted_model import scenario  # noqa: E402
-from sandbox_launcher.backend import open_backend  # noqa: E402
+from sandbox_launcher.backend import Backend, open_backend  # noqa: E402
 from sandbox_launcher.launcher import Launcher, LauncherConfig  # noqa: E402
+from sandbox_launcher.network import NetworkPlan  # noqa: E402
 from sandbox_launcher.schema import EngineArgs, RunRequest  # noqa: E402
 
 MODEL = "local/scripted"
@@ -144,6 +149,10 @@ def engine_process(marker: str, found: dict[str, Any], done: threading.Event) ->
 
 
 def without_session(argv: list[str]) -> list[str]:
+    """The argv less the session and bwrap's per-run sync fds (the network's)."""
+    if "--info-fd" in argv:
+        at = argv.index("--unshare-net")
+        argv = argv[:at] + argv[at + 5 :]
     if "--session" not in argv:
         return argv
     at = argv.index("--session")
@@ -169,23 +178,35 @@ def session_of(stack: LocalStack, agent_id: str) -> str:
     return str(session)
 
 
-def hand_run(
-    stack: LocalStack, agent_id: str, turn_input: str, session: str
-) -> tuple[list[str], dict[str, str], bytes]:
+class HandRun:
+    """One `opencode run` started by hand, with or without the sandbox's own network."""
+
+    def __init__(
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        stdin: bytes,
+        backend: Backend,
+        plan: NetworkPlan,
+    ) -> None:
+        self.argv, self.env, self.stdin = argv, env, stdin
+        self.backend, self.plan = backend, plan
+
+
+def hand_run(stack: LocalStack, agent_id: str, turn_input: str, session: str) -> HandRun:
     """The argv, environment and stdin of the same run, built by the launcher's own code."""
     crew_home = stack.computer.crew_home.resolve()
     [run_dir] = (crew_home / "runtime").iterdir()
     paths = AgentPaths(crew_home=crew_home, run_id=run_dir.name, agent_id=agent_id)
     home = (stack.root / "home").resolve()
     user = UserOpenCode.from_env({"HOME": str(home)})
+    providers = read_user_providers(user.config_files)
     env = engine_env(
         paths,
         bin_dir=paths.bin_dir,
         server_url=stack.server.url,
         auth_content=read_auth(user.auth_file),
-        config_content=opencode_config(
-            paths.agents_md, MODEL, read_user_providers(user.config_files)
-        ),
+        config_content=opencode_config(paths.agents_md, MODEL, providers),
         # What the Computer's own environment gives it (demo.user_env): the same PATH and LANG.
         base_path=os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
         lang=os.environ.get("LANG", "C.UTF-8"),
@@ -217,12 +238,17 @@ def hand_run(
         ),
         env=env,
         stdin=turn_input,
+        loopback_ports=sandbox_loopback_ports(stack.server.url, providers),
         engine_args=EngineArgs(
             session_id=session, model=MODEL, title="crew turn", dir=str(paths.work_dir)
         ),
     )
     run = launcher.prepare(request)
-    return run.argv, run.env, run.stdin
+    if run.network is None:
+        raise SystemExit("the sandbox has no network namespace here (pasta missing?)")
+    plan = run.network.plan
+    run.network.close()
+    return HandRun(run.argv, run.env, run.stdin, backend, plan)
 
 
 POSTED: list[float] = []  # wall-clock time of each managed turn's post
@@ -307,15 +333,32 @@ class OurCpu:
 HAND_PHASES: list[tuple[float, float]] = []  # spawn → first event, last event → exit
 
 
-def timed_hand_run(argv: list[str], env: dict[str, str], stdin: bytes) -> float:
+def timed_hand_run(hand: HandRun, with_network: bool) -> float:
+    """Spawn → exit of the hand run; with its own network namespace (pasta) when asked."""
     spawned = time.time()
     started = time.perf_counter()
-    done = subprocess.run(
-        argv, input=stdin, env=env, capture_output=True, start_new_session=True, check=False
-    )
+    network = hand.backend.network(hand.plan) if with_network else None
+    try:
+        process = subprocess.Popen(
+            network.argv(hand.argv) if network else hand.argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=hand.env,
+            start_new_session=True,
+            pass_fds=network.pass_fds if network else (),
+        )
+        if network:
+            network.spawned()
+            network.attach_blocking()
+        out, err = process.communicate(hand.stdin)
+    finally:
+        if network:
+            network.close()
     elapsed = time.perf_counter() - started
+    done = subprocess.CompletedProcess(hand.argv, process.returncode, out, err)
     stamps = [orjson.loads(line)["timestamp"] / 1000 for line in done.stdout.splitlines() if line]
-    if stamps:
+    if stamps and with_network:
         HAND_PHASES.append((stamps[0] - spawned, spawned + elapsed - stamps[-1]))
     if done.returncode != 0 or b'"step_finish"' not in done.stdout:
         raise SystemExit(
@@ -343,6 +386,7 @@ def main() -> int:
         return engine_main(args.engine, runs)
     managed: list[float] = []
     by_hand: list[float] = []
+    bare: list[float] = []  # by hand, without the network namespace
     load_before = os.getloadavg()[0]
     # The managed-vs-by-hand comparison is of the cold engine (one opencode run per turn).
     with local_stack(script=scenario("crew"), price_in_config=True, engine_mode="cold") as stack:
@@ -368,29 +412,40 @@ def main() -> int:
         seen.set()
         spy.join()
         last = stack.finished_turn(agent["id"], 0, 10)
-        argv, env, stdin = hand_run(
-            stack, agent["id"], last["input"], session_of(stack, agent["id"])
-        )
+        hand = hand_run(stack, agent["id"], last["input"], session_of(stack, agent["id"]))
+        argv, env = hand.argv, hand.env
         managed_env = managed_run.get("env", {})
         differ = sorted(k for k in {*env, *managed_env} if env.get(k) != managed_env.get(k))
         if not managed_env or differ:
             raise SystemExit(f"the hand run's environment differs from the managed one: {differ}")
         # The warm-up started the session the hand runs continue: compare all but that.
-        if without_session(managed_run["bwrap"]) != without_session(argv[2:]):
-            raise SystemExit(f"the argv differs:\n{managed_run['bwrap']}\n{argv[2:]}")
-        timed_hand_run(argv, env, stdin)
+        network = hand.backend.network(hand.plan)
+        networked = network.argv(argv) if network else argv
+        if network:
+            network.close()
+        if without_session(managed_run["bwrap"]) != without_session(networked[2:]):
+            raise SystemExit(f"the argv differs:\n{managed_run['bwrap']}\n{networked[2:]}")
+        timed_hand_run(hand, with_network=True)
+        timed_hand_run(hand, with_network=False)
 
+        series = {"managed": managed, "by hand": by_hand, "bare": bare}
         for i in range(runs):
-            # Alternate which goes first, so neither always follows the other's clean-up.
+            # Rotate the order, so none always follows another's clean-up.
             pair = {
                 "managed": lambda: managed_turn(stack, watcher, room["id"]),
-                "by hand": lambda: timed_hand_run(argv, env, stdin),
+                "by hand": lambda: timed_hand_run(hand, with_network=True),
+                "bare": lambda: timed_hand_run(hand, with_network=False),
             }
-            for kind in ("managed", "by hand") if i % 2 == 0 else ("by hand", "managed"):
-                (managed if kind == "managed" else by_hand).append(cpu.measure(kind, pair[kind]))
+            order = ["managed", "by hand", "bare"]
+            for kind in order[i % 3 :] + order[: i % 3]:
+                if kind == "bare":
+                    series[kind].append(pair[kind]())
+                else:
+                    series[kind].append(cpu.measure(kind, pair[kind]))
                 time.sleep(0.3)  # let the finished one's clean-up settle
             print(
-                f"  run {i + 1}/{runs}: managed {managed[-1]:.3f} s, by hand {by_hand[-1]:.3f} s",
+                f"  run {i + 1}/{runs}: managed {managed[-1]:.3f} s, by hand {by_hand[-1]:.3f} s, "
+                f"bare {bare[-1]:.3f} s",
                 flush=True,
             )
         listed = stack.call("GET", "/api/turns", params={"agent_id": agent["id"]})
@@ -412,8 +467,10 @@ def main() -> int:
             shutil.copyfile(log / "opencode" / "log" / "opencode.log", args.keep_log)
     load_after = os.getloadavg()[0]
 
-    m, h = statistics.median(managed), statistics.median(by_hand)
+    m, h, b = statistics.median(managed), statistics.median(by_hand), statistics.median(bare)
     paired = statistics.median(a / b for a, b in zip(managed, by_hand, strict=True))
+    paired_bare = statistics.median(a / b for a, b in zip(managed, bare, strict=True))
+    paired_net = statistics.median(a / b for a, b in zip(by_hand, bare, strict=True))
     backend = stack.health["sandbox"].get("backend")
     print()
     print(f"turn: real opencode in {backend}, scripted model; 2 model calls + bash + crew reply")
@@ -423,7 +480,17 @@ def main() -> int:
     print(
         f"  same opencode run by hand, spawn → exit  median {h:.3f} s  min {min(by_hand):.3f}  max {max(by_hand):.3f}  (n={runs})"
     )
+    print(
+        f"  same run by hand, no network namespace   median {b:.3f} s  min {min(bare):.3f}  max {max(bare):.3f}  (n={runs})"
+    )
     print(f"  ratio of medians                         {m / h:.3f}×  (target ≤ 1.10×)")
+    print(
+        f"  managed / bare (no network namespace)    {m / b:.3f}×  (paired {paired_bare:.3f}×; target ≤ 1.10×)"
+    )
+    print(
+        f"  network namespace on / off, by hand      {h / b:.3f}×  (paired {paired_net:.3f}×, "
+        f"{1000 * (h - b):+.0f} ms: pasta and its attach)"
+    )
     print(
         f"  median of the paired ratios              {paired:.3f}×  (each managed turn / the hand run next to it)"
     )

@@ -68,6 +68,11 @@ class Bootstrap(BaseModel):
     max_concurrent_turns: Annotated[int, Strict()] | None = Field(default=None, ge=1, le=1024)
     opencode_path: Path | None = None
     sandbox_mode: Literal["hybrid", "tmpfs"] | None = None
+    # Linux: host-loopback TCP ports every sandbox may reach besides the crew server's
+    # and the local models' of the user's OpenCode config (which are forwarded anyway).
+    sandbox_loopback_ports: tuple[Annotated[int, Strict(), Field(ge=1, le=65535)], ...] = Field(
+        default=(), max_length=16
+    )
     # The first wait before a failed turn is tried again (doubling to 5 min). Tests
     # shorten it; an app has no reason to set it.
     retry_base_s: float = Field(default=RETRY_BASE_S, gt=0, le=300)

@@ -45,6 +45,8 @@ class SandboxHealth(BaseModel):
     reason: str | None
     # PATH entries, toolchain roots and read_only_roots agents may not read, with why.
     not_granted: list[str] = Field(default_factory=list)
+    # "namespace": each sandbox has its own network (Linux); "shared": the host's (macOS).
+    network: str | None = None
 
 
 class EngineHealth(BaseModel):

@@ -89,6 +89,7 @@ class RunRequest(BaseModel):
     stdin: str
     stdout_limit: int = DEFAULT_STDOUT_LIMIT
     engine_args: EngineArgs
+    loopback_ports: list[int] = Field(default_factory=list)
 
 
 class ModelsRequest(BaseModel):
@@ -155,6 +156,7 @@ class SandboxHealth(BaseModel):
     backend: str | None = None
     reason: str | None = None
     not_granted: list[str] = Field(default_factory=list)
+    network: str | None = None
 
 
 class EngineHealth(BaseModel):

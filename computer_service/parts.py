@@ -218,6 +218,7 @@ class LocalParts:
             engine_found=engine is not None and bool(engine.path),
             engine_version=engine.version if engine is not None else None,
             not_granted=tuple(health.sandbox.not_granted),
+            network=health.sandbox.network,
         )
 
     async def stop_launcher(self) -> None:
@@ -274,6 +275,7 @@ class LocalParts:
             server_url=self.bootstrap.server_url,
             bin_dir=self.run_dir.bin_dir,
             interpreter_dirs=self.run_dir.interpreter_dirs(),
+            loopback_ports=list(self.bootstrap.sandbox_loopback_ports),
         )
         if self.engine_mode() == "cold":
             return cold

@@ -38,6 +38,8 @@ class LauncherStatus:
     engine_version: str | None
     # Toolchains on PATH and read_only_roots the launcher refused as secret places.
     not_granted: tuple[str, ...] = ()
+    # "namespace" (Linux: each sandbox its own) or "shared" (macOS: the host's).
+    network: str | None = None
 
     def unavailable_reason(self) -> str | None:
         """Why no agent can run, or None when the sandbox and the engine are usable."""

@@ -372,6 +372,7 @@ class ComputerService:
                 backend=self.launcher.backend,
                 reason=self.launcher.reason,
                 not_granted=list(self.launcher.not_granted),
+                network=self.launcher.network,
             ),
             engine=EngineHealth(
                 found=self.launcher.engine_found, version=self.launcher.engine_version

@@ -43,6 +43,13 @@ def _parser() -> argparse.ArgumentParser:
     sandbox.add_argument(
         "--read-dir", action="append", default=[], help="another directory to keep readable"
     )
+    sandbox.add_argument(
+        "--loopback-port",
+        type=int,
+        action="append",
+        default=[],
+        help="a host-loopback TCP port reachable inside (Linux; repeatable), as a run's",
+    )
     sandbox.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS…]")
     return parser
 
@@ -102,7 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     from sandbox_launcher.sandbox_command import run_sandboxed
 
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    return run_sandboxed(mode, args.agent_dir, args.runtime_dir, args.read_dir, command)
+    return run_sandboxed(
+        mode, args.agent_dir, args.runtime_dir, args.read_dir, command, args.loopback_port
+    )
 
 
 if __name__ == "__main__":

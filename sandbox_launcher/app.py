@@ -132,6 +132,8 @@ class RunStream(Response):
             log.info("client of run %s went away while finishing: %s", run.run_id, exc)
         finally:
             self.launcher.run_ended(run.run_id)
+            if run.network is not None:
+                run.network.close()  # idempotent; covers a run that never got to start
 
 
 def create_app(launcher: Launcher, secret: str) -> ASGIApp:

@@ -27,6 +27,14 @@ from sandbox_launcher.bwrap import (
 )
 from sandbox_launcher.limits import TurnLimits
 from sandbox_launcher.mounts import alias_masks
+from sandbox_launcher.network import (
+    NetworkPlan,
+    PastaTools,
+    SandboxNetwork,
+    find_pasta,
+    missing_reason,
+    sandbox_resolver,
+)
 from sandbox_launcher.policy import SandboxPolicy
 from sandbox_launcher.schema import SandboxHealth
 from sandbox_launcher.seatbelt import SANDBOX_EXEC, seatbelt_argv
@@ -48,6 +56,10 @@ class Backend(Protocol):
 
     def argv(self, policy: SandboxPolicy, command: list[str]) -> list[str]: ...
 
+    def network(self, plan: NetworkPlan) -> SandboxNetwork | None:
+        """The sandbox's own network for one run; None: it shares the host's."""
+        ...
+
 
 @dataclass(frozen=True)
 class BwrapBackend:
@@ -55,6 +67,7 @@ class BwrapBackend:
 
     tools: BwrapTools
     linux_mode: LinuxMode
+    pasta: PastaTools | None = None  # None only in tests of the argv alone
     name: Literal["bwrap", "seatbelt"] = "bwrap"
 
     @property
@@ -66,6 +79,13 @@ class BwrapBackend:
         aliases = alias_masks(policy.deny_roots)
         return bwrap_argv(policy, self.linux_mode, self.tools, command, aliases)
 
+    def network(self, plan: NetworkPlan) -> SandboxNetwork | None:
+        # open_backend never makes one without pasta: no run shares the host's network.
+        if self.pasta is None:
+            return None
+        # Looked up per run: the host's resolver changes with its network.
+        return SandboxNetwork(self.pasta, plan, sandbox_resolver())
+
 
 @dataclass(frozen=True)
 class SeatbeltBackend:
@@ -76,6 +96,9 @@ class SeatbeltBackend:
 
     def argv(self, policy: SandboxPolicy, command: list[str]) -> list[str]:
         return seatbelt_argv(policy, command)
+
+    def network(self, plan: NetworkPlan) -> SandboxNetwork | None:
+        return None  # Seatbelt has no network namespaces: the host's network (README)
 
 
 def open_backend(
@@ -90,7 +113,7 @@ def open_backend(
             return None, SandboxHealth(
                 ok=False, backend="seatbelt", reason=f"{SANDBOX_EXEC} not found or not executable"
             )
-        return SeatbeltBackend(), SandboxHealth(ok=True, backend="seatbelt")
+        return SeatbeltBackend(), SandboxHealth(ok=True, backend="seatbelt", network="shared")
     if not sys.platform.startswith("linux"):
         return None, SandboxHealth(
             ok=False, backend="bwrap", reason=f"no sandbox backend for platform {sys.platform}"
@@ -103,8 +126,15 @@ def open_backend(
         if reason is not None:
             raise SandboxUnavailable(reason)
         mode = choose_mode(requested, landlock.abi())
+        # Without its own network namespace an agent could squat the crew server's
+        # port and receive the Computer's token: refuse rather than run (README).
+        pasta = find_pasta()
+        if pasta is None:
+            raise SandboxUnavailable(missing_reason())
     except SandboxUnavailable as exc:
         return None, SandboxHealth(ok=False, backend="bwrap", reason=str(exc))
-    backend = BwrapBackend(tools, mode)
+    backend = BwrapBackend(tools, mode, pasta)
     note = TMPFS_NOTE if mode is LinuxMode.TMPFS else None
-    return backend, SandboxHealth(ok=True, backend="bwrap", mode=backend.mode, reason=note)
+    return backend, SandboxHealth(
+        ok=True, backend="bwrap", mode=backend.mode, reason=note, network="namespace"
+    )

@@ -27,6 +27,7 @@ import orjson
 from anyio.abc import ByteReceiveStream, Process, SocketStream
 
 from sandbox_launcher.limits import WATCH_INTERVAL_S, LimitHit, ResourceWatch, RunCgroup, TurnLimits
+from sandbox_launcher.network import NetworkUnavailable, SandboxNetwork
 from sandbox_launcher.schema import ExitFrame, RunInfo
 
 log = logging.getLogger(__name__)
@@ -145,6 +146,7 @@ class EngineRun:
         stdout_limit: int,
         limits: TurnLimits | None = None,
         cgroup: RunCgroup | None = None,
+        network: SandboxNetwork | None = None,
     ) -> None:
         self.run_id = run_id
         self.agent_id = agent_id
@@ -154,6 +156,7 @@ class EngineRun:
         self.stdout_limit = stdout_limit
         self.limits = limits  # None: not watched (tests of the process rules)
         self.cgroup = cgroup
+        self.network = network  # its own network namespace (Linux), attached before it starts
         self.started_at = datetime.now(UTC).isoformat(timespec="milliseconds")
         self.pid: int | None = None
         self.bytes_out = 0
@@ -188,20 +191,24 @@ class EngineRun:
         the clean-up runs shielded.
         """
         self._emit = emit
+        network = self.network
         ours, theirs = engine_channel()
         try:
             process = await anyio.open_process(
-                self.argv,
+                network.argv(self.argv) if network else self.argv,
                 stdin=subprocess.PIPE,
                 stdout=theirs.fileno(),
                 stderr=subprocess.PIPE,
                 env=self.env,
                 start_new_session=True,
+                pass_fds=network.pass_fds if network else (),
             )
         except BaseException:
             ours.close()
             if self.cgroup is not None:
                 self.cgroup.remove()
+            if network:
+                network.close()
             raise
         finally:
             theirs.close()
@@ -209,7 +216,12 @@ class EngineRun:
         self.pid = process.pid
         log.info("run %s of agent %s started (pid %d)", self.run_id, self.agent_id, process.pid)
         try:
-            await self._send(orjson.dumps({"t": "started", "pid": process.pid}) + b"\n")
+            if network:
+                await self._attach_network(network, process.pid)
+            started: dict[str, object] = {"t": "started", "pid": process.pid}
+            if network and network.plan.publish:
+                started["published_port"] = network.plan.publish[1]
+            await self._send(orjson.dumps(started) + b"\n")
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._feed_stdin, process)
                 tg.start_soon(self._collect_stderr, process)
@@ -230,6 +242,8 @@ class EngineRun:
         finally:
             with anyio.CancelScope(shield=True):
                 await self._ensure_dead(process, stdout)
+                if network:
+                    network.close()
         code = process.returncode
         assert code is not None  # the process has been waited for
         log.info(
@@ -245,6 +259,16 @@ class EngineRun:
             stderr_tail=_tail_text(bytes(self._stderr)),
             reason=self.reason,
         )
+
+    async def _attach_network(self, network: SandboxNetwork, pgid: int) -> None:
+        """Network the sandbox before its engine starts; a sandbox without one never runs."""
+        network.spawned()
+        try:
+            await network.attach()
+        except NetworkUnavailable:
+            # bwrap ignores SIGINT and waits on its block fd: no graceful stop to wait for.
+            _signal_group(pgid, signal.SIGKILL)
+            raise
 
     async def _send(self, data: bytes) -> None:
         if self.client_gone or self._emit is None:

@@ -19,6 +19,7 @@ from sandbox_launcher.backend import Backend
 from sandbox_launcher.engine_run import EngineRun
 from sandbox_launcher.git_guard import commondir_absent, guarded_git_dirs, remove_new_commondirs
 from sandbox_launcher.limits import CgroupParents, RunCgroup, TurnLimits
+from sandbox_launcher.network import NetworkPlan, free_loopback_port
 from sandbox_launcher.paths import PathRefused, dir_below, is_inside
 from sandbox_launcher.policy import SandboxPolicy, check_read_dir
 from sandbox_launcher.schema import (
@@ -179,6 +180,15 @@ class Launcher:
             raise RequestRefused(400, "path_refused", str(exc)) from exc
         command = self._command(request, policy)
         env = self._env(request, policy)
+        publish = None
+        if request.publish_port is not None:
+            publish = (request.publish_port, free_loopback_port())
+        plan = NetworkPlan(tuple(request.loopback_ports), publish)
+        network = backend.network(plan)
+        if network is None and publish is not None:
+            raise RequestRefused(
+                400, "publish_unsupported", "publish_port needs the sandbox's own network (Linux)"
+            )
         self.commondir_watch[request.run_id] = commondir_absent(policy.guarded_git)
         argv = backend.argv(policy, command)
         cgroup = self._cgroup(request.run_id)
@@ -191,6 +201,7 @@ class Launcher:
             stdout_limit=request.stdout_limit,
             limits=self.limits,
             cgroup=cgroup,
+            network=network,
         )
 
     def run_ended(self, run_id: str) -> None:

@@ -19,6 +19,7 @@ from sandbox_launcher.backend import open_backend
 from sandbox_launcher.bwrap import LinuxMode
 from sandbox_launcher.engine_run import become_subreaper, group_alive
 from sandbox_launcher.git_guard import guarded_git_dirs
+from sandbox_launcher.network import NetworkPlan, NetworkUnavailable
 from sandbox_launcher.paths import PathRefused, resolved_dir
 from sandbox_launcher.policy import SandboxPolicy, check_read_dir
 from sandbox_launcher.selftest import self_test
@@ -83,8 +84,13 @@ def run_sandboxed(
     runtime_dir: str,
     read_dirs: list[str],
     command: list[str],
+    loopback_ports: list[int] | None = None,
 ) -> int:
-    """Run `command` sandboxed; its exit status (128+N when killed by signal N)."""
+    """Run `command` sandboxed; its exit status (128+N when killed by signal N).
+
+    `loopback_ports`: host-loopback TCP ports reachable inside (Linux), as a run's.
+    """
+    loopback_ports = loopback_ports or []
     if not command:
         sys.stderr.write("crew-launcher sandbox: no command given after --\n")
         return 2
@@ -110,9 +116,31 @@ def run_sandboxed(
         sys.stderr.write(f"crew-launcher sandbox: sandbox unavailable: {reason}\n")
         return 125
     become_subreaper()
+    network = backend.network(NetworkPlan(tuple(loopback_ports)))
+    argv = backend.argv(policy, command)
     process = subprocess.Popen(
-        backend.argv(policy, command), env=agent_env(policy), start_new_session=True
+        network.argv(argv) if network else argv,
+        env=agent_env(policy),
+        start_new_session=True,
+        pass_fds=network.pass_fds if network else (),
     )
+    try:
+        if network:
+            network.spawned()
+            network.attach_blocking()
+        return _wait(process)
+    except NetworkUnavailable as exc:
+        _signal_group(process.pid, signal.SIGKILL)
+        process.wait()
+        sys.stderr.write(f"crew-launcher sandbox: {exc}\n")
+        return 125
+    finally:
+        if network:
+            network.close()
+
+
+def _wait(process: subprocess.Popen[bytes]) -> int:
+    """Wait for the sandboxed command, passing signals on; then clean up its group."""
 
     def forward(sig: int, frame: FrameType | None) -> None:
         # The child has its own session: pass the user's Ctrl+C / kill on to it.

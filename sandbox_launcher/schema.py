@@ -8,7 +8,7 @@ error rather than something silently ignored.
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -55,6 +55,8 @@ MODELS_ENV_KEYS = frozenset(
     }
 )
 MAX_PRICE_TABLE = 32 * MIB
+MAX_LOOPBACK_PORTS = 32
+Port = Annotated[int, Field(ge=1, le=65535)]
 
 
 def env_key_allowed(key: str) -> bool:
@@ -108,6 +110,12 @@ class RunRequest(_Strict):
     env: dict[str, str] = Field(default_factory=dict)
     stdin: str = Field(default="", max_length=MAX_STDIN)
     stdout_limit: int = Field(default=DEFAULT_STDOUT_LIMIT, ge=1, le=MAX_STDOUT_LIMIT)
+    # Linux: host-loopback TCP ports the sandbox reaches at its own 127.0.0.1
+    # (the crew server, local models); every other host-loopback port stays out of reach.
+    loopback_ports: list[Port] = Field(default_factory=list, max_length=MAX_LOOPBACK_PORTS)
+    # Linux: a TCP port inside the sandbox made reachable on the host's 127.0.0.1 at a
+    # port the launcher picks (the `started` frame names it). For an engine server.
+    publish_port: Port | None = None
 
     @field_validator("env")
     @classmethod
@@ -174,6 +182,7 @@ class ModelsRequest(_Strict):
 class StartedFrame(BaseModel):
     t: Literal["started"] = "started"
     pid: int
+    published_port: int | None = None  # the host-loopback port of `publish_port`
 
 
 class LineFrame(BaseModel):
@@ -201,6 +210,9 @@ class SandboxHealth(BaseModel):
     reason: str | None = None
     # PATH entries, toolchain roots and read_only_roots refused as secret places.
     not_granted: list[str] = Field(default_factory=list)
+    # "namespace": each sandbox has its own network namespace (Linux, pasta);
+    # "shared": the host's network, its loopback services included (macOS).
+    network: Literal["namespace", "shared"] | None = None
 
 
 class EngineHealth(BaseModel):

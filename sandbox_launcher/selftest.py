@@ -8,7 +8,8 @@ outside the allowlist: `/var/tmp`) and a denied read (a canary below the
 crew home, and one in `$HOME` when the crew home lies elsewhere) all fail.
 On Linux also (issue 12): writing a sysctl with its own value fails, and
 live Unix sockets of the host (one in `$HOME`, one in `/run/user/<uid>`
-when it exists) cannot be connected to.
+when it exists) cannot be connected to, and neither can a port listening on
+the host's 127.0.0.1 that the run did not forward (its own network namespace).
 Afterwards the host is checked: no denied file may exist.
 """
 
@@ -28,6 +29,7 @@ from pathlib import Path
 
 from sandbox_launcher.backend import Backend
 from sandbox_launcher.engine_run import group_alive, reap_group
+from sandbox_launcher.network import NetworkPlan, NetworkUnavailable
 from sandbox_launcher.paths import is_inside
 from sandbox_launcher.policy import SandboxPolicy
 
@@ -57,13 +59,15 @@ shift 6
 if [ -n "$python" ] && [ "$#" -gt 0 ]; then
   "$python" -I -S -c "$PROBE" "$@"
   probe=$?
-  [ "$probe" -eq 0 ] || exit $((probe == 14 ? 14 : 16))
+  [ "$probe" -eq 0 ] || [ "$probe" -eq 14 ] || [ "$probe" -eq 17 ] || exit 16
+  [ "$probe" -eq 0 ] || exit "$probe"
 fi
 exit 0
 """
-# Exit 0 when no socket given could be connected to, 14 when one could.
+# Exit 0 when no socket given could be connected to, 14 when one could, 17
+# when the host-loopback port in $LOOPBACK_PORT (not forwarded) could.
 _SOCKET_PROBE = """
-import socket, sys
+import os, socket, sys
 for path in sys.argv[1:]:
     try:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -71,6 +75,14 @@ for path in sys.argv[1:]:
     except OSError:
         continue
     sys.exit(14)
+port = os.environ.get("LOOPBACK_PORT")
+if port:
+    try:
+        socket.create_connection(("127.0.0.1", int(port)), timeout=5).close()
+    except OSError:
+        pass
+    else:
+        sys.exit(17)
 """
 _FAILURES = {
     10: "the allowed write in the agent directory failed",
@@ -80,6 +92,7 @@ _FAILURES = {
     14: "connecting to a host Unix socket was NOT denied",
     15: "a sysctl could not be read",
     16: "the Unix socket probe could not run (the interpreter is not usable inside)",
+    17: "a host loopback port that is not forwarded was reachable (no network namespace)",
 }
 SYSCTL = Path("/proc/sys/kernel/core_pattern")
 MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes
@@ -103,11 +116,13 @@ def self_test(backend: Backend, home: Path, crew_home: Path) -> str | None:
                 home_canary.write_text("canary\n")
             ok_file = policy.agent_dir / "ok"
             sockets = _live_sockets(listeners, home, nonce) if linux else []
+            port = _loopback_listener(listeners) if linux else None
             sysctl = str(SYSCTL) if linux and SYSCTL.exists() else ""
             command = ["/bin/sh", "-c", _SCRIPT, "sh", nonce, str(ok_file)]
             command += [str(home_file), str(outside or ""), str(canary), str(home_canary or "")]
             command += [sysctl, _PYTHON if sockets else "", *map(str, sockets)]
-            return _judge(backend, policy, command, nonce, ok_file, [home_file, outside])
+            denied = [home_file, outside]
+            return _judge(backend, policy, command, nonce, ok_file, denied, port)
     except OSError as exc:
         return f"the self-test could not prepare its files: {exc}"
     finally:
@@ -138,6 +153,15 @@ def _live_sockets(listeners: ExitStack, home: Path, nonce: str) -> list[Path]:
         listener.listen(1)
         made.append(path)
     return made
+
+
+def _loopback_listener(listeners: ExitStack) -> int:
+    """A listening TCP port on the host's 127.0.0.1 that no sandbox has forwarded."""
+    listener = listeners.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    port: int = listener.getsockname()[1]
+    return port
 
 
 def _scratch_policy(scratch: Path, home: Path, crew_home: Path) -> SandboxPolicy:
@@ -175,28 +199,45 @@ def _judge(
     nonce: str,
     ok_file: Path,
     denied: list[Path | None],
+    port: int | None,
 ) -> str | None:
     env = {"PATH": "/usr/bin:/bin", "HOME": str(policy.agent_dir), "TMPDIR": str(policy.tmp_dir)}
     env["PROBE"] = _SOCKET_PROBE
+    if port is not None:
+        env["LOOPBACK_PORT"] = str(port)
+    network = backend.network(NetworkPlan())
+    argv = backend.argv(policy, command)
     try:
         process = subprocess.Popen(
-            backend.argv(policy, command),
+            network.argv(argv) if network else argv,
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
+            pass_fds=network.pass_fds if network else (),
         )
     except OSError as exc:
+        if network:
+            network.close()
         return f"the sandbox could not be started: {exc}"
     try:
+        if network:
+            network.spawned()
+            network.attach_blocking()
         out, err = process.communicate(timeout=SELFTEST_TIMEOUT_S)
+    except NetworkUnavailable as exc:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        return f"the sandbox's network could not be set up: {exc}"
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         process.communicate()
         return f"the sandbox self-test did not finish in {SELFTEST_TIMEOUT_S:.0f} s"
     finally:
         _reap_leftovers(process.pid)
+        if network:
+            network.close()
     returncode = process.returncode
     stdout = out.decode("utf-8", "replace")
     stderr = err.decode("utf-8", "replace").strip()

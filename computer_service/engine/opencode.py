@@ -36,6 +36,7 @@ from computer_service.engine.base import (
 )
 from computer_service.engine.events import OutputCheck, engine_event_of
 from computer_service.engine.failures import RunOutcome, classify, model_id_failure, redact
+from computer_service.engine.loopback_ports import sandbox_loopback_ports
 from computer_service.engine.opencode_env import engine_env, opencode_config
 from computer_service.engine.user_opencode import (
     NotLoggedIn,
@@ -145,6 +146,7 @@ class OpenCodeEngine:
         server_url: str,
         bin_dir: Path,
         interpreter_dirs: list[Path] | None = None,
+        loopback_ports: list[int] | None = None,
         user: UserOpenCode | None = None,
         base_path: str | None = None,
         lang: str | None = None,
@@ -158,6 +160,7 @@ class OpenCodeEngine:
         self.server_url = server_url
         self.bin_dir = bin_dir
         self.interpreter_dirs = [str(p) for p in interpreter_dirs or []]
+        self.loopback_ports = loopback_ports or []  # the bootstrap's extra forwarded ports
         self.user = user or UserOpenCode.from_env(os.environ)
         self.base_path = base_path if base_path is not None else os.environ.get("PATH", os.defpath)
         self.lang = lang or os.environ.get("LANG") or "C.UTF-8"
@@ -251,6 +254,13 @@ class OpenCodeEngine:
             lang=self.lang,
         )
 
+    async def forwarded_ports(self) -> list[int]:
+        """The host-loopback ports this Computer's sandboxes reach: crew server, local models."""
+        providers = await anyio.to_thread.run_sync(
+            read_user_providers, self.user.config_files, self.environ
+        )
+        return sandbox_loopback_ports(self.server_url, providers, self.loopback_ports)
+
     async def run_prepared(
         self,
         request: TurnRequest,
@@ -261,8 +271,9 @@ class OpenCodeEngine:
         secrets: list[str],
     ) -> TurnResult:
         """Run the turn as one `opencode run` (again with a new session if the saved one vanished)."""
+        env_ports = (env, await self.forwarded_ports())
         session_id = request.plan.session_id
-        attempt = await self._attempt(request, paths, env, session_id, on_event, stop)
+        attempt = await self._attempt(request, paths, env_ports, session_id, on_event, stop)
         result = attempt_result(attempt, stop, secrets)
         if (
             session_id is not None
@@ -273,7 +284,7 @@ class OpenCodeEngine:
                 "agent %s: session %s vanished; starting a new one", request.agent_id, session_id
             )
             usage = attempt.usage
-            attempt = await self._attempt(request, paths, env, None, on_event, stop)
+            attempt = await self._attempt(request, paths, env_ports, None, on_event, stop)
             add_usage(attempt.usage, usage)
             result = attempt_result(attempt, stop, secrets)
         return result
@@ -282,11 +293,12 @@ class OpenCodeEngine:
         self,
         request: TurnRequest,
         paths: AgentPaths,
-        env: dict[str, str],
+        env_ports: tuple[dict[str, str], list[int]],
         session_id: str | None,
         on_event: EventSink,
         stop: StopSignal,
     ) -> Attempt:
+        env, ports = env_ports
         run_id = str(uuid.uuid4())
         run = RunRequest(
             run_id=run_id,
@@ -300,6 +312,7 @@ class OpenCodeEngine:
             env=env,
             stdin=request.render_input(session_id is None),
             stdout_limit=self.stdout_limit,
+            loopback_ports=ports,
             engine_args=EngineArgs(
                 session_id=session_id,
                 model=request.model,

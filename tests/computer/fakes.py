@@ -35,7 +35,7 @@ from computer_service.parts_protocol import (
 from computer_service.upstream import AgentRecord
 from crew_common.layout import AgentPaths
 
-USABLE = LauncherStatus(True, "bwrap", None, True, "test")
+USABLE = LauncherStatus(True, "bwrap", None, True, "test", network="namespace")
 UNUSABLE = LauncherStatus(False, None, "bwrap not found (looked in /usr/bin)", True, "test")
 
 

@@ -29,7 +29,7 @@ class StaticView:
             ready=True,
             connected=True,
             connected_since="2026-01-02T03:04:05+00:00",
-            sandbox=SandboxHealth(ok=True, backend="bwrap", reason=None),
+            sandbox=SandboxHealth(ok=True, backend="bwrap", reason=None, network="namespace"),
             engine=EngineHealth(found=True, version="1.18.33"),
             agents=2,
             running_turns=1,

@@ -48,6 +48,7 @@ async def test_routes_answer_and_errors_are_json(view: StaticView) -> None:
             "backend": "bwrap",
             "reason": None,
             "not_granted": [],
+            "network": "namespace",
         }
         rows = (await client.get("/agents")).json()
         assert [r["handle"] for r in rows] == ["alice", "bob"]

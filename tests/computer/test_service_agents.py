@@ -79,6 +79,7 @@ async def test_sandbox_unusable_no_runner_and_every_agent_told_also_later_ones(
             "backend": None,
             "reason": UNUSABLE.reason,
             "not_granted": [],
+            "network": None,
         }
         refused = await local.post(f"/agents/{early['id']}/wake")
         assert refused.status_code == 409 and refused.json()["error"]["code"] == "conflict"
@@ -281,7 +282,7 @@ async def test_introspection_of_the_running_service(crew_server: Any, tmp_path: 
             "warm",
         }
         assert health["warm"] is None  # a scripted engine, not the warm one
-        assert set(health["sandbox"]) == {"ok", "backend", "reason", "not_granted"}
+        assert set(health["sandbox"]) == {"ok", "backend", "reason", "not_granted", "network"}
         assert health["engine"] == {"found": True, "version": "test"}
         assert (health["ready"], health["agents"], health["queued"]) == (True, 1, 0)
         assert health["server_url"] == crew_server.url and health["version"] == VERSION

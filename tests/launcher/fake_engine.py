@@ -161,6 +161,18 @@ def shm_fill(cfg: dict[str, Any]) -> None:
                 written += 1
     except OSError as exc:
         emit({"event": "shm_refused", "errno": exc.errno, "mib": written})
+
+
+def serve(cfg: dict[str, Any]) -> None:
+    # An engine server inside the sandbox: greet one client, then wait to be stopped.
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", cfg["port"]))
+    listener.listen(1)
+    emit({"event": "listening"})
+    conn, _ = listener.accept()
+    conn.sendall(b"hello from the sandbox")
+    conn.close()
+    emit({"event": "served"})
     while True:
         time.sleep(1)
 
@@ -238,6 +250,7 @@ def main() -> None:
         "shm_fill": shm_fill,
         "memory_hog": memory_hog,
         "forge": forge,
+        "serve": serve,
     }
     scenarios[cfg["scenario"]](cfg)
 

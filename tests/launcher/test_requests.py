@@ -167,6 +167,7 @@ async def test_unusable_sandbox_answers_503_with_the_reason(
         "mode": "hybrid",
         "reason": "bwrap not found (test)",
         "not_granted": [],
+        "network": None,
     }
 
 

@@ -15,6 +15,7 @@ import pytest
 
 from sandbox_launcher.backend import BwrapBackend, open_backend
 from sandbox_launcher.bwrap import LinuxMode
+from sandbox_launcher.network import NetworkPlan, SandboxNetwork
 from sandbox_launcher.policy import SandboxPolicy
 from sandbox_launcher.selftest import self_test
 from tests.support.ci import required_in_ci
@@ -53,7 +54,15 @@ class Rewired:
         if self.edit == "root_writable":
             i = argv.index("--chdir")
             return [*argv[:i], "--bind", "/var/tmp", "/var/tmp", *argv[i:]]
+        if self.edit == "shared_network":
+            return argv  # the argv is fine; `network` gives none
         raise AssertionError(self.edit)
+
+    def network(self, plan: NetworkPlan) -> SandboxNetwork | None:
+        if self.edit in ("unsandboxed", "fails_to_start", "shared_network"):
+            return None
+        assert self.inner is not None
+        return self.inner.network(plan)
 
 
 @pytest.fixture
@@ -126,3 +135,14 @@ def test_open_unix_sockets_fail_the_self_test(hybrid_backend: BwrapBackend, var_
     reason = self_test(broken, var_home, var_home / ".crew")
     assert reason is not None and "connecting to a host Unix socket was NOT denied" in reason
     assert not list(var_home.glob(".crew-st-*"))
+
+
+@pytest.mark.parametrize("mode", ["tmpfs", "hybrid"])
+def test_a_shared_network_fails_the_self_test(
+    mode: str, tmpfs_backend: BwrapBackend, hybrid_backend: BwrapBackend, var_home: Path
+) -> None:
+    # The sandbox without its own network namespace reaches the host's loopback services.
+    inner = tmpfs_backend if mode == "tmpfs" else hybrid_backend
+    broken = Rewired(inner, "shared_network", mode=mode)  # type: ignore[arg-type]
+    reason = self_test(broken, var_home, var_home / ".crew")
+    assert reason is not None and "host loopback port that is not forwarded" in reason

@@ -1,0 +1,425 @@
+"""Linux: each sandbox gets its own network namespace, connected outwards by `pasta`.
+
+Why (issue 12, escape 4): in the host's network namespace an agent could
+bind the crew server's port on 127.0.0.1 while the server restarts and
+receive the Computer's bearer token, listen on 0.0.0.0 for the whole LAN,
+read `/proc/net/tcp` of the host, reach host abstract Unix sockets and every
+service that listens on the host's loopback.
+
+How: bwrap gets `--unshare-net` (its own loopback, nothing else), writes the
+sandbox's pid on `--info-fd` and holds the sandbox on `--block-fd`; the
+launcher then attaches pasta (Debian package `passt`) to that pid and only
+releases the sandbox once the network is up, so the engine never starts
+without it. pasta is started by the launcher, in its own session, with
+`PR_SET_PDEATHSIG` (through `setpriv`, so it dies with the launcher) and is
+killed when the run ends (`SandboxNetwork.close`).
+
+pasta's options, checked against Debian 12's pasta (2023-03):
+
+- `-t none -u none`: nothing from the host reaches the sandbox (the default,
+  `auto`, would forward every port the agent binds). `-t 127.0.0.1/H:P` for
+  an explicit inbound publish only.
+- `-T PORTS -U none`: exactly the named host-loopback TCP ports are spliced
+  from the sandbox's 127.0.0.1 to the host's (the default, `auto`, would
+  forward every port bound on the host).
+- `--no-map-gw`: the gateway address does not lead to the host's loopback
+  (by default it reaches *every* host port).
+- `-a/-n/-g`: the sandbox's own addresses (a private 10.0.2.0/24 as slirp's,
+  and a ULA for IPv6). pasta's default copies the host's address, which
+  makes the host's own non-loopback address unreachable from the sandbox.
+- DNS: the sandbox reads the host's resolv.conf. When that names only a
+  resolver on the host's loopback (systemd-resolved's 127.0.0.53), which is
+  out of reach inside (and pasta 2023-03 splices forwarded ports to the
+  host's 127.0.0.1 only), the sandbox is shown systemd-resolved's list of
+  upstream servers in its place (`sandbox_resolver`).
+- `--config-net`: pasta configures the interface itself (nobody runs DHCP
+  inside); `-f -q`: a foreground child of ours, quiet.
+- `--runas 0` when the launcher is root: pasta would otherwise drop to
+  `nobody` before it opens the sandbox's user namespace, which a root-owned
+  namespace refuses. pasta still drops every capability and confines itself
+  (its own mount namespace and seccomp filter) once the namespace is set up.
+
+Everything pure here (`pasta_argv`, `with_network`, `child_pid`,
+`listening_ports`, `has_default_route`) is table-tested; `SandboxNetwork`
+is the one place that starts and stops pasta.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import ipaddress
+import json
+import logging
+import os
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import IO
+
+import anyio
+
+log = logging.getLogger(__name__)
+
+PASTA_CANDIDATES = ("/usr/bin/pasta", "/usr/local/bin/pasta")
+SETPRIV_CANDIDATES = ("/usr/bin/setpriv", "/bin/setpriv")
+INSTALL_HINT = "install passt (Debian/Ubuntu: apt install passt; Fedora: dnf install passt)"
+SANDBOX_IPV4 = ("10.0.2.100", "24", "10.0.2.2")  # address, prefix, gateway (as slirp4netns)
+SANDBOX_IPV6 = ("fd63:7265:7700::100", "fd63:7265:7700::2")  # address, gateway ("crew" ULA)
+NS_GET_USERNS = 0xB701  # ioctl on a namespace fd: the user namespace that owns it
+READY_TIMEOUT_S = 10.0
+READY_POLL_S = 0.002
+MAX_FORWARDED_PORTS = 32
+_TCP_LISTEN = "0A"
+_LOOPBACK_V4 = "0100007F"  # 127.0.0.1 as /proc/net/tcp writes it (little-endian hex)
+
+
+class NetworkUnavailable(OSError):
+    """The sandbox's network could not be set up; the run does not start."""
+
+
+@dataclass(frozen=True)
+class NetworkPlan:
+    """What one sandbox's network lets through.
+
+    `loopback_ports`: host-loopback TCP ports the sandbox reaches at its own
+    127.0.0.1 (the crew server, a local model). `publish`: (ns port, host
+    port) made reachable on the host's 127.0.0.1 only (an engine server).
+    """
+
+    loopback_ports: tuple[int, ...] = ()
+    publish: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class PastaTools:
+    """Absolute paths of pasta and of `setpriv` (for the parent-death signal)."""
+
+    pasta: str
+    setpriv: str
+
+
+def _first_executable(candidates: Sequence[str]) -> str | None:
+    for candidate in candidates:
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def find_pasta() -> PastaTools | None:
+    """pasta and setpriv at their fixed places (never through PATH), or None when missing."""
+    pasta = _first_executable(PASTA_CANDIDATES)
+    setpriv = _first_executable(SETPRIV_CANDIDATES)
+    if pasta is None or setpriv is None:
+        return None
+    return PastaTools(pasta, setpriv)
+
+
+def missing_reason() -> str:
+    """What a user reads when pasta (or setpriv) is missing."""
+    return f"pasta not found (looked in {', '.join(PASTA_CANDIDATES)}); {INSTALL_HINT}"
+
+
+def _port_spec(ports: Sequence[int]) -> str:
+    return ",".join(str(p) for p in sorted(set(ports))) if ports else "none"
+
+
+def pasta_argv(
+    tools: PastaTools, ns_fds: tuple[int, int], plan: NetworkPlan, as_root: bool
+) -> list[str]:
+    """The argv that attaches pasta to a sandbox's namespaces, given as fds (user, net). Pure."""
+    address4, prefix4, gateway4 = SANDBOX_IPV4
+    address6, gateway6 = SANDBOX_IPV6
+    argv = [tools.setpriv, "--pdeathsig", "KILL", "--", tools.pasta, "-f", "-q"]
+    argv += ["--config-net", "--no-map-gw"]
+    argv += ["-a", address4, "-n", prefix4, "-g", gateway4, "-a", address6, "-g", gateway6]
+    inbound = "none"
+    if plan.publish is not None:
+        inside, host = plan.publish
+        inbound = f"127.0.0.1/{host}:{inside}"
+    argv += ["-t", inbound, "-u", "none", "-T", _port_spec(plan.loopback_ports), "-U", "none"]
+    if as_root:
+        argv += ["--runas", "0"]
+    user_fd, net_fd = ns_fds
+    # We stop pasta ourselves: it need not watch the namespace (its path is an fd of its own).
+    argv += ["--no-netns-quit", "--userns", f"/proc/self/fd/{user_fd}"]
+    return [*argv, "--netns", f"/proc/self/fd/{net_fd}"]
+
+
+def with_network(
+    argv: list[str], info_fd: int, block_fd: int, resolver: tuple[str, str] | None = None
+) -> list[str]:
+    """`argv` (a bwrap argv) with its own network namespace and the two sync fds. Pure.
+
+    The options go right after the bwrap program, before its other options;
+    `resolver` (source, destination), a resolv.conf to show instead of the
+    host's, goes with the last mounts (before `--chdir`), over `--ro-bind / /`.
+    """
+    for index, word in enumerate(argv):
+        if os.path.basename(word) == "bwrap":
+            sync = ["--unshare-net", "--info-fd", str(info_fd), "--block-fd", str(block_fd)]
+            argv = [*argv[: index + 1], *sync, *argv[index + 1 :]]
+            if resolver is not None:
+                at = argv.index("--chdir")
+                argv = [*argv[:at], "--ro-bind", *resolver, *argv[at:]]
+            return argv
+    raise ValueError("not a bwrap argv: no bwrap program in it")
+
+
+HOST_RESOLV_CONF = "/etc/resolv.conf"
+# systemd-resolved's list of the upstream servers, next to its loopback stub.
+RESOLVED_UPSTREAM = "/run/systemd/resolve/resolv.conf"
+
+
+def nameservers(resolv_conf: str) -> list[str]:
+    """The `nameserver` addresses of a resolv.conf text. Pure."""
+    found = []
+    for line in resolv_conf.splitlines():
+        words = line.split()
+        if len(words) >= 2 and words[0] == "nameserver":
+            found.append(words[1])
+    return found
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address.split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def resolver_for_sandbox(host_conf: str, upstream_conf: str | None) -> bool:
+    """Should the sandbox see the upstream list instead of the host's resolv.conf? Pure.
+
+    Yes when every nameserver of the host's is on its loopback (a stub such as
+    systemd-resolved's 127.0.0.53, out of reach in the sandbox's own network)
+    and the upstream list names one that is not.
+    """
+    host = nameservers(host_conf)
+    if not host or not all(_is_loopback(a) for a in host) or upstream_conf is None:
+        return False
+    return any(not _is_loopback(a) for a in nameservers(upstream_conf))
+
+
+def sandbox_resolver() -> tuple[str, str] | None:
+    """(upstream resolv.conf, where the host's really is) when the sandbox needs it, else None."""
+    target = os.path.realpath(HOST_RESOLV_CONF)
+    upstream = os.path.realpath(RESOLVED_UPSTREAM)
+    if upstream == target:
+        return None
+    try:
+        with open(target) as f:
+            host = f.read(64 * 1024)
+    except OSError:
+        return None
+    try:
+        with open(upstream) as f:
+            upstream_text: str | None = f.read(64 * 1024)
+    except OSError:
+        upstream_text = None
+    return (upstream, target) if resolver_for_sandbox(host, upstream_text) else None
+
+
+def child_pid(info: bytes) -> int | None:
+    """The sandbox's pid from bwrap's `--info-fd` JSON, or None while it is incomplete."""
+    try:
+        data = json.loads(info)
+    except ValueError:
+        return None
+    pid = data.get("child-pid") if isinstance(data, dict) else None
+    return pid if isinstance(pid, int) and pid > 0 else None
+
+
+def listening_ports(proc_net_tcp: str, address: str = _LOOPBACK_V4) -> set[int]:
+    """TCP ports in LISTEN on `address` in a `/proc/<pid>/net/tcp` text. Pure."""
+    ports = set()
+    for line in proc_net_tcp.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) < 4 or fields[3] != _TCP_LISTEN:
+            continue
+        host, _, port = fields[1].partition(":")
+        if host == address:
+            ports.add(int(port, 16))
+    return ports
+
+
+def has_default_route(proc_net_route: str) -> bool:
+    """Does a `/proc/<pid>/net/route` text have an IPv4 default route? Pure."""
+    for line in proc_net_route.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) > 2 and fields[1] == "00000000":
+            return True
+    return False
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+class SandboxNetwork:
+    """The network of one sandbox: bwrap's sync pipes and the pasta process.
+
+    Use: `argv(bwrap_argv)` and `pass_fds` for the spawn, `spawned()` right
+    after it, then `attach()` (async) or `attach_blocking()`, and always
+    `close()`; the engine starts only after a successful attach.
+    """
+
+    def __init__(
+        self, tools: PastaTools, plan: NetworkPlan, resolver: tuple[str, str] | None = None
+    ) -> None:
+        self.tools = tools
+        self.plan = plan
+        self.resolver = resolver  # (source, destination) of a resolv.conf to show inside
+        self._info_r, self._info_w = os.pipe()
+        self._block_r, self._block_w = os.pipe()
+        self._info = b""
+        self._pasta: subprocess.Popen[bytes] | None = None
+        self._pasta_log: IO[bytes] | None = None
+
+    @property
+    def pass_fds(self) -> tuple[int, int]:
+        """The fds bwrap inherits: it writes to the first and waits on the second."""
+        return (self._info_w, self._block_r)
+
+    def argv(self, bwrap_argv: list[str]) -> list[str]:
+        """The sandbox's argv with its own network namespace (and a reachable resolver)."""
+        return with_network(bwrap_argv, self._info_w, self._block_r, self.resolver)
+
+    def spawned(self) -> None:
+        """Close our copies of bwrap's ends (call once the sandbox is started)."""
+        for fd in (self._info_w, self._block_r):
+            _close(fd)
+        self._info_w = self._block_r = -1
+
+    def _read_info(self) -> int | None:
+        """Read what bwrap wrote so far; the pid once complete. EOF without one: bwrap failed."""
+        chunk = os.read(self._info_r, 4096)
+        if not chunk:
+            raise NetworkUnavailable("the sandbox exited before it could be networked")
+        self._info += chunk
+        return child_pid(self._info)
+
+    def _start_pasta(self, pid: int) -> None:
+        # The namespaces as fds: bwrap (unprivileged) nests a second user namespace
+        # inside the first, so /proc/<pid>/ns/user may already be the inner one, in
+        # which pasta could not enter the network namespace. NS_GET_USERNS gives the
+        # user namespace that owns the network namespace, whatever bwrap did since.
+        net_fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            user_fd = fcntl.ioctl(net_fd, NS_GET_USERNS)
+        except OSError:
+            os.close(net_fd)
+            raise
+        argv = pasta_argv(self.tools, (user_fd, net_fd), self.plan, os.geteuid() == 0)
+        # A file, not a pipe: nobody reads pasta's stderr while the run goes on.
+        self._pasta_log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
+        try:
+            self._pasta = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=self._pasta_log,
+                start_new_session=True,  # not in the sandbox's group: a stop SIGINT is not for it
+                env={"PATH": "/usr/bin:/bin"},
+                pass_fds=(user_fd, net_fd),
+            )
+        finally:
+            os.close(user_fd)
+            os.close(net_fd)
+
+    def _ready(self, pid: int) -> bool:
+        """pasta has configured the interface and listens on every forwarded port."""
+        if self._pasta is not None and self._pasta.poll() is not None:
+            raise NetworkUnavailable(
+                f"pasta exited with status {self._pasta.returncode}: {self._log_tail()}"
+            )
+        if not has_default_route(_read(f"/proc/{pid}/net/route")):
+            return False
+        wanted = set(self.plan.loopback_ports)
+        if wanted and not wanted <= listening_ports(_read(f"/proc/{pid}/net/tcp")):
+            return False
+        if self.plan.publish is not None:
+            return self.plan.publish[1] in listening_ports(_read("/proc/self/net/tcp"))
+        return True
+
+    def _release(self) -> None:
+        os.write(self._block_w, b"1")
+        _close(self._block_w)
+        self._block_w = -1
+
+    async def attach(self) -> None:
+        """Attach pasta to the started sandbox and let it go on; raises `NetworkUnavailable`."""
+        with anyio.move_on_after(READY_TIMEOUT_S):
+            pid = None
+            while pid is None:
+                await anyio.wait_readable(self._info_r)
+                pid = self._read_info()
+            self._start_pasta(pid)
+            while not self._ready(pid):
+                await anyio.sleep(READY_POLL_S)
+            self._release()
+            return
+        raise NetworkUnavailable(f"the sandbox's network was not up in {READY_TIMEOUT_S:.0f} s")
+
+    def attach_blocking(self) -> None:
+        """`attach` for synchronous callers (the self-test, `crew-launcher sandbox`)."""
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        pid = None
+        while pid is None:
+            pid = self._read_info()  # bwrap writes it at once, or exits (EOF)
+        self._start_pasta(pid)
+        while not self._ready(pid):
+            if time.monotonic() > deadline:
+                raise NetworkUnavailable(
+                    f"the sandbox's network was not up in {READY_TIMEOUT_S:.0f} s"
+                )
+            time.sleep(READY_POLL_S)
+        self._release()
+
+    def _log_tail(self) -> str:
+        if self._pasta_log is None:
+            return ""
+        self._pasta_log.seek(0)
+        lines = self._pasta_log.read().decode("utf-8", "replace").splitlines()
+        # Without a syslog, pasta says so for every message: leave those out.
+        useful = [line for line in lines if "to syslog" not in line]
+        return " / ".join(useful[-3:])[-500:] or "no message"
+
+    def close(self) -> None:
+        """Stop pasta and close every fd. Idempotent; call after the sandbox is gone."""
+        for fd in (self._info_r, self._info_w, self._block_r, self._block_w):
+            _close(fd)
+        self._info_r = self._info_w = self._block_r = self._block_w = -1
+        pasta, self._pasta = self._pasta, None
+        if pasta is not None:
+            if pasta.poll() is None:
+                # Nothing of pasta's is worth a graceful exit; the sandbox is gone.
+                pasta.kill()
+                pasta.wait()
+            else:
+                log.warning("pasta ended with status %s: %s", pasta.returncode, self._log_tail())
+        if self._pasta_log is not None:
+            self._pasta_log.close()
+            self._pasta_log = None
+
+
+def _close(fd: int) -> None:
+    if fd >= 0:
+        try:
+            os.close(fd)
+        except OSError as exc:
+            log.warning("closing fd %d of the sandbox network: %s", fd, exc)
+
+
+def free_loopback_port() -> int:
+    """A TCP port free on the host's 127.0.0.1 now, for pasta to listen on (`publish`)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port

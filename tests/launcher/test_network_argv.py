@@ -1,0 +1,145 @@
+"""The pure parts of `sandbox_launcher.network`: pasta's argv, bwrap's sync options, /proc parsing."""
+
+from __future__ import annotations
+
+import pytest
+
+from sandbox_launcher.network import (
+    NetworkPlan,
+    PastaTools,
+    child_pid,
+    has_default_route,
+    listening_ports,
+    nameservers,
+    pasta_argv,
+    resolver_for_sandbox,
+    with_network,
+)
+
+TOOLS = PastaTools(pasta="/usr/bin/pasta", setpriv="/usr/bin/setpriv")
+BASE = [
+    "/usr/bin/setpriv", "--pdeathsig", "KILL", "--", "/usr/bin/pasta", "-f", "-q",
+    "--config-net", "--no-map-gw",
+    "-a", "10.0.2.100", "-n", "24", "-g", "10.0.2.2",
+    "-a", "fd63:7265:7700::100", "-g", "fd63:7265:7700::2",
+]  # fmt: skip
+NS = ["--no-netns-quit", "--userns", "/proc/self/fd/7", "--netns", "/proc/self/fd/8"]
+
+
+@pytest.mark.parametrize(
+    ("plan", "as_root", "middle"),
+    [
+        # Nothing in, nothing of the host's loopback out: never pasta's `auto`.
+        (NetworkPlan(), False, ["-t", "none", "-u", "none", "-T", "none", "-U", "none"]),
+        (
+            NetworkPlan(loopback_ports=(8080, 11434, 8080)),
+            False,
+            ["-t", "none", "-u", "none", "-T", "8080,11434", "-U", "none"],
+        ),
+        (
+            NetworkPlan(loopback_ports=(8080,), publish=(4096, 40123)),
+            True,
+            [
+                "-t",
+                "127.0.0.1/40123:4096",
+                "-u",
+                "none",
+                "-T",
+                "8080",
+                "-U",
+                "none",
+                "--runas",
+                "0",
+            ],
+        ),
+    ],
+)
+def test_pasta_argv(plan: NetworkPlan, as_root: bool, middle: list[str]) -> None:
+    assert pasta_argv(TOOLS, (7, 8), plan, as_root) == [*BASE, *middle, *NS]
+
+
+def test_with_network_goes_right_after_bwrap() -> None:
+    argv = ["/usr/bin/env", "--ignore-signal=INT", "/usr/bin/bwrap", "--unshare-user", "--", "sh"]
+    assert with_network(argv, 5, 6) == [
+        "/usr/bin/env", "--ignore-signal=INT", "/usr/bin/bwrap",
+        "--unshare-net", "--info-fd", "5", "--block-fd", "6",
+        "--unshare-user", "--", "sh",
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="not a bwrap argv"):
+        with_network(["/usr/bin/sandbox-exec", "-f", "x"], 5, 6)
+
+
+@pytest.mark.parametrize(
+    ("info", "pid"),
+    [
+        (b'{\n    "child-pid": 4242\n}\n', 4242),
+        (b'{\n    "child-pid": 42', None),  # still arriving
+        (b'{"child-pid": "42"}', None),
+        (b"[]", None),
+        (b"", None),
+    ],
+)
+def test_child_pid(info: bytes, pid: int | None) -> None:
+    assert child_pid(info) == pid
+
+
+PROC_NET_TCP = """\
+  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1
+   1: 00000000:2C8C 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 2 1
+   2: 0100007F:1F90 0100007F:D22C 01 00000000:00000000 00:00000000 00000000     0        0 3 1
+   3: 0100007F:2C8C 0100007F:1F90 06 00000000:00000000 00:00000000 00000000     0        0 0 3
+"""
+
+
+def test_listening_ports_on_loopback_only() -> None:
+    assert listening_ports(PROC_NET_TCP) == {8080}
+    assert listening_ports(PROC_NET_TCP, "00000000") == {11404}
+
+
+def test_default_route() -> None:
+    head = "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n"
+    link = "eth0\t0002000A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n"
+    default = "eth0\t00000000\t0202000A\t0003\t0\t0\t0\t00000000\t0\t0\t0\n"
+    assert has_default_route(head + link + default)
+    assert not has_default_route(head + link)
+    assert not has_default_route("")
+
+
+def test_with_network_shows_a_resolver_over_the_root_bind() -> None:
+    argv = ["/usr/bin/bwrap", "--ro-bind", "/", "/", "--chdir", "/w", "--", "sh"]
+    resolver = ("/run/systemd/resolve/resolv.conf", "/run/systemd/resolve/stub-resolv.conf")
+    assert with_network(argv, 5, 6, resolver) == [
+        "/usr/bin/bwrap", "--unshare-net", "--info-fd", "5", "--block-fd", "6",
+        "--ro-bind", "/", "/",
+        "--ro-bind", "/run/systemd/resolve/resolv.conf", "/run/systemd/resolve/stub-resolv.conf",
+        "--chdir", "/w", "--", "sh",
+    ]  # fmt: skip
+
+
+STUB = "# systemd-resolved stub\nnameserver 127.0.0.53\noptions edns0 trust-ad\nsearch lan\n"
+UPSTREAM = "nameserver 192.168.1.1\nnameserver fe80::1%eth0\nsearch lan\n"
+
+
+@pytest.mark.parametrize(
+    ("host", "upstream", "replace"),
+    [
+        (STUB, UPSTREAM, True),  # systemd-resolved's stub: show its upstream servers
+        (STUB, None, False),  # no upstream list: nothing better to show
+        (STUB, "nameserver 127.0.0.1\n", False),  # upstream on loopback too
+        ("nameserver 10.255.255.53\n", UPSTREAM, False),  # reachable as it is
+        ("nameserver 127.0.0.53\nnameserver 9.9.9.9\n", UPSTREAM, False),  # one reachable
+        ("nameserver ::1\n", UPSTREAM, True),
+        ("", UPSTREAM, False),  # no nameserver: the libc default, leave it
+    ],
+)
+def test_resolver_for_sandbox(host: str, upstream: str | None, replace: bool) -> None:
+    assert resolver_for_sandbox(host, upstream) is replace
+
+
+def test_nameservers() -> None:
+    assert nameservers(STUB + UPSTREAM + "nameserver\n#nameserver 1.1.1.1\n") == [
+        "127.0.0.53",
+        "192.168.1.1",
+        "fe80::1%eth0",
+    ]
