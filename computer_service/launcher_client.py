@@ -112,6 +112,7 @@ class ServerRequest(BaseModel):
     bin_dir: str
     interpreter_dirs: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(repr=False)
+    loopback_ports: list[int] = Field(default_factory=list)
 
 
 class ServerInfo(BaseModel):
@@ -124,6 +125,9 @@ class ServerInfo(BaseModel):
     port: int = Field(ge=1, le=65535)
     started_at: str = ""
     rss_bytes: int | None = None
+    # Who holds the host side of `port` (the server, or the launcher's pasta): owner-checked.
+    listener_pid: int
+    listener_start_time: int
 
 
 class StartedFrame(BaseModel):

@@ -225,7 +225,7 @@ class WarmPool:
             self._starting.pop(agent_id, None)
         self.counters.starts += 1
         self.failed_starts.pop(agent_id, None)
-        address = ServerAddress(info.pid, info.start_time, info.port, password)
+        address = ServerAddress(info.listener_pid, info.listener_start_time, info.port, password)
         server = AgentServer(
             agent_id=agent_id,
             address=address,

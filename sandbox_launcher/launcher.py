@@ -29,7 +29,7 @@ from sandbox_launcher.schema import (
     SandboxHealth,
     ServerRequest,
 )
-from sandbox_launcher.warm_server import WarmServer, WarmServers, server_command
+from sandbox_launcher.warm_server import NAMESPACE_PORT, WarmServer, WarmServers, server_command
 
 log = logging.getLogger(__name__)
 
@@ -236,9 +236,14 @@ class Launcher:
         except PathRefused as exc:
             raise RequestRefused(400, "path_refused", str(exc)) from exc
         assert self.config.opencode is not None
-        command = server_command(os.path.realpath(self.config.opencode))
+        # In its own network namespace the server's port is reached only through the
+        # host port pasta publishes (ours); without one (macOS) the kernel picks a port.
+        plan = NetworkPlan(tuple(request.loopback_ports), (NAMESPACE_PORT, free_loopback_port()))
+        network = backend.network(plan)
+        port = NAMESPACE_PORT if network is not None else 0
+        command = server_command(os.path.realpath(self.config.opencode), port)
         env = self._env(request, policy)
-        return WarmServer(request.agent_id, backend.argv(policy, command), env)
+        return WarmServer(request.agent_id, backend.argv(policy, command), env, network)
 
     def _usable_backend(self) -> Backend:
         if self.backend is None or not self.sandbox.ok:

@@ -382,6 +382,11 @@ class SandboxNetwork:
             time.sleep(READY_POLL_S)
         self._release()
 
+    @property
+    def pasta_pid(self) -> int | None:
+        """pasta's pid once attached: it holds the host side of a published port."""
+        return self._pasta.pid if self._pasta is not None else None
+
     def _log_tail(self) -> str:
         if self._pasta_log is None:
             return ""

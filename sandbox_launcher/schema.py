@@ -274,6 +274,8 @@ class ServerRequest(_Strict):
     bin_dir: str = Field(max_length=4096)
     interpreter_dirs: list[str] = Field(default_factory=list, max_length=32)
     env: dict[str, str] = Field(default_factory=dict)
+    # Host-loopback ports the server's sandbox reaches, as a run's `loopback_ports`.
+    loopback_ports: list[Port] = Field(default_factory=list, max_length=32)
 
     @field_validator("env")
     @classmethod
@@ -297,9 +299,13 @@ class ServerInfo(BaseModel):
     agent_id: str
     pid: int
     start_time: int  # field 22 of /proc/<pid>/stat: a reused pid has another
-    port: int
+    port: int  # on the host's 127.0.0.1
     started_at: str
     rss_bytes: int | None = None
+    # The process holding the host side of `port`: the server itself, or (in its own
+    # network namespace) the launcher's pasta that publishes it. Checked before a connection.
+    listener_pid: int
+    listener_start_time: int
 
 
 class ServerList(BaseModel):

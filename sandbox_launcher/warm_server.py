@@ -42,6 +42,7 @@ from datetime import UTC, datetime
 import anyio
 
 from sandbox_launcher.engine_run import reap_group
+from sandbox_launcher.network import NetworkUnavailable, SandboxNetwork
 from sandbox_launcher.schema import ServerInfo
 
 log = logging.getLogger(__name__)
@@ -59,9 +60,22 @@ class ServerFailed(Exception):
     """The server did not come up; the message says why (with its stderr tail)."""
 
 
-def server_command(engine: str) -> list[str]:
-    """The server's argv inside the sandbox: loopback only, a port the kernel picks."""
-    return [engine, "serve", "--pure", "--print-logs", "--port", "0", "--hostname", "127.0.0.1"]
+# The server's port inside its own network namespace (Linux): nothing else listens there.
+NAMESPACE_PORT = 4096
+
+
+def server_command(engine: str, port: int = 0) -> list[str]:
+    """The server's argv inside the sandbox: loopback only; port 0 lets the kernel pick."""
+    return [
+        engine,
+        "serve",
+        "--pure",
+        "--print-logs",
+        "--port",
+        str(port),
+        "--hostname",
+        "127.0.0.1",
+    ]
 
 
 # ---- /proc ----
@@ -209,6 +223,8 @@ class WarmServer:
     agent_id: str
     argv: list[str]
     env: dict[str, str]
+    # Its own network namespace, the port published on the host's loopback by pasta.
+    network: SandboxNetwork | None = None
     started_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat())
     process: subprocess.Popen[bytes] | None = None
     port: int | None = None
@@ -221,13 +237,22 @@ class WarmServer:
 
     def info(self) -> ServerInfo:
         assert self.pid is not None and self.port is not None and self.pid_start is not None
+        listener, listener_start = self.pid, self.pid_start
+        port = self.port
+        if self.network is not None:
+            assert self.network.plan.publish is not None and self.network.pasta_pid is not None
+            port = self.network.plan.publish[1]
+            listener = self.network.pasta_pid
+            listener_start = start_time(listener) or 0
         return ServerInfo(
             agent_id=self.agent_id,
             pid=self.pid,
             start_time=self.pid_start,
-            port=self.port,
+            port=port,
             started_at=self.started_at,
             rss_bytes=rss_bytes(self.pid),
+            listener_pid=listener,
+            listener_start_time=listener_start,
         )
 
     def stderr_tail(self) -> str:
@@ -239,19 +264,32 @@ class WarmServer:
 
     async def start(self, timeout_s: float = START_TIMEOUT_S) -> ServerInfo:
         """Spawn it and wait for its listening line; `ServerFailed` (after a stop) if not."""
-        self.process = subprocess.Popen(
-            self.argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=self.env,
-            start_new_session=True,
-            preexec_fn=_die_with_launcher,  # a server outlives turns, never its launcher
-        )
+        network = self.network
+        try:
+            self.process = subprocess.Popen(
+                network.argv(self.argv) if network else self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=self.env,
+                start_new_session=True,
+                preexec_fn=_die_with_launcher,  # a server outlives turns, never its launcher
+                pass_fds=network.pass_fds if network else (),
+            )
+        except OSError:
+            if network:
+                network.close()
+            raise
         # Threads drain both pipes for the server's whole life: a full pipe would block it.
         for target in (self._read_stdout, self._read_stderr):
             threading.Thread(target=target, daemon=True, name=f"warm-{self.agent_id}").start()
         try:
+            if network:
+                network.spawned()
+                try:
+                    await network.attach()  # the server starts only once its network is up
+                except NetworkUnavailable as exc:
+                    raise ServerFailed(f"the server's network: {exc}") from exc
             await self._wait_listening(timeout_s)
         except ServerFailed:
             await anyio.to_thread.run_sync(self.stop)
@@ -323,6 +361,8 @@ class WarmServer:
             os.killpg(process.pid, signal.SIGKILL)
         code = process.wait()
         reap_group(process.pid)
+        if self.network is not None:
+            self.network.close()  # pasta, and with it the published port
         log.info("warm server of agent %s stopped (status %s)", self.agent_id, code)
         return code
 

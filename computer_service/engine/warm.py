@@ -158,11 +158,12 @@ class WarmEngine:
         env = prepared
         # The server may keep what it read at its start: a new AGENTS.md gets a new server.
         agents_md = await anyio.to_thread.run_sync(_agents_md, paths)
+        ports = await self.cold.forwarded_ports()
         server = await self.pool.acquire(
             request.agent_id,
             env,
-            lambda password: self._server_request(paths, env, password),
-            extra_key=agents_md,
+            lambda password: self._server_request(paths, env, password, ports),
+            extra_key=agents_md + repr(ports).encode(),  # new forwarded ports: a new server
         )
         if server is None:
             return await self._cold(request, on_event, stop, paths, env, secrets)
@@ -219,7 +220,7 @@ class WarmEngine:
         return await self.cold.run_prepared(request, on_event, stop, paths, env, secrets)
 
     def _server_request(
-        self, paths: AgentPaths, env: dict[str, str], password: str
+        self, paths: AgentPaths, env: dict[str, str], password: str, ports: list[int]
     ) -> ServerRequest:
         return ServerRequest(
             agent_id=paths.agent_id,
@@ -228,6 +229,7 @@ class WarmEngine:
             bin_dir=str(self.cold.bin_dir),
             interpreter_dirs=self.cold.interpreter_dirs,
             env={**env, "OPENCODE_SERVER_PASSWORD": password},
+            loopback_ports=ports,
         )
 
     # ---- one attempt ----

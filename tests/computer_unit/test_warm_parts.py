@@ -214,6 +214,8 @@ class FakeLauncher:
             start_time=1,
             port=4000 + len(self.started),
             rss_bytes=self.rss,
+            listener_pid=10_000 + len(self.started),
+            listener_start_time=1,
         )
 
     async def sweep_server(self, agent_id: str) -> tuple[int, int | None]:

@@ -124,7 +124,12 @@ class Launcher:
         started = process_start_time(os.getpid())
         assert started is not None
         return ServerInfo(
-            agent_id=request.agent_id, pid=os.getpid(), start_time=started, port=self.port
+            agent_id=request.agent_id,
+            pid=os.getpid(),
+            start_time=started,
+            port=self.port,
+            listener_pid=os.getpid(),
+            listener_start_time=started,
         )
 
     async def sweep_server(self, agent_id: str) -> tuple[int, int | None]:
