@@ -67,7 +67,7 @@ class AgentServer:
     """One agent's running server, as the Computer sees it."""
 
     agent_id: str
-    address: ServerAddress
+    address: ServerAddress  # the listener to check: pasta in a network namespace, else the server
     env_key: str
     client: httpx.AsyncClient
     generation: object
@@ -75,6 +75,7 @@ class AgentServer:
     busy: bool = False
     turns: int = 0
     rss_bytes: int | None = None
+    server_pid: int = 0  # the `opencode serve` process (host pid)
 
 
 @dataclass
@@ -234,6 +235,7 @@ class WarmPool:
             generation=generation,
             last_used=self.clock(),
             rss_bytes=info.rss_bytes,
+            server_pid=info.pid,
         )
         self.servers[agent_id] = server
         return server

@@ -162,6 +162,9 @@ class Cold:
     async def prepare(self, request: Any, stop: Any, paths: Any, secrets: Any) -> dict[str, str]:
         return {"PWD": "/crew/agents/a/work"}
 
+    async def forwarded_ports(self) -> list[int]:
+        return []
+
     async def run_prepared(self, *args: Any) -> TurnResult:
         self.cold_turns += 1
         return TurnResult("succeeded", session_id="ses_cold")

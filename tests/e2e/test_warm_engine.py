@@ -162,7 +162,7 @@ async def test_a_hostile_turns_leftovers_are_swept_and_the_server_stays(
         record = await rig.turn("warm", "warm1", "HOSTILE")
         assert record.result.status == "succeeded", record.result.failure
         server = rig.warm.pool.servers["warm1"]
-        assert _namespace_members(server.address.pid) == []
+        assert _namespace_members(server.server_pid) == []
         assert rig.warm.pool.counters.swept_processes >= 3
         # The server is still the same one, and still answers.
         again = await rig.turn("warm", "warm1", "TRIVIAL")
@@ -183,7 +183,8 @@ async def test_a_port_the_server_does_not_own_gets_nothing(model: ScriptedModel)
         server = rig.warm.pool.servers["warm1"]
         address = server.address
         check_owner(address)  # the real server passes
-        # The server dies; a squatter takes its port.
+        # The holder of the server's host port dies (pasta, with the sandbox's own network;
+        # the server itself without); a squatter takes the port.
         os.kill(address.pid, signal.SIGKILL)
         wait_until("the server is gone", lambda: _gone(address.pid), 30)
         squatter = wait_until("the server's port is free", lambda: _listener(address.port), 30)
