@@ -243,7 +243,10 @@ class Launcher:
         port = NAMESPACE_PORT if network is not None else 0
         command = server_command(os.path.realpath(self.config.opencode), port)
         env = self._env(request, policy)
-        return WarmServer(request.agent_id, backend.argv(policy, command), env, network)
+        # The server and every tool of its turns share one cgroup: the same caps as a run.
+        cgroup = self._cgroup(f"warm-{request.agent_id}")
+        argv = (cgroup.join_prefix() if cgroup else []) + backend.argv(policy, command)
+        return WarmServer(request.agent_id, argv, env, network, cgroup)
 
     def _usable_backend(self) -> Backend:
         if self.backend is None or not self.sandbox.ok:

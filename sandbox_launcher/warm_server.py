@@ -42,6 +42,7 @@ from datetime import UTC, datetime
 import anyio
 
 from sandbox_launcher.engine_run import reap_group
+from sandbox_launcher.limits import RunCgroup
 from sandbox_launcher.network import NetworkUnavailable, SandboxNetwork
 from sandbox_launcher.schema import ServerInfo
 
@@ -225,6 +226,8 @@ class WarmServer:
     env: dict[str, str]
     # Its own network namespace, the port published on the host's loopback by pasta.
     network: SandboxNetwork | None = None
+    # Its processes' cap and memory limit (as a cold run's), when the machine gives one.
+    cgroup: RunCgroup | None = None
     started_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat())
     process: subprocess.Popen[bytes] | None = None
     port: int | None = None
@@ -279,6 +282,8 @@ class WarmServer:
         except OSError:
             if network:
                 network.close()
+            if self.cgroup is not None:
+                self.cgroup.remove()
             raise
         # Threads drain both pipes for the server's whole life: a full pipe would block it.
         for target in (self._read_stdout, self._read_stderr):
@@ -363,6 +368,8 @@ class WarmServer:
         reap_group(process.pid)
         if self.network is not None:
             self.network.close()  # pasta, and with it the published port
+        if self.cgroup is not None:
+            self.cgroup.remove()
         log.info("warm server of agent %s stopped (status %s)", self.agent_id, code)
         return code
 

@@ -163,6 +163,10 @@ async def test_a_hostile_turns_leftovers_are_swept_and_the_server_stays(
         assert record.result.status == "succeeded", record.result.failure
         server = rig.warm.pool.servers["warm1"]
         assert _namespace_members(server.server_pid) == []
+        if os.geteuid() == 0 and os.path.isdir("/sys/fs/cgroup/pids"):
+            # Root on cgroup v1 (this CI): the server and its tools share the turn caps' cgroup.
+            with open(f"/proc/{server.server_pid}/cgroup", encoding="utf-8") as f:
+                assert "-warm-warm1" in f.read()
         assert rig.warm.pool.counters.swept_processes >= 3
         # The server is still the same one, and still answers.
         again = await rig.turn("warm", "warm1", "TRIVIAL")
