@@ -70,6 +70,10 @@ SANDBOX_IPV4 = ("10.0.2.100", "24", "10.0.2.2")  # address, prefix, gateway (as 
 SANDBOX_IPV6 = ("fd63:7265:7700::100", "fd63:7265:7700::2")  # address, gateway ("crew" ULA)
 NS_GET_USERNS = 0xB701  # ioctl on a namespace fd: the user namespace that owns it
 READY_TIMEOUT_S = 10.0
+# Under heavy load pasta (2023-03) now and then stays up without ever configuring the
+# interface: a pasta that is not ready after this long is replaced, up to PASTA_STARTS.
+PASTA_RETRY_S = 3.0
+PASTA_STARTS = 3
 READY_POLL_S = 0.002
 MAX_FORWARDED_PORTS = 32
 _TCP_LISTEN = "0A"
@@ -279,7 +283,10 @@ class SandboxNetwork:
         self._info_r, self._info_w = os.pipe()
         self._block_r, self._block_w = os.pipe()
         self._info = b""
+        self._waiting_for = "bwrap to start the sandbox"
         self._pasta: subprocess.Popen[bytes] | None = None
+        self._pasta_started = 0.0
+        self._pasta_starts = 0
         self._pasta_log: IO[bytes] | None = None
 
     @property
@@ -317,6 +324,8 @@ class SandboxNetwork:
             os.close(net_fd)
             raise
         argv = pasta_argv(self.tools, (user_fd, net_fd), self.plan, os.geteuid() == 0)
+        self._pasta_started = time.monotonic()
+        self._pasta_starts += 1
         # A file, not a pipe: nobody reads pasta's stderr while the run goes on.
         self._pasta_log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
         try:
@@ -339,14 +348,39 @@ class SandboxNetwork:
             raise NetworkUnavailable(
                 f"pasta exited with status {self._pasta.returncode}: {self._log_tail()}"
             )
+        self._waiting_for = "pasta to configure the sandbox's interface"
         if not has_default_route(_read(f"/proc/{pid}/net/route")):
             return False
-        wanted = set(self.plan.loopback_ports)
-        if wanted and not wanted <= listening_ports(_read(f"/proc/{pid}/net/tcp")):
+        missing = set(self.plan.loopback_ports) - listening_ports(_read(f"/proc/{pid}/net/tcp"))
+        if missing:
+            self._waiting_for = f"pasta to listen inside on {sorted(missing)}"
             return False
         if self.plan.publish is not None:
+            self._waiting_for = f"pasta to listen on the host's 127.0.0.1:{self.plan.publish[1]}"
             return self.plan.publish[1] in listening_ports(_read("/proc/self/net/tcp"))
         return True
+
+    def _settled(self, pid: int) -> bool:
+        """`_ready`, replacing a pasta that got stuck before it was ready."""
+        if self._ready(pid):
+            return True
+        stuck = time.monotonic() - self._pasta_started > PASTA_RETRY_S
+        if stuck and self._pasta_starts < PASTA_STARTS and self._pasta is not None:
+            log.warning(
+                "pasta not ready after %.0f s (waiting for %s; %s); starting it again",
+                PASTA_RETRY_S,
+                self._waiting_for,
+                self._log_tail(),
+            )
+            self._stop_pasta()
+            self._start_pasta(pid)
+        return False
+
+    def _timed_out(self) -> NetworkUnavailable:
+        return NetworkUnavailable(
+            f"the sandbox's network was not up in {READY_TIMEOUT_S:.0f} s "
+            f"(waiting for {self._waiting_for}; pasta said: {self._log_tail()})"
+        )
 
     def _release(self) -> None:
         os.write(self._block_w, b"1")
@@ -360,12 +394,13 @@ class SandboxNetwork:
             while pid is None:
                 await anyio.wait_readable(self._info_r)
                 pid = self._read_info()
+            self._waiting_for = "pasta to start"
             self._start_pasta(pid)
-            while not self._ready(pid):
+            while not self._settled(pid):
                 await anyio.sleep(READY_POLL_S)
             self._release()
             return
-        raise NetworkUnavailable(f"the sandbox's network was not up in {READY_TIMEOUT_S:.0f} s")
+        raise self._timed_out()
 
     def attach_blocking(self) -> None:
         """`attach` for synchronous callers (the self-test, `crew-launcher sandbox`)."""
@@ -374,11 +409,9 @@ class SandboxNetwork:
         while pid is None:
             pid = self._read_info()  # bwrap writes it at once, or exits (EOF)
         self._start_pasta(pid)
-        while not self._ready(pid):
+        while not self._settled(pid):
             if time.monotonic() > deadline:
-                raise NetworkUnavailable(
-                    f"the sandbox's network was not up in {READY_TIMEOUT_S:.0f} s"
-                )
+                raise self._timed_out()
             time.sleep(READY_POLL_S)
         self._release()
 
@@ -401,6 +434,9 @@ class SandboxNetwork:
         for fd in (self._info_r, self._info_w, self._block_r, self._block_w):
             _close(fd)
         self._info_r = self._info_w = self._block_r = self._block_w = -1
+        self._stop_pasta()
+
+    def _stop_pasta(self) -> None:
         pasta, self._pasta = self._pasta, None
         if pasta is not None:
             if pasta.poll() is None:

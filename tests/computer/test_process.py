@@ -666,7 +666,10 @@ def test_a_hundred_agents_woken_at_once_never_run_more_engines_than_the_cap(
                 )
             for agent in agents:
                 [turn] = finished(crew_server, agent["id"], 1, timeout=180)
-                assert turn["status"] == "succeeded", turn
+                assert turn["status"] == "succeeded", (
+                    turn.get("failure"),
+                    turn.get("events", [])[-3:],
+                )
             spans = []
             for agent in agents:
                 work = m.crew_home / "agents" / agent["id"] / "work"

@@ -198,5 +198,5 @@ def test_request_models_forbid_extra_keys(tmp_path: Path) -> None:
     body = orjson.loads(orjson.dumps(run_request(tmp_path, "in").model_dump(mode="json")))
     assert set(body) == {
         "run_id", "agent_id", "agent_dir", "runtime_dir", "bin_dir", "interpreter_dirs", "model",
-        "session_id", "env", "stdin", "stdout_limit", "engine_args",
+        "session_id", "env", "stdin", "stdout_limit", "engine_args", "loopback_ports",
     }  # fmt: skip
