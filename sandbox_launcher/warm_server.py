@@ -38,10 +38,11 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import IO
 
 import anyio
 
-from sandbox_launcher.engine_run import reap_group
+from sandbox_launcher.engine_run import engine_channel, reap_group
 from sandbox_launcher.limits import RunCgroup
 from sandbox_launcher.network import NetworkUnavailable, SandboxNetwork
 from sandbox_launcher.schema import ServerInfo
@@ -234,6 +235,7 @@ class WarmServer:
     pid: int | None = None
     pid_start: int | None = None
     namespace: str | None = None
+    _stdout: IO[bytes] | None = None
     _stderr: bytearray = field(default_factory=bytearray)
     _listening: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -268,11 +270,16 @@ class WarmServer:
     async def start(self, timeout_s: float = START_TIMEOUT_S) -> ServerInfo:
         """Spawn it and wait for its listening line; `ServerFailed` (after a stop) if not."""
         network = self.network
+        # Its stdout a socket, as a cold run's: no tool can open it through /proc and
+        # write a "listening" line of its own.
+        ours, theirs = engine_channel()
+        self._stdout = ours.makefile("rb")
+        ours.close()  # the file keeps the socket open
         try:
             self.process = subprocess.Popen(
                 network.argv(self.argv) if network else self.argv,
                 stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
+                stdout=theirs.fileno(),
                 stderr=subprocess.PIPE,
                 env=self.env,
                 start_new_session=True,
@@ -284,7 +291,10 @@ class WarmServer:
                 network.close()
             if self.cgroup is not None:
                 self.cgroup.remove()
+            self._stdout.close()
             raise
+        finally:
+            theirs.close()
         # Threads drain both pipes for the server's whole life: a full pipe would block it.
         for target in (self._read_stdout, self._read_stderr):
             threading.Thread(target=target, daemon=True, name=f"warm-{self.agent_id}").start()
@@ -327,8 +337,8 @@ class WarmServer:
             raise ServerFailed("the server exited right after it listened")
 
     def _read_stdout(self) -> None:
-        assert self.process is not None and self.process.stdout is not None
-        stream = self.process.stdout
+        stream = self._stdout
+        assert stream is not None
         while line := stream.readline(STDOUT_LINE_LIMIT):
             if not self._listening.is_set() and (found := LISTENING.search(line)):
                 self.port = int(found.group(1))

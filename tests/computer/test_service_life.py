@@ -228,7 +228,7 @@ async def test_models_are_reported_when_the_sandbox_is_unusable(tmp_path: Path) 
 
     async with computer(tmp_path, server, parts=parts) as c:
         await wait_until_async("the models", lambda: server.models is not None, timeout=20)
-        assert server.models == ["local/fake"]
+        assert server.models == ["local/scripted", "local/other", "local/fake"]
         async with c.local() as local:
             health = (await local.get("/health")).json()
         assert health["sandbox"]["ok"] is False

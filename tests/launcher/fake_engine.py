@@ -161,6 +161,8 @@ def shm_fill(cfg: dict[str, Any]) -> None:
                 written += 1
     except OSError as exc:
         emit({"event": "shm_refused", "errno": exc.errno, "mib": written})
+    while True:
+        time.sleep(1)
 
 
 def serve(cfg: dict[str, Any]) -> None:
