@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 import tempfile
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
+
+from sandbox_launcher.bwrap import BwrapTools, find_tools
+from tests.support.ci import required_in_ci
 
 FAKE_ENGINE = Path(__file__).with_name("fake_engine.py")
 PYTHON = os.path.realpath(sys.executable)
@@ -206,4 +213,51 @@ def processes_with(marker: str) -> list[int]:
             continue
         if marker.encode() in cmdline:
             found.append(int(entry))
+    return found
+
+
+# ---- probes run as the caller, or (as root) as an ordinary user ----
+
+NOBODY = 65534
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+def probe_uid(param: str) -> int:
+    """The uid a probe runs as: the caller's, or `nobody` when root asks for "unprivileged"."""
+    if param == "caller" or os.getuid() != 0:
+        return os.getuid()
+    if not os.path.exists(SYSTEM_PYTHON):
+        required_in_ci(f"{SYSTEM_PYTHON} (Debian package python3)")
+    return NOBODY
+
+
+@contextmanager
+def public_temp_dir(prefix: str) -> Iterator[Path]:
+    """A 0755 directory below /var/tmp (like a real /home: outside the sandbox's private /tmp)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/var/tmp"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def tools_for(uid: int, nproc: int) -> BwrapTools:
+    """bwrap's tools for a probe as `uid`: the system Python runs the helper for another user
+    (the test's own interpreter may sit in /root)."""
+    tools = find_tools()
+    if uid == os.getuid():
+        return tools
+    helper_dir = Path(tools.helper).parent
+    return dataclasses.replace(
+        tools, python=SYSTEM_PYTHON, support_dirs=(Path("/usr"), helper_dir), nproc=nproc
+    )
+
+
+def probe_results(stdout: str) -> dict[str, tuple[int, str]]:
+    """`name rc output` lines of a probe script: {name: (rc, output)}."""
+    found = {}
+    for line in stdout.splitlines():
+        name, rc, *out = line.split(" ", 2)
+        found[name] = (int(rc), out[0] if out else "")
     return found

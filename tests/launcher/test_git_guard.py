@@ -12,27 +12,32 @@ planted during a run is removed after it).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from sandbox_launcher.backend import BwrapBackend
-from sandbox_launcher.bwrap import BwrapTools, LinuxMode, find_tools, git_guard_args
+from sandbox_launcher.bwrap import LinuxMode, git_guard_args
 from sandbox_launcher.git_guard import find_git_dirs, guarded_git_dirs, prepare_guard
 from sandbox_launcher.policy import SandboxPolicy
 from sandbox_launcher.seatbelt import profile_text, seatbelt_params
-from tests.launcher.helpers import LauncherProcess, engine_lines, make_layout, write_fake_opencode
+from tests.launcher.helpers import (
+    LauncherProcess,
+    engine_lines,
+    make_layout,
+    probe_results,
+    probe_uid,
+    public_temp_dir,
+    tools_for,
+    write_fake_opencode,
+)
 from tests.support.ci import required_in_ci
 
-NOBODY = 65534
-SYSTEM_PYTHON = "/usr/bin/python3"
 GIT = ["git", "-c", "user.email=agent@crew", "-c", "user.name=agent"]
 
 
@@ -137,39 +142,13 @@ run new_repo sh -c 'git init -q fresh && echo f > fresh/f && git -C fresh add f 
 def run_as(request: pytest.FixtureRequest, needs_bwrap: None) -> int:
     if shutil.which("git") is None:
         required_in_ci("git")
-    if request.param == "caller" or os.getuid() != 0:
-        return os.getuid()
-    if not os.path.exists(SYSTEM_PYTHON):
-        required_in_ci(f"{SYSTEM_PYTHON} (Debian package python3)")
-    return NOBODY
+    return probe_uid(request.param)
 
 
 @pytest.fixture
 def base() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="crew-git-", dir="/var/tmp"))
-    path.chmod(0o755)
-    try:
+    with public_temp_dir("crew-git-") as path:
         yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def _tools_for(uid: int) -> BwrapTools:
-    tools = find_tools()
-    if uid == os.getuid():
-        return tools
-    helper_dir = Path(tools.helper).parent
-    return dataclasses.replace(
-        tools, python=SYSTEM_PYTHON, support_dirs=(Path("/usr"), helper_dir), nproc=256
-    )
-
-
-def _results(stdout: str) -> dict[str, tuple[int, str]]:
-    found = {}
-    for line in stdout.splitlines():
-        name, rc, *out = line.split(" ", 2)
-        found[name] = (int(rc), out[0] if out else "")
-    return found
 
 
 def _host_git_runs_nothing_planted(repo: Path, work: Path, uid: int | None = None) -> None:
@@ -209,7 +188,9 @@ def test_planted_hooks_and_config_are_denied_and_git_keeps_working(
         guarded_git=guarded_git_dirs(work),
     )
     assert policy.guarded_git == (work / "repo" / ".git",)
-    argv = BwrapBackend(_tools_for(run_as), mode).argv(policy, ["/bin/sh", str(agent / "probe.sh")])
+    argv = BwrapBackend(tools_for(run_as, 256), mode).argv(
+        policy, ["/bin/sh", str(agent / "probe.sh")]
+    )
     env = {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         "HOME": str(agent),
@@ -237,7 +218,7 @@ def test_planted_hooks_and_config_are_denied_and_git_keeps_working(
         group=run_as if other else None,
         extra_groups=[] if other else None,
     )
-    results = _results(done.stdout)
+    results = probe_results(done.stdout)
     assert done.returncode == 0 and results, (done.returncode, done.stdout, done.stderr)
     for attack in ("hook", "hook_chmod", "fsmonitor", "hookspath", "swap_git", "remove_hooks"):
         rc, out = results[attack]

@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,15 +23,21 @@ import pytest
 
 from crew_common.secret_places import SECRET_PLACES
 from sandbox_launcher.backend import BwrapBackend
-from sandbox_launcher.bwrap import BwrapTools, LinuxMode, find_tools
+from sandbox_launcher.bwrap import LinuxMode
 from sandbox_launcher.policy import SandboxPolicy
 from sandbox_launcher.seatbelt import profile_text, seatbelt_params
 from sandbox_launcher.toolchains import read_only_roots, toolchain_roots
-from tests.launcher.helpers import LauncherProcess, engine_lines, make_layout, write_fake_opencode
-from tests.support.ci import required_in_ci
+from tests.launcher.helpers import (
+    LauncherProcess,
+    engine_lines,
+    make_layout,
+    probe_results,
+    probe_uid,
+    public_temp_dir,
+    tools_for,
+    write_fake_opencode,
+)
 
-NOBODY = 65534
-SYSTEM_PYTHON = "/usr/bin/python3"
 SSH_KEY = "-----BEGIN FAKE KEY-----\n"
 
 
@@ -207,41 +211,13 @@ run repo_write sh -c "echo x > $REPO/new"
 
 @pytest.fixture(params=["caller", "unprivileged"])
 def run_as(request: pytest.FixtureRequest, needs_bwrap: None) -> int:
-    if request.param == "caller" or os.getuid() != 0:
-        return os.getuid()
-    if not os.path.exists(SYSTEM_PYTHON):
-        required_in_ci(f"{SYSTEM_PYTHON} (Debian package python3)")
-    return NOBODY
+    return probe_uid(request.param)
 
 
 @pytest.fixture
 def base() -> Iterator[Path]:
-    # Below /var/tmp, not /tmp: like a real /home, outside the private /tmp.
-    path = Path(tempfile.mkdtemp(prefix="crew-tools-", dir="/var/tmp"))
-    path.chmod(0o755)
-    try:
+    with public_temp_dir("crew-tools-") as path:
         yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def _tools_for(uid: int) -> BwrapTools:
-    tools = find_tools()
-    if uid == os.getuid():
-        return tools
-    # The system Python runs the helper: the test's own interpreter may sit in /root.
-    helper_dir = Path(tools.helper).parent
-    return dataclasses.replace(
-        tools, python=SYSTEM_PYTHON, support_dirs=(Path("/usr"), helper_dir), nproc=64
-    )
-
-
-def _results(stdout: str) -> dict[str, tuple[int, str]]:
-    found = {}
-    for line in stdout.splitlines():
-        name, rc, *out = line.split(" ", 2)
-        found[name] = (int(rc), out[0] if out else "")
-    return found
 
 
 @pytest.mark.timeout(120)
@@ -270,7 +246,7 @@ def test_toolchains_run_inside_the_sandbox_and_secrets_stay_shut(
         read_dirs=(*roots.dirs, *extra.dirs),
     )
     command = ["/bin/sh", str(agent / "probe.sh")]
-    argv = BwrapBackend(_tools_for(run_as), mode).argv(policy, command)
+    argv = BwrapBackend(tools_for(run_as, 64), mode).argv(policy, command)
     env = {
         "PATH": fake.path,
         "HOME": str(agent),
@@ -294,7 +270,7 @@ def test_toolchains_run_inside_the_sandbox_and_secrets_stay_shut(
         group=run_as if other else None,
         extra_groups=[] if other else None,
     )
-    results = _results(done.stdout)
+    results = probe_results(done.stdout)
     assert done.returncode == 0 and results, (done.returncode, done.stdout, done.stderr)
     assert results["pytool"] == (0, "pyenv-tool-ok")
     assert results["venvtool"] == (0, "venv-tool-ok")
