@@ -42,6 +42,7 @@ from typing import IO
 
 import anyio
 
+from crew_common.procfs import process_start_time
 from sandbox_launcher.engine_run import engine_channel, reap_group
 from sandbox_launcher.limits import RunCgroup
 from sandbox_launcher.network import NetworkUnavailable, SandboxNetwork
@@ -112,18 +113,6 @@ def pid_namespace(pid: int) -> str | None:
         return os.readlink(f"/proc/{pid}/ns/pid")
     except OSError:
         return None
-
-
-def start_time(pid: int) -> int | None:
-    """Field 22 of /proc/<pid>/stat (clock ticks after boot); tells a reused pid apart."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    # "pid (comm) state ppid …": comm may hold spaces and parentheses.
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    return int(fields[19]) if len(fields) > 19 else None
 
 
 def rss_bytes(pid: int) -> int | None:
@@ -248,7 +237,7 @@ class WarmServer:
             assert self.network.plan.publish is not None and self.network.pasta_pid is not None
             port = self.network.plan.publish[1]
             listener = self.network.pasta_pid
-            listener_start = start_time(listener) or 0
+            listener_start = process_start_time(listener) or 0
         return ServerInfo(
             agent_id=self.agent_id,
             pid=self.pid,
@@ -332,7 +321,7 @@ class WarmServer:
         pid = await anyio.to_thread.run_sync(find_server_pid, self.process.pid)
         if pid is None:
             raise ServerFailed("the server's process could not be found in its namespace")
-        self.pid, self.pid_start, self.namespace = pid, start_time(pid), pid_namespace(pid)
+        self.pid, self.pid_start, self.namespace = pid, process_start_time(pid), pid_namespace(pid)
         if self.pid_start is None or self.namespace is None:
             raise ServerFailed("the server exited right after it listened")
 

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 import httpcore
 import httpx
 
+from crew_common.procfs import process_start_time
+
 # The addresses a connection to 127.0.0.1:port can land on.
 _IPV4 = {"0100007F", "00000000"}  # 127.0.0.1, 0.0.0.0 as /proc/net/tcp prints them (little endian)
 _IPV6 = {
@@ -94,17 +96,6 @@ def socket_inodes(pid: int) -> set[int]:
         if target.startswith("socket:["):
             found.add(int(target[8:-1]))
     return found
-
-
-def process_start_time(pid: int) -> int | None:
-    """Field 22 of /proc/<pid>/stat, or None when the process is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    return int(fields[19]) if len(fields) > 19 else None
 
 
 def check_owner(address: ServerAddress) -> None:

@@ -33,10 +33,10 @@ from computer_service.engine.base import (
     TurnResult,
 )
 from computer_service.engine.warm import WarmEngine
-from computer_service.engine.warm_channel import process_start_time
 from computer_service.launcher_client import ServerInfo, ServerRequest
 from computer_service.warm_pool import WarmPool
 from crew_common.layout import AgentPaths
+from crew_common.procfs import process_start_time
 
 pytestmark = pytest.mark.anyio
 

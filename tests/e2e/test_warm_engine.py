@@ -20,6 +20,7 @@ import pytest
 from computer_service.engine.base import FailureClass, TurnResult
 from computer_service.engine.warm_channel import NotTheServer, ServerAddress, check_owner
 from computer_service.home import SessionRecord, write_session_record
+from crew_common.procfs import process_start_time
 from crew_server.scripted_model import Script, ScriptedModel
 from crew_testkit.engine_rig import MODEL, EngineRig, TurnRecord, comparable
 from crew_testkit.waiting import wait_until
@@ -197,7 +198,9 @@ async def test_a_port_the_server_does_not_own_gets_nothing(model: ScriptedModel)
             with pytest.raises(NotTheServer):
                 check_owner(address)
             # A live process that does not hold the listener is refused too.
-            other = ServerAddress(os.getppid(), _start_time(os.getppid()), address.port, "x")
+            other = ServerAddress(
+                os.getppid(), process_start_time(os.getppid()) or 0, address.port, "x"
+            )
             with pytest.raises(NotTheServer):
                 check_owner(other)
             # The next turn never talks to the squatter: it runs cold, the server is dropped.
@@ -233,9 +236,3 @@ def _gone(pid: int) -> bool:
             return f.read().split(b") ")[1][:1] in (b"Z", b"X")
     except OSError:
         return True
-
-
-def _start_time(pid: int) -> int:
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        stat = f.read()
-    return int(stat[stat.rfind(b")") + 2 :].split()[19])
