@@ -553,18 +553,18 @@ def engine_main(engine: str, runs: int) -> int:
 
         first = managed(ENGINE_KINDS["trivial"])  # warm: starts the server, boots its instance
         turns = 1
-        hand: dict[str, tuple[list[str], dict[str, str], bytes]] = {}
+        hand: dict[str, HandRun] = {}
         for kind, body in ENGINE_KINDS.items():
             managed(body)
             last = stack.finished_turn(agent["id"], turns, 30)
             turns += 1
             hand[kind] = hand_run(stack, agent["id"], last["input"], session_of(stack, agent["id"]))
-            timed_hand_run(*hand[kind])  # the hand runs' warm-up
+            timed_hand_run(hand[kind], True)  # the hand runs' warm-up (own network, as managed)
         for i in range(runs):
             for kind, body in ENGINE_KINDS.items():
                 pair = {
                     engine: lambda b=body: managed(b),
-                    "by hand": lambda k=kind: timed_hand_run(*hand[k]),
+                    "by hand": lambda k=kind: timed_hand_run(hand[k], True),
                 }
                 for who in (engine, "by hand") if i % 2 == 0 else ("by hand", engine):
                     times[f"{who} {kind}"].append(pair[who]())
