@@ -1,17 +1,16 @@
 """The one way the Computer reaches an agent's warm server: HTTP on 127.0.0.1, owner-checked.
 
-The server listens on the host's loopback, where any local process (another
-agent's tool, another user) could listen too once the server is gone. So
-before every new connection `check_owner` makes sure that every socket
+On Linux the server listens inside its sandbox's own network namespace and
+the launcher's pasta publishes that port on the host's 127.0.0.1; elsewhere
+the server listens there itself. Either way the port is on the host's
+loopback, where another local process could listen once its holder is gone.
+So before every new connection `check_owner` makes sure that every socket
 listening on that port (in our network namespace: the one we connect in) is
-a socket of the server process itself: the listener's inode must be among
-the descriptors of `/proc/<pid>/fd`, and `<pid>` must still be the process
-the launcher started (same start time, so a reused pid is told apart). A
-turn or the server's password never goes to a port something else owns.
-
-All connection logic is here (`server_client`): when the launcher publishes
-the server's port through a channel it owns (a per-sandbox network
-namespace), only this module changes.
+a socket of the process the launcher named (`ServerInfo.listener_pid`): the
+listener's inode must be among the descriptors of `/proc/<pid>/fd`, and
+`<pid>` must still be that process (same start time, so a reused pid is told
+apart). A turn or the server's password never goes to a port something else
+owns.
 """
 
 from __future__ import annotations
