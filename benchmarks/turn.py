@@ -417,7 +417,8 @@ def main() -> int:
         managed_env = managed_run.get("env", {})
         differ = sorted(k for k in {*env, *managed_env} if env.get(k) != managed_env.get(k))
         if not managed_env or differ:
-            raise SystemExit(f"the hand run's environment differs from the managed one: {differ}")
+            shown = {k: (env.get(k), managed_env.get(k)) for k in differ}
+            raise SystemExit(f"the hand run's environment differs from the managed one: {shown}")
         # The warm-up started the session the hand runs continue: compare all but that.
         network = hand.backend.network(hand.plan)
         networked = network.argv(argv) if network else argv

@@ -105,6 +105,16 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
+def spawn_cwd(env: dict[str, str]) -> str | None:
+    """Where the sandbox is spawned from: the engine's `PWD` when it exists on the host.
+
+    The cgroup join prefix is a shell, and a shell resets `PWD` to its own
+    directory unless they agree; OpenCode takes its project from `PWD`.
+    """
+    pwd = env.get("PWD")
+    return pwd if pwd and os.path.isdir(pwd) else None
+
+
 def engine_channel() -> tuple[socket.socket, socket.socket]:
     """The engine's stdout: (our end, its end) of a Unix socket pair, not a pipe.
 
@@ -196,6 +206,7 @@ class EngineRun:
         try:
             process = await anyio.open_process(
                 network.argv(self.argv) if network else self.argv,
+                cwd=spawn_cwd(self.env),
                 stdin=subprocess.PIPE,
                 stdout=theirs.fileno(),
                 stderr=subprocess.PIPE,

@@ -43,7 +43,7 @@ from typing import IO
 import anyio
 
 from crew_common.procfs import process_start_time
-from sandbox_launcher.engine_run import engine_channel, reap_group
+from sandbox_launcher.engine_run import engine_channel, reap_group, spawn_cwd
 from sandbox_launcher.limits import RunCgroup
 from sandbox_launcher.network import NetworkUnavailable, SandboxNetwork
 from sandbox_launcher.schema import ServerInfo
@@ -267,6 +267,7 @@ class WarmServer:
         try:
             self.process = subprocess.Popen(
                 network.argv(self.argv) if network else self.argv,
+                cwd=spawn_cwd(self.env),
                 stdin=subprocess.DEVNULL,
                 stdout=theirs.fileno(),
                 stderr=subprocess.PIPE,

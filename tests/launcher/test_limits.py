@@ -84,6 +84,8 @@ def test_a_run_at_its_limit_is_ended_and_the_other_agent_runs_on(
         frames = limited_launcher.run(layout.run_request("a2", {"scenario": "echo"}))
         assert _exit(frames)["code"] == 0, frames
         assert engine_lines(frames)[0]["cwd"].endswith("/a2/work")
+        # The cgroup's join shell leaves the engine's PWD (its project) as it was.
+        assert engine_lines(frames)[0]["env"]["PWD"].endswith("/a2/work")
         assert hostile.done.wait(60), "the hostile run was never ended"
     finally:
         hostile.close()
