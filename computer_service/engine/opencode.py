@@ -187,10 +187,7 @@ class OpenCodeEngine:
             return await self._run_turn(request, on_event, stop, paths, secrets)
         except Exception as exc:
             log.exception("agent %s: the engine broke during a turn", request.agent_id)
-            while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
-                exc = exc.exceptions[0]
-            reason = redact(f"the engine failed unexpectedly: {type(exc).__name__}: {exc}", secrets)
-            return TurnResult("failed", Failure(FailureClass.PROCESS_CRASHED, reason))
+            return crashed_result(exc, secrets)
 
     async def _run_turn(
         self,
@@ -442,6 +439,14 @@ def _duration(seconds: float) -> str:
     if seconds >= 60 and seconds % 60 == 0:
         return f"{int(seconds // 60)} min"
     return f"{seconds:g} s"
+
+
+def crashed_result(exc: BaseException, secrets: list[str]) -> TurnResult:
+    """A turn the engine code itself broke on (shared with the warm engine): `process_crashed`."""
+    while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    reason = redact(f"the engine failed unexpectedly: {type(exc).__name__}: {exc}", secrets)
+    return TurnResult("failed", Failure(FailureClass.PROCESS_CRASHED, reason))
 
 
 def stopped_result(session_id: str | None, usage: Usage) -> TurnResult:

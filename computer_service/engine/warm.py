@@ -49,13 +49,13 @@ from computer_service.engine.base import (
     TurnResult,
 )
 from computer_service.engine.events import engine_event_of
-from computer_service.engine.failures import redact
 from computer_service.engine.opencode import (
     TURN_TITLE,
     Attempt,
     OpenCodeEngine,
     add_usage,
     attempt_result,
+    crashed_result,
 )
 from computer_service.engine.warm_channel import NotTheServer
 from computer_service.engine.warm_events import (
@@ -139,10 +139,7 @@ class WarmEngine:
             return await self._run_turn(request, on_event, stop, paths, secrets)
         except Exception as exc:
             log.exception("agent %s: the warm engine broke during a turn", request.agent_id)
-            while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
-                exc = exc.exceptions[0]
-            reason = redact(f"the engine failed unexpectedly: {type(exc).__name__}: {exc}", secrets)
-            return TurnResult("failed", Failure(FailureClass.PROCESS_CRASHED, reason))
+            return crashed_result(exc, secrets)
 
     async def _run_turn(
         self,
