@@ -84,6 +84,8 @@ class Bootstrap(BaseModel):
     warm_idle_timeout_s: Annotated[int, Strict()] = Field(default=600, ge=1, le=7 * 24 * 3600)
     # The warm servers' resident memory stays under this (MiB; default a quarter of the RAM).
     warm_memory_mb: Annotated[int, Strict()] | None = Field(default=None, ge=64, le=16 * 1024**2)
+    # A warm server left over this after a turn is restarted (docs/warm-engine.md).
+    warm_server_max_mb: Annotated[int, Strict()] = Field(default=1536, ge=64, le=16 * 1024**2)
 
     # How long one turn may run before it is ended (computer.md §3; 30 min by default).
     turn_time_limit_s: Annotated[int, Strict()] = Field(default=30 * 60, ge=1, le=7 * 24 * 3600)

@@ -62,6 +62,7 @@ class WarmHealth(BaseModel):
     servers: int
     rss_bytes: int
     memory_budget_bytes: int
+    server_ceiling_bytes: int
     idle_timeout_s: float
 
 

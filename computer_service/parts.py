@@ -284,6 +284,7 @@ class LocalParts:
             launcher,
             memory_budget=budget * 1024 * 1024 if budget is not None else default_memory_budget(),
             idle_timeout_s=float(self.bootstrap.warm_idle_timeout_s),
+            server_ceiling=self.bootstrap.warm_server_max_mb * 1024 * 1024,
         )
         return WarmEngine(cold, pool)
 

@@ -9,7 +9,9 @@ process). A server is kept while its agent's turns come; it is stopped
   evicted, least recently used first; a turn that still finds no room runs cold,
 - when the turn's environment differs from the one it was started with
   (another model, a new login): a server's config is process-wide,
-- when it broke (died, did not answer, was found not to own its port).
+- when it broke (died, did not answer, was found not to own its port),
+- after a turn that left it over `server_ceiling` resident memory (it is
+  started afresh for the agent's next turn: OpenCode's memory grows with use).
 
 Three failed starts in a row and the agent runs cold for the rest of this
 Computer's life (shown in `/agents`). The counters feed `/metrics`.
@@ -38,6 +40,8 @@ MAX_FAILED_STARTS = 3
 # What one server is expected to grow to (docs/warm-engine.md: ~320 MB idle, ~650 MB after 20 turns).
 SERVER_ESTIMATE_BYTES = 650 * 1024 * 1024
 MAINTAIN_EVERY_S = 30.0
+# A server over this after a turn is restarted (well under a turn's 4 GiB memory cap).
+SERVER_CEILING_BYTES = 1536 * 1024 * 1024
 
 
 def default_memory_budget() -> int:
@@ -89,6 +93,7 @@ class WarmCounters:
     evictions: int = 0
     sweeps: int = 0
     swept_processes: int = 0
+    ceiling_restarts: int = 0
 
     def lines(self) -> list[str]:
         """Prometheus text lines."""
@@ -112,6 +117,11 @@ class WarmCounters:
                 self.sweeps,
             ),
             ("crew_warm_swept_processes_total", "Processes a sweep killed.", self.swept_processes),
+            (
+                "crew_warm_ceiling_restarts_total",
+                "Warm servers stopped after a turn left them over the per-server ceiling.",
+                self.ceiling_restarts,
+            ),
         ]
         out = []
         for name, text, value in rows:
@@ -140,6 +150,7 @@ class WarmPool:
     memory_budget: int = field(default_factory=default_memory_budget)
     idle_timeout_s: float = IDLE_TIMEOUT_S
     server_estimate: int = SERVER_ESTIMATE_BYTES
+    server_ceiling: int = SERVER_CEILING_BYTES
     clock: Callable[[], float] = anyio.current_time
     servers: dict[str, AgentServer] = field(default_factory=dict)
     failed_starts: dict[str, int] = field(default_factory=dict)
@@ -193,6 +204,15 @@ class WarmPool:
         self.counters.sweeps += 1
         self.counters.swept_processes += killed
         server.rss_bytes = rss if rss is not None else server.rss_bytes
+        if server.rss_bytes is not None and server.rss_bytes > self.server_ceiling:
+            log.info(
+                "agent %s: its warm server grew to %d MiB (ceiling %d MiB); restarting it",
+                server.agent_id,
+                server.rss_bytes // 2**20,
+                self.server_ceiling // 2**20,
+            )
+            self.counters.ceiling_restarts += 1
+            await self.discard(server)
 
     async def discard(self, server: AgentServer) -> None:
         """Stop the server and forget it (a new one starts at the agent's next turn)."""
@@ -334,5 +354,6 @@ class WarmPool:
             "servers": len(self.servers),
             "rss_bytes": sum(s.rss_bytes or 0 for s in self.servers.values()),
             "memory_budget_bytes": self.memory_budget,
+            "server_ceiling_bytes": self.server_ceiling,
             "idle_timeout_s": self.idle_timeout_s,
         }

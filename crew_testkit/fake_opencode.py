@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A fake `opencode` for tests: usable as `opencode_path`, speaks `run --format json`.
+"""A fake `opencode` for tests: usable as `opencode_path`, speaks `run --format json` and `serve`.
 
 Standard library only (it runs inside the sandbox with the system python3).
 It accepts the real command line
@@ -14,6 +14,17 @@ Sessions: new sessions are recorded in `$XDG_DATA_HOME/fake-opencode/sessions/`;
 `--session S` for an unknown S prints `Error: Session not found` on stderr and
 exits 1 with empty stdout, like OpenCode 1.18. A model whose name contains
 `nope` gives the real "unknown model" output (UnknownError + stderr `Model not found`).
+
+`serve --port P --hostname H` is a fake warm server: the subset of OpenCode's HTTP API the
+warm engine uses (Basic auth with `$OPENCODE_SERVER_PASSWORD`; `GET /event`, `POST /session`,
+`POST /session/<id>/prompt_async`, `POST /session/<id>/abort`, `POST /permission/<id>/reply`),
+printing `opencode server listening on http://H:P` once it listens. Each prompt runs this
+file's `run` as a child of the server (so it is a tool process of the server's sandbox, and
+every marker below works warm too; `FAKE:GROW <MiB>` makes the server itself hold that
+much more memory) and turns its lines into the server's SSE events, the
+inverse of `computer_service/engine/warm_events.run_line`. A child killed by a signal the
+server did not send (`FAKE:CRASH`) takes the server down with it, as a crashing engine would.
+Sessions are the same files `run` uses, so they continue between both engines.
 
 Behaviour is chosen by markers in the turn input (any line), else by
 `$FAKE_OPENCODE_MODE` when it exists, else "ok":
@@ -49,11 +60,14 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import random
+import re
 import signal
 import string
 import subprocess
 import sys
+import threading
 import time
 
 STATE = os.path.join(
@@ -113,7 +127,8 @@ def parse_args(argv: list[str]) -> dict[str, str]:
     i = 0
     while i < len(argv):
         a = argv[i]
-        if a in ("--title", "--dir", "--session", "--model", "--format"):
+        if a in ("--title", "--dir", "--session", "--new-session", "--model", "--format",
+                 "--port", "--hostname"):  # fmt: skip
             opts[a[2:]] = argv[i + 1] if i + 1 < len(argv) else ""
             i += 2
         else:
@@ -150,6 +165,8 @@ def main() -> int:
     if argv[:1] == ["models"]:
         print("local/scripted\nlocal/other")
         return 0
+    if argv[:1] == ["serve"]:
+        return serve(parse_args(argv))
     if argv[:1] != ["run"]:
         print(f"fake opencode: unsupported command {argv!r}", file=sys.stderr)
         return 2
@@ -165,8 +182,10 @@ def main() -> int:
             print("\x1b[91m\x1b[1mError: \x1b[0mSession not found", file=sys.stderr)
             return 1
     else:
-        session = new_id("ses")
-        open(os.path.join(sessions, session), "w").close()
+        # `--new-session S`: the fake server's session S, made by its POST /session, first prompt
+        session = opts.get("new-session") or new_id("ses")
+        with open(os.path.join(sessions, session), "w") as f:
+            f.write("started\n")  # a session that had a turn (the fake server's are empty)
     out = Out(session)
     model = opts.get("model", "")
     if "nope" in model:
@@ -402,6 +421,229 @@ def run_mode(out: Out, name: str, arg: str) -> int:
     out.step_start()
     out.text("ok")
     out.step_finish()
+    return 0
+
+
+# ---- serve: a fake warm server ----
+
+
+class Subscribers:
+    """The open `/event` streams: each gets every event published after it subscribed."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.queues: list[queue.Queue[dict[str, object] | None]] = []
+
+    def add(self) -> queue.Queue[dict[str, object] | None]:
+        q: queue.Queue[dict[str, object] | None] = queue.Queue()
+        with self.lock:
+            self.queues.append(q)
+        return q
+
+    def remove(self, q: queue.Queue[dict[str, object] | None]) -> None:
+        with self.lock:
+            self.queues.remove(q)
+
+    def publish(self, kind: str, **properties: object) -> None:
+        event: dict[str, object] = {"type": kind, "properties": properties}
+        with self.lock:
+            for q in self.queues:
+                q.put(event)
+
+
+class FakeServer:
+    """Sessions, the running prompts and the event streams of one fake `opencode serve`."""
+
+    def __init__(self, password: str) -> None:
+        self.password = password
+        self.events = Subscribers()
+        self.lock = threading.Lock()
+        self.running: dict[str, subprocess.Popen[bytes]] = {}
+        self.aborted: set[str] = set()
+        self.ballast: list[bytes] = []  # what `FAKE:GROW` made the server hold
+        self.sessions = os.path.join(STATE, "sessions")
+        os.makedirs(self.sessions, exist_ok=True)
+
+    def new_session(self) -> str:
+        session = new_id("ses")
+        open(os.path.join(self.sessions, session), "w").close()
+        return session
+
+    def prompt(self, session: str, body: dict[str, object]) -> int:
+        """Start a prompt's turn in the background: 204, or 404 for an unknown session."""
+        if not re.fullmatch(r"ses_[A-Za-z0-9]{1,100}", session) or not os.path.exists(
+            os.path.join(self.sessions, session)
+        ):
+            return 404
+        parts = body.get("parts") or []
+        text = "".join(str(p.get("text", "")) for p in parts if isinstance(p, dict))  # type: ignore[attr-defined]
+        model = body.get("model") or {}
+        model_name = f"{model.get('providerID')}/{model.get('modelID')}"  # type: ignore[attr-defined]
+        grow = re.search(r"^\s*FAKE:GROW (\d+)\s*$", text, re.MULTILINE)
+        if grow:
+            self.ballast.append(b"g" * (int(grow[1]) * 1024 * 1024))  # resident: written
+        continued = os.path.getsize(os.path.join(self.sessions, session)) > 0
+        argv = [sys.argv[0], "run", "--format", "json", "--model", model_name,
+                "--session" if continued else "--new-session", session]  # fmt: skip
+        child = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert child.stdin is not None
+        child.stdin.write(text.encode())
+        child.stdin.close()
+        with self.lock:
+            self.running[session] = child
+        threading.Thread(
+            target=self.follow, args=(session, str(body.get("messageID")), child), daemon=True
+        ).start()
+        return 204
+
+    def follow(self, session: str, parent: str, child: subprocess.Popen[bytes]) -> None:
+        """The child's lines → the server's events; then the end of the turn."""
+        created = now_ms()
+        message: dict[str, object] = {"id": new_id("msg"), "sessionID": session,
+            "role": "assistant", "parentID": parent, "time": {"created": created}}  # fmt: skip
+        self.events.publish("message.updated", info=message)
+        lines: queue.Queue[bytes | None] = queue.Queue()
+
+        def read() -> None:
+            assert child.stdout is not None
+            for raw in child.stdout:
+                lines.put(raw)
+            lines.put(None)
+
+        # A background process of the turn may hold stdout open: the turn ends with the child.
+        threading.Thread(target=read, daemon=True).start()
+        error: object = None
+        while True:
+            try:
+                raw = lines.get(timeout=0.05 if child.poll() is not None else 1.0)
+            except queue.Empty:
+                if child.poll() is not None:
+                    break
+                continue
+            if raw is None:
+                break
+            try:
+                line = json.loads(raw)
+            except ValueError:
+                continue  # bad lines of `FAKE:BADLINES`: a server prints no such event
+            if not isinstance(line, dict):
+                continue
+            if line.get("type") == "error":
+                error = line.get("error")
+                self.events.publish("session.error", sessionID=session, error=error)
+            elif isinstance(line.get("part"), dict):
+                self.events.publish("message.part.updated", part=line["part"])
+        code = child.wait()
+        with self.lock:
+            self.running.pop(session, None)
+            aborted = session in self.aborted
+            self.aborted.discard(session)
+        if code < 0 and not aborted:
+            print(f"fake opencode serve: the turn died of signal {-code}", file=sys.stderr)
+            os._exit(1)  # the engine crashed: the server goes with it
+        if aborted:
+            error = {"name": "MessageAbortedError", "data": {"message": "Aborted"}}
+            self.events.publish("session.error", sessionID=session, error=error)
+        elif code != 0 and error is None:
+            error = {"name": "UnknownError", "data": {"message": f"the turn exited {code}"}}
+            self.events.publish("session.error", sessionID=session, error=error)
+        message["time"] = {"created": created, "completed": now_ms()}
+        if error is not None:
+            message["error"] = error
+        self.events.publish("message.updated", info=message)
+        self.events.publish("session.status", sessionID=session, status={"type": "idle"})
+
+    def abort(self, session: str) -> None:
+        with self.lock:
+            child = self.running.get(session)
+            if child is not None:
+                self.aborted.add(session)
+        if child is not None:
+            child.kill()
+
+
+def serve(opts: dict[str, str]) -> int:
+    """Run the fake warm server until killed (module doc)."""
+    import base64
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    server = FakeServer(os.environ.get("OPENCODE_SERVER_PASSWORD", ""))
+    expected = "Basic " + base64.b64encode(f"opencode:{server.password}".encode()).decode()
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+        def answer(self, status: int, body: object = None) -> None:
+            data = b"" if body is None else json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def allowed(self) -> bool:
+            if server.password and self.headers.get("Authorization") != expected:
+                self.answer(401, {"error": "unauthorized"})
+                return False
+            return True
+
+        def do_GET(self) -> None:  # http.server calls it by this name
+            if not self.allowed():
+                return
+            if self.path.split("?")[0] != "/event":
+                self.answer(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.end_headers()
+            q = server.events.add()
+            try:
+                event: dict[str, object] | None = {"type": "server.connected", "properties": {}}
+                while True:
+                    if event is not None:
+                        self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+                        self.wfile.flush()
+                    try:
+                        event = q.get(timeout=10)
+                    except queue.Empty:
+                        event = {"type": "server.heartbeat", "properties": {}}
+            except OSError:
+                pass  # the client went away
+            finally:
+                server.events.remove(q)
+                self.close_connection = True
+
+        def do_POST(self) -> None:  # http.server calls it by this name
+            if not self.allowed():
+                return
+            size = int(self.headers.get("Content-Length") or 0)
+            try:
+                body = json.loads(self.rfile.read(size) or b"null")
+            except ValueError:
+                self.answer(400, {"error": "bad json"})
+                return
+            parts = self.path.split("?")[0].strip("/").split("/")
+            if parts == ["session"]:
+                self.answer(200, {"id": server.new_session(), "title": (body or {}).get("title")})
+            elif len(parts) == 3 and parts[0] == "session" and parts[2] == "prompt_async":
+                self.answer(server.prompt(parts[1], body if isinstance(body, dict) else {}))
+            elif len(parts) == 3 and parts[0] == "session" and parts[2] == "abort":
+                server.abort(parts[1])
+                self.answer(200, True)
+            elif len(parts) == 3 and parts[0] == "permission" and parts[2] == "reply":
+                self.answer(200, True)
+            else:
+                self.answer(404)
+
+    host = opts.get("hostname") or "127.0.0.1"
+    httpd = ThreadingHTTPServer((host, int(opts.get("port") or 0)), Handler)
+    httpd.daemon_threads = True
+    print(f"opencode server listening on http://{host}:{httpd.server_address[1]}", flush=True)
+    httpd.serve_forever()
     return 0
 
 

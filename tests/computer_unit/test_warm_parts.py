@@ -324,3 +324,21 @@ async def test_idle_servers_stop_after_the_timeout_and_a_new_launcher_forgets_th
     again = await pool.acquire("b", ENV, request_for("b"))
     assert again is not None and again is not b
     await pool.close()
+
+
+@pytest.mark.anyio
+async def test_a_server_a_turn_left_over_the_ceiling_is_restarted_for_the_next_turn() -> None:
+    launcher = FakeLauncher(rss=700 * MB)
+    pool = WarmPool(launcher, memory_budget=4096 * MB, server_ceiling=512 * MB, clock=Clock())
+    first = await pool.acquire("a", ENV, request_for("a"))
+    assert first is not None
+    await pool.release(first)  # the sweep measures 700 MB: over the ceiling
+    assert launcher.stopped == ["a"] and pool.counters.ceiling_restarts == 1
+    assert pool.agent_status("a")["warm"] is False
+    again = await pool.acquire("a", ENV, request_for("a"))
+    assert again is not None and again is not first and launcher.started == ["a", "a"]
+    launcher.rss = 300 * MB
+    await pool.release(again)  # under it: kept
+    assert launcher.stopped == ["a"] and pool.counters.ceiling_restarts == 1
+    assert "crew_warm_ceiling_restarts_total 1" in pool.counters.lines()
+    await pool.close()
