@@ -156,11 +156,13 @@ class WarmEngine:
         # The server may keep what it read at its start: a new AGENTS.md gets a new server.
         agents_md = await anyio.to_thread.run_sync(_agents_md, paths)
         ports = await self.cold.forwarded_ports()
+        directories = await anyio.to_thread.run_sync(_directories, paths)
         server = await self.pool.acquire(
             request.agent_id,
             env,
             lambda password: self._server_request(paths, env, password, ports),
-            extra_key=agents_md + repr(ports).encode(),  # new forwarded ports: a new server
+            # new forwarded ports, or directories made anew: a new server
+            extra_key=agents_md + repr(ports).encode() + directories,
         )
         if server is None:
             return await self._cold(request, on_event, stop, paths, env, secrets)
@@ -441,6 +443,25 @@ def _agents_md(paths: AgentPaths) -> bytes:
     except safe_fs.UnsafePath as exc:
         log.warning("agent %s: cannot read AGENTS.md: %s", paths.agent_id, exc)
         return b""
+
+
+def _directories(paths: AgentPaths) -> bytes:
+    """Which directories the agent has: a server keeps the ones it started in.
+
+    The sandbox binds directories, not names: once the Computer made an agent's
+    directories anew (they had been replaced, e.g. by links: `home.py`), a
+    server started before still works in the old ones. Their identities are
+    part of the server's key, so such a server is replaced.
+    """
+    found = []
+    for path in (paths.agent_dir, paths.work_dir, paths.engine_dir, paths.data_dir):
+        try:
+            st = path.lstat()
+        except OSError:
+            found.append("-")
+            continue
+        found.append(f"{st.st_dev}:{st.st_ino}")
+    return " ".join(found).encode()
 
 
 async def _events(chunks: AsyncIterator[bytes]) -> AsyncIterator[Any]:

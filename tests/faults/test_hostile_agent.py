@@ -3,6 +3,8 @@
 The Computer is a real process against the real server, with the real
 launcher (bwrap) and the fake engine's `HOSTILE` mode, which tries what the
 sandbox must deny and writes what happened into its own agent directory. Each
+test runs with both engines: cold (`opencode run` per turn) and warm (the fake
+`opencode serve`, whose prompts run as processes of the server's sandbox). Each
 attempt fails or is contained, the Computer keeps running, and the other
 agent's next turn succeeds and continues its own session.
 (The same probes straight against a launcher, in both modes: tests/launcher/test_hostile.py.)
@@ -40,6 +42,26 @@ def _dumps(work: Path) -> list[dict[str, Any]]:
     return [orjson.loads(p.read_bytes()) for p in sorted(folder.glob("*.json"))]
 
 
+def assert_engine(c: Any, engine: str) -> None:
+    """Every turn ran on the engine the test is about (a warm turn may fall back to cold)."""
+    with c.local() as local:
+        metrics = local.get("/metrics").text
+    counts = {
+        name: float(line.split()[1])
+        for line in metrics.splitlines()
+        for name in ("crew_warm_turns_total", "crew_cold_turns_total")
+        if line.startswith(name + " ")
+    }
+    if engine == "cold":
+        assert "crew_warm_turns_total" not in counts, metrics  # no warm engine at all
+    else:
+        assert counts["crew_warm_turns_total"] > 0, counts
+        assert counts["crew_cold_turns_total"] == 0, (
+            counts,
+            "\n".join(x for x in c.stderr().splitlines() if "warm" in x or "cold" in x),
+        )
+
+
 def _tree(root: Path) -> dict[str, bytes | str]:
     """Every entry under `root` (not following links) with its bytes, for before/after checks."""
     out: dict[str, bytes | str] = {}
@@ -54,9 +76,10 @@ def _tree(root: Path) -> dict[str, bytes | str]:
     return out
 
 
+@pytest.mark.parametrize("engine", ["cold", "warm"])
 @pytest.mark.parametrize("mode", ["hybrid", "tmpfs"])
 def test_hostile_agent_is_contained_and_the_other_agent_carries_on(
-    crew_server: Any, mode: str
+    crew_server: Any, mode: str, engine: str
 ) -> None:
     need_sandbox()
     with machine() as m:
@@ -65,11 +88,14 @@ def test_hostile_agent_is_contained_and_the_other_agent_carries_on(
         (m.home / ".ssh" / "id_rsa").write_text(SSH_KEY)
         (m.home / ".bashrc").write_text(BASHRC)
         comp = crew_server.create_computer()
-        evil = crew_server.create_agent(f"evil{mode}", computer_id=comp["computer_id"])
-        good = crew_server.create_agent(f"good{mode}", computer_id=comp["computer_id"])
+        evil = crew_server.create_agent(f"evil{mode}{engine}", computer_id=comp["computer_id"])
+        good = crew_server.create_agent(f"good{mode}{engine}", computer_id=comp["computer_id"])
         evil_dm = crew_server.create_room("dm", [evil["id"]])
         good_dm = crew_server.create_room("dm", [good["id"]])
-        c = launch(m, bootstrap_for(crew_server.url, comp["token"], m, sandbox_mode=mode))
+        bootstrap = bootstrap_for(
+            crew_server.url, comp["token"], m, sandbox_mode=mode, engine_mode=engine
+        )
+        c = launch(m, bootstrap)
         try:
             usable(c)
             # The innocent agent has a turn first: a session, a memory, files to aim at.
@@ -198,18 +224,20 @@ def test_hostile_agent_is_contained_and_the_other_agent_carries_on(
             ]
             assert replies == ["all good"]
             assert c.proc.poll() is None
+            assert_engine(c, engine)
         finally:
             code = c.stop()
         assert code == 0, c.stderr()[-3000:]
 
 
-def test_a_planted_session_id_does_not_wedge_the_agent(crew_server: Any) -> None:
+@pytest.mark.parametrize("engine", ["cold", "warm"])
+def test_a_planted_session_id_does_not_wedge_the_agent(crew_server: Any, engine: str) -> None:
     """An agent rewrites its session.json with an id no engine run accepts, then crashes
     its turn (so nothing overwrites it). Its next turn starts a new session instead of
     failing forever at the launcher's door."""
     need_sandbox()
     comp = crew_server.create_computer()
-    agent = crew_server.create_agent("wedge1", computer_id=comp["computer_id"])
+    agent = crew_server.create_agent(f"wedge{engine}", computer_id=comp["computer_id"])
     dm = crew_server.create_room("dm", [agent["id"]])
     plant = (
         "python3 -c \"import json, os; p = os.environ['HOME'] + '/engines/opencode/session.json'; "
@@ -218,7 +246,7 @@ def test_a_planted_session_id_does_not_wedge_the_agent(crew_server: Any) -> None
     )
     with machine() as m:
         m.log_in()
-        c = launch(m, bootstrap_for(crew_server.url, comp["token"], m))
+        c = launch(m, bootstrap_for(crew_server.url, comp["token"], m, engine_mode=engine))
         try:
             usable(c)
             crew_server.post(dm["id"], "hello")
@@ -234,5 +262,6 @@ def test_a_planted_session_id_does_not_wedge_the_agent(crew_server: Any) -> None
             assert orjson.loads(session.read_bytes())["session_id"].startswith("ses_")
             runs = _dumps(m.crew_home / "agents" / agent["id"] / "work")
             assert "--session" not in runs[-1]["argv"], runs[-1]["argv"]
+            assert_engine(c, engine)
         finally:
             assert c.stop() == 0, c.stderr()[-3000:]
