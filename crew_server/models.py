@@ -57,8 +57,12 @@ Handle = Annotated[str, Field(pattern=r"^[a-z0-9_-]{1,32}$")]
 HandleRef = Annotated[
     str, Field(pattern=r"^@?[a-z0-9_-]{1,32}$", description="a handle; a leading @ is dropped")
 ]
-Body = Annotated[str, Field(min_length=1, max_length=20_000, pattern=r"\S")]
-Title = Annotated[str, Field(min_length=1, max_length=500, pattern=r"\S")]
+# Not blank: one character that is whitespace neither for this server's regex engine
+# (Rust's, Unicode White_Space, with U+0085) nor for JSON Schema's (ECMA-262, with U+FEFF),
+# nor for Python's `str.isspace` (U+001C–U+001F): a schema-driven client and the server agree.
+NOT_BLANK = r"[^\s\x1c-\x1f\x85\ufeff]"
+Body = Annotated[str, Field(min_length=1, max_length=20_000, pattern=NOT_BLANK)]
+Title = Annotated[str, Field(min_length=1, max_length=500, pattern=NOT_BLANK)]
 # The pattern is documented, and checked by the store (`rules.check_model`), which says
 # how to pick a model, where a pattern mismatch could not.
 ModelId = Annotated[
@@ -81,7 +85,7 @@ TurnTimeLimit = Annotated[
     ),
     _INTEGRAL,
 ]
-Name = Annotated[str, Field(min_length=1, max_length=200, pattern=r"\S")]
+Name = Annotated[str, Field(min_length=1, max_length=200, pattern=NOT_BLANK)]
 HHMM = Annotated[str, Field(pattern=r"^([01]?[0-9]|2[0-3]):[0-5][0-9]$")]
 Status = Literal["todo", "in_progress", "in_review", "done"]
 TurnStatus = Literal["running", "succeeded", "failed", "cancelled", "interrupted"]
