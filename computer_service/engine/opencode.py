@@ -15,10 +15,10 @@ import contextlib
 import logging
 import os
 import uuid
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import anyio
 
@@ -271,19 +271,13 @@ class OpenCodeEngine:
         env_ports = (env, await self.forwarded_ports())
         session_id = request.plan.session_id
         attempt = await self._attempt(request, paths, env_ports, session_id, on_event, stop)
-        result = attempt_result(attempt, stop, secrets)
-        if (
-            session_id is not None
-            and result.failure is not None
-            and result.failure.cls is FailureClass.SESSION_INVALID
-        ):
-            log.info(
-                "agent %s: session %s vanished; starting a new one", request.agent_id, session_id
-            )
-            usage = attempt.usage
-            attempt = await self._attempt(request, paths, env_ports, None, on_event, stop)
-            add_usage(attempt.usage, usage)
-            result = attempt_result(attempt, stop, secrets)
+        _, result = await again_if_the_session_vanished(
+            request,
+            attempt,
+            lambda: self._attempt(request, paths, env_ports, None, on_event, stop),
+            stop,
+            secrets,
+        )
         return result
 
     async def _attempt(
@@ -394,6 +388,35 @@ class OpenCodeEngine:
         marker = check.record(finding)
         if marker is not None:
             await on_event(marker)
+
+
+AttemptT = TypeVar("AttemptT", bound=Attempt)
+
+
+async def again_if_the_session_vanished(
+    request: TurnRequest,
+    first: AttemptT,
+    with_new_session: Callable[[], Awaitable[AttemptT]],
+    stop: StopSignal,
+    secrets: list[str],
+) -> tuple[AttemptT, TurnResult]:
+    """The attempt and its result; if the saved session vanished, a second one with a new
+    session (both engines: the usage of both attempts is counted)."""
+    result = attempt_result(first, stop, secrets)
+    if (
+        request.plan.session_id is None
+        or result.failure is None
+        or result.failure.cls is not FailureClass.SESSION_INVALID
+    ):
+        return first, result
+    log.info(
+        "agent %s: session %s vanished; starting a new one",
+        request.agent_id,
+        request.plan.session_id,
+    )
+    second = await with_new_session()
+    add_usage(second.usage, first.usage)
+    return second, attempt_result(second, stop, secrets)
 
 
 def attempt_result(a: Attempt, stop: StopSignal, secrets: list[str]) -> TurnResult:

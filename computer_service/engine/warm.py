@@ -53,8 +53,7 @@ from computer_service.engine.opencode import (
     TURN_TITLE,
     Attempt,
     OpenCodeEngine,
-    add_usage,
-    attempt_result,
+    again_if_the_session_vanished,
     crashed_result,
 )
 from computer_service.engine.warm_channel import NotTheServer
@@ -181,22 +180,13 @@ class WarmEngine:
                 await self.pool.release(server, broken=True)
                 return await self._cold(request, on_event, stop, paths, env, secrets)
             self.pool.counters.warm_turns += 1
-            result = attempt_result(a, stop, secrets)
-            if (
-                session_id is not None
-                and a.broken is None
-                and result.failure is not None
-                and result.failure.cls is FailureClass.SESSION_INVALID
-            ):
-                log.info(
-                    "agent %s: session %s vanished; starting a new one",
-                    request.agent_id,
-                    session_id,
-                )
-                usage = a.usage
-                a = await self._attempt(server, request, None, on_event, stop)
-                add_usage(a.usage, usage)
-                result = attempt_result(a, stop, secrets)
+            a, result = await again_if_the_session_vanished(
+                request,
+                a,
+                lambda: self._attempt(server, request, None, on_event, stop),
+                stop,
+                secrets,
+            )
             if a.broken is not None:
                 log.warning("agent %s: dropping its warm server: %s", request.agent_id, a.broken)
             drop = a.broken is not None
