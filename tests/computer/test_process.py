@@ -22,6 +22,7 @@ from crew_testkit.computer_proc import (
     launch,
     machine,
 )
+from crew_testkit.crowd import CROWD_TOOL, peak_overlap, tool_spans
 from crew_testkit.waiting import wait_until
 from tests.support.ci import required_in_ci
 
@@ -662,7 +663,7 @@ def test_a_hundred_agents_woken_at_once_never_run_more_engines_than_the_cap(
             for group in groups:
                 crew_server.post(
                     group["id"],
-                    "everyone:\nFAKE:RUN date +%s%N > t0; sleep 0.2; date +%s%N > t1\nthanks",
+                    f"everyone:\n{CROWD_TOOL}\nthanks",
                 )
             for agent in agents:
                 [turn] = finished(crew_server, agent["id"], 1, timeout=180)
@@ -670,15 +671,7 @@ def test_a_hundred_agents_woken_at_once_never_run_more_engines_than_the_cap(
                     turn.get("failure"),
                     turn.get("events", [])[-3:],
                 )
-            spans = []
-            for agent in agents:
-                work = m.crew_home / "agents" / agent["id"] / "work"
-                spans.append((int((work / "t0").read_text()), int((work / "t1").read_text())))
-            edges = sorted([(t0, 1) for t0, _ in spans] + [(t1, -1) for _, t1 in spans])
-            running, peak = 0, 0
-            for _, step in edges:
-                running += step
-                peak = max(peak, running)
+            peak = peak_overlap(tool_spans(m.crew_home, [a["id"] for a in agents]))
             assert 1 <= peak <= cap, peak
         finally:
             assert c.stop() == 0, c.stderr()[-3000:]

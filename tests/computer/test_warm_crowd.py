@@ -19,13 +19,14 @@ import httpx
 import pytest
 
 from crew_testkit.computer_proc import ComputerProc, bootstrap_for, launch, machine
+from crew_testkit.crowd import CROWD_TOOL, peak_overlap, tool_spans
 from crew_testkit.waiting import wait_until
-from tests.computer.test_process import finished, need_sandbox, usable
+from tests.faults.chain import finished, need_sandbox, usable
 from tests.launcher.helpers import processes_with
 
 pytestmark = pytest.mark.timeout(600)
 
-AGENTS = int(os.environ.get("CREW_TEST_CROWD", "200"))
+AGENTS = int(os.environ.get("CREW_TEST_CROWD", "200"))  # fewer only for a quick local look
 CAP = 4
 # The pool reserves 650 MB (a real server's size) for each server it is starting: two can
 # start at once; the fake servers (~25 MB each) then fill the rest until idle ones are evicted.
@@ -86,10 +87,6 @@ def _servers_of(crew_home: Path) -> list[int]:
     return found
 
 
-def _spans(work: Path) -> tuple[int, int]:
-    return int((work / "t0").read_text()), int((work / "t1").read_text())
-
-
 def test_two_hundred_agents_at_once_on_a_small_memory_budget(crew_server: Any) -> None:
     need_sandbox()
     with machine() as m:
@@ -120,7 +117,7 @@ def test_two_hundred_agents_at_once_on_a_small_memory_budget(crew_server: Any) -
                 for group in groups:
                     crew_server.post(
                         group["id"],
-                        "everyone:\nFAKE:RUN date +%s%N > t0; sleep 0.1; date +%s%N > t1\nthanks",
+                        f"everyone:\n{CROWD_TOOL}\nthanks",
                     )
                 for agent in agents:
                     [turn] = finished(crew_server, agent["id"], 1, timeout=400)
@@ -129,12 +126,7 @@ def test_two_hundred_agents_at_once_on_a_small_memory_budget(crew_server: Any) -
                 metrics = local.get("/metrics").text
 
             # The cap: no instant is inside more than CAP of the turns' tool runs.
-            spans = [_spans(m.crew_home / "agents" / a["id"] / "work") for a in agents]
-            edges = sorted([(t0, 1) for t0, _ in spans] + [(t1, -1) for _, t1 in spans])
-            running, peak = 0, 0
-            for _, step in edges:
-                running += step
-                peak = max(peak, running)
+            peak = peak_overlap(tool_spans(m.crew_home, [a["id"] for a in agents]))
             assert 1 <= peak <= CAP, peak
 
             # The budget: the servers' measured memory never went over it, so idle
