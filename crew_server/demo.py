@@ -352,8 +352,12 @@ def local_stack(
     keep: bool = False,
     price_in_config: bool = False,
     engine_mode: str | None = None,
+    bootstrap_extra: dict[str, Any] | None = None,
 ) -> Iterator[LocalStack]:
-    """Start the whole chain; stop it (Computer first) and remove the temp dir on exit."""
+    """Start the whole chain; stop it (Computer first) and remove the temp dir on exit.
+
+    `bootstrap_extra` adds keys to the Computer's bootstrap (benchmarks: caps, budgets).
+    """
     if not BUNDLED_OPENCODE.exists():
         raise DemoError(f"OpenCode not found at {BUNDLED_OPENCODE}: run scripts/setup first")
     # Short path: the sockets live under it and Unix socket paths are limited to 108 bytes.
@@ -381,6 +385,7 @@ def local_stack(
         }
         if engine_mode is not None:
             bootstrap["engine_mode"] = engine_mode  # default: warm where supported
+        bootstrap.update(bootstrap_extra or {})
         computer = start_computer(user_env(home, crew_home), bootstrap, crew_home, root)
         health = wait_for("the Computer's sandbox check", computer.health, START_TIMEOUT_S)
         yield LocalStack(root, server, model, computer, computer_id, http, health)
