@@ -4,7 +4,12 @@ A real `crew-server --dev` subprocess, the scripted model in a thread, and a
 real `crew-computer` subprocess (which starts the launcher, which runs the real
 `opencode` in bwrap). The Computer's HOME is temporary; the user's OpenCode
 login and provider config are written there, as a user's would be. The
-`chain` fixture (conftest.py) starts one per test module (start-up costs seconds).
+`chain` fixture (conftest.py) starts one per test module and engine mode
+(start-up costs seconds): every whole-chain test runs once with the warm engine
+(one `opencode serve` per agent) and once with the cold one (one `opencode run`
+per turn), and after each test `Chain.check_engine` proves from the Computer's
+`/metrics`, `/health` and `/agents` that the turns ran in that mode — a warm
+Computer that silently fell back to cold turns fails.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from tests.support.ci import required_in_ci
 
 MODEL = "local/scripted"
 START_TIMEOUT_S = 30.0
+ENGINE_MODES = ["warm", "cold"]
 
 
 @dataclass
@@ -48,6 +54,7 @@ class Chain:
     computer: ComputerProcess
     computer_id: str
     http: httpx.Client
+    engine_mode: str
     handles: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -153,6 +160,42 @@ class Chain:
     def diagnostics(self) -> str:
         return f"computer stderr:\n{self.computer.stderr()[-4000:]}"
 
+    def check_engine(self) -> None:
+        """Assert every turn so far ran in `engine_mode`: no silent fallback passes.
+
+        Warm: turns ran on warm servers (`crew_warm_turns_total` > 0), none ran
+        cold, and no agent was moved to cold. Cold: the Computer has no warm pool
+        at all (no warm counters in `/metrics`, no `warm` in `/health`), so no
+        warm server can have started, and every agent says cold.
+        """
+        with self.computer.introspection() as local:
+            counters = warm_counters(local.get("/metrics").text)
+            health = local.get("/health").json()
+            agents = local.get("/agents").json()
+        engines = {row["handle"]: row["engine"] for row in agents}
+        if self.engine_mode == "warm":
+            assert counters.get("crew_cold_turns_total") == 0, (counters, self.diagnostics())
+            assert counters.get("crew_warm_turns_total", 0) > 0, counters
+            assert counters.get("crew_warm_starts_total", 0) > 0, counters
+            assert health.get("warm") is not None, health
+            assert all(
+                e["engine_mode"] == "warm" and e["cold_reason"] is None for e in engines.values()
+            ), engines
+        else:
+            assert counters == {}, counters
+            assert health.get("warm") is None, health
+            assert all(e["engine_mode"] == "cold" for e in engines.values()), engines
+
+
+def warm_counters(metrics: str) -> dict[str, float]:
+    """The `crew_warm_*` and `crew_cold_*` samples of a Prometheus text."""
+    samples = (line.split() for line in metrics.splitlines() if not line.startswith("#"))
+    return {
+        name: float(value)
+        for name, value in (s for s in samples if len(s) == 2)
+        if name.startswith(("crew_warm_", "crew_cold_"))
+    }
+
 
 def _need(path: Path, what: str) -> None:
     if not path.exists():
@@ -160,8 +203,10 @@ def _need(path: Path, what: str) -> None:
 
 
 @contextlib.contextmanager
-def running_chain(database: str | None = None) -> Iterator[Chain]:
+def running_chain(database: str | None = None, engine_mode: str = "warm") -> Iterator[Chain]:
     """Start the whole chain in a fresh short temp dir (Unix socket paths stay short).
+
+    `engine_mode` ("warm" or "cold") goes into the Computer's bootstrap.
 
     With `database` (a PostgreSQL URL) two server processes share it: the Computer
     talks to the first (`chain.server`), the user's calls (`chain.http`) go to the second.
@@ -191,13 +236,14 @@ def running_chain(database: str | None = None) -> Iterator[Chain]:
             "token": created["token"],
             "crew_home": str(crew_home),
             "opencode_path": str(OPENCODE),
+            "engine_mode": engine_mode,
         }
         try:
             computer = start_computer(user_env(home, crew_home), bootstrap, crew_home, root)
         except DemoError as exc:
             pytest.fail(str(exc))
         stack.callback(_stop_computer, computer)
-        chain = Chain(root, server, model, computer, created["computer_id"], http)
+        chain = Chain(root, server, model, computer, created["computer_id"], http, engine_mode)
         health = wait_until("the Computer's launcher health", computer.health, START_TIMEOUT_S)
         if not health["sandbox"]["ok"]:
             pytest.fail(f"the sandbox is not usable here: {health['sandbox']['reason']}")

@@ -8,6 +8,7 @@ uses its own agents and rooms and sets the model's script for them.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -118,8 +119,10 @@ FORGED_STEP = (
 def test_a_tool_cannot_forge_the_engines_events_or_cost(chain: Chain) -> None:
     """Issue 12, "forged events": the bash tool writes a `step_finish` with a huge cost into
     the engine's stdout (`/proc/$PPID/fd/1`, and every other process's fd 1 it can see).
-    The engine's stdout is a socket (sandbox_launcher/engine_run.py `engine_channel`), so
-    each open fails; the record holds only OpenCode's own events and cost."""
+    In both engines that stdout is a socket (sandbox_launcher/engine_run.py
+    `engine_channel`: the cold `opencode run`'s, and the warm `opencode serve`'s in
+    sandbox_launcher/warm_server.py), so each open fails; the record holds only
+    OpenCode's own events and cost (a warm turn's events come over HTTP, and still match)."""
     forge = (
         f"F='{FORGED_STEP}'; for p in /proc/$PPID/fd/1 /proc/[0-9]*/fd/1; do "
         '[ "$p" = /proc/$$/fd/1 ] && continue; '
@@ -508,13 +511,51 @@ def _wake(chain: Chain, agent_id: str) -> None:
 
 
 def test_closing_stdin_stops_the_computer_cleanly(chain: Chain) -> None:
-    """Runs last in this module: the app closes the Computer's stdin."""
+    """Runs last in this module (per engine mode): the app closes the Computer's stdin.
+
+    Warm: the agents' `opencode serve` servers are still up from the earlier tests
+    (idle for less than the idle timeout); the Computer stops them before it exits.
+    Cold: no engine process runs between turns. Either way none is left afterwards.
+    """
     runtime = chain.crew_home / "runtime"
     assert [p.name for p in runtime.iterdir()], "no run directory while running"
+    if chain.engine_mode == "warm":
+        servers = sandbox_processes(chain.crew_home)
+        assert servers, f"no warm server is running before the stop; {chain.diagnostics()}"
+    else:  # the last turn's sandbox ends with its run (the kernel ends its members just after)
+        wait_until("no sandbox between turns", lambda: not sandbox_processes(chain.crew_home))
 
     code = chain.computer.stop()
 
     assert code == 0, chain.diagnostics()
+    # The launcher waited for each server; the kernel ends the namespace members after.
+    wait_until(
+        "no process of the Computer left",
+        lambda: not processes_naming(chain.crew_home),
+        timeout=15,
+    )
     assert list(runtime.iterdir()) == []
     assert not chain.computer.socket.exists()
     assert not list((chain.crew_home / "sockets").iterdir())
+
+
+def processes_naming(path: Path) -> list[list[str]]:
+    """The command lines of this machine's processes that name `path`."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue  # it ended while we looked
+        if any(str(path) in a for a in args):
+            found.append(args)
+    return found
+
+
+def sandbox_processes(crew_home: Path) -> list[list[str]]:
+    """Processes naming the Computer's CREW_HOME other than its launcher: the sandboxes.
+
+    The launcher runs as `python -I -m sandbox_launcher serve …`; a sandbox's argv names
+    files inside that package (landlock_exec.py), so only the exact module name counts.
+    """
+    return [args for args in processes_naming(crew_home) if "sandbox_launcher" not in args]

@@ -10,16 +10,16 @@ from collections.abc import Iterator
 import pytest
 
 from crew_testkit.postgres import PostgresCluster
-from tests.e2e.chain import Chain, running_chain
+from tests.e2e.chain import ENGINE_MODES, Chain, running_chain
 from tests.e2e.test_chain import having, heredoc
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 
-@pytest.fixture(scope="module")
-def chain(postgres_cluster: PostgresCluster) -> Iterator[Chain]:
-    """One chain on a fresh PostgreSQL database, two server processes."""
-    with running_chain(postgres_cluster.new_database()) as started:
+@pytest.fixture(scope="module", params=ENGINE_MODES)
+def chain(request: pytest.FixtureRequest, postgres_cluster: PostgresCluster) -> Iterator[Chain]:
+    """One chain on a fresh PostgreSQL database, two server processes, per engine mode."""
+    with running_chain(postgres_cluster.new_database(), request.param) as started:
         yield started
 
 
