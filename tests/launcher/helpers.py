@@ -21,6 +21,7 @@ import orjson
 
 from sandbox_launcher.bwrap import BwrapTools, find_tools
 from tests.support.ci import required_in_ci
+from tests.support.users import unprivileged_uid
 
 FAKE_ENGINE = Path(__file__).with_name("fake_engine.py")
 PYTHON = os.path.realpath(sys.executable)
@@ -218,17 +219,17 @@ def processes_with(marker: str) -> list[int]:
 
 # ---- probes run as the caller, or (as root) as an ordinary user ----
 
-NOBODY = 65534
 SYSTEM_PYTHON = "/usr/bin/python3"
 
 
 def probe_uid(param: str) -> int:
-    """The uid a probe runs as: the caller's, or `nobody` when root asks for "unprivileged"."""
+    """The uid a probe runs as: the caller's, or (root asking for "unprivileged") a user the
+    tests made (`tests/support/users.py`)."""
     if param == "caller" or os.getuid() != 0:
         return os.getuid()
     if not os.path.exists(SYSTEM_PYTHON):
         required_in_ci(f"{SYSTEM_PYTHON} (Debian package python3)")
-    return NOBODY
+    return unprivileged_uid()
 
 
 @contextmanager

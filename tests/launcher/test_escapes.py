@@ -2,7 +2,7 @@
 
 The real bwrap argv (`bwrap_argv`, the launcher's own builder) runs a probe in
 both Linux modes, as the caller (root in CI) and as an unprivileged user
-(`nobody`, dropped to when the caller is root). Sources of the cases:
+(a user the tests make, dropped to when the caller is root). Sources of the cases:
 
 - red team 1 (root host sysctls): sandbox-runtime `integration.test.ts`
   "proc write", bubblewrap `tests/test-run.sh` (`/proc/sys` covered).
@@ -41,8 +41,8 @@ from sandbox_launcher.backend import BwrapBackend
 from sandbox_launcher.bwrap import BwrapTools, LinuxMode, find_tools
 from sandbox_launcher.policy import SandboxPolicy
 from tests.support.ci import required_in_ci
+from tests.support.users import unprivileged_uid
 
-NOBODY = 65534
 SYSTEM_PYTHON = "/usr/bin/python3"  # readable by every user (the test venv may not be)
 NPROC = 64
 SHM_KEY = 0x43524557
@@ -246,7 +246,7 @@ def sandbox(request: pytest.FixtureRequest, needs_bwrap: None) -> Iterator[Sandb
         required_in_ci(f"{SYSTEM_PYTHON} (Debian package python3)")
     uid = os.getuid()
     if request.param == "unprivileged" and uid == 0:
-        uid = NOBODY
+        uid = unprivileged_uid()
     tools = find_tools()
     tools = dataclasses.replace(tools, nproc=NPROC)
     if uid != os.getuid():

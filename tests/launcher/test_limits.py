@@ -39,11 +39,11 @@ from tests.launcher.conftest import MODES
 from tests.launcher.helpers import CrewLayout, LauncherProcess, engine_lines
 from tests.launcher.test_runs import StreamReader
 from tests.support.ci import required_in_ci
+from tests.support.users import unprivileged_uid
 
 MAX_PROCESSES = 96
 SHM_MB = 16
 MEMORY_MB = 256
-NOBODY = 65534
 
 
 @pytest.fixture(params=MODES)
@@ -127,7 +127,7 @@ signal.pause()
 
 
 @pytest.fixture
-def nobody_box(needs_bwrap: None) -> Iterator[SandboxPolicy]:
+def unprivileged_box(needs_bwrap: None) -> Iterator[SandboxPolicy]:
     if os.getuid() != 0:
         required_in_ci("root (to drop to an unprivileged user)")
     base = Path(tempfile.mkdtemp(prefix="crew-limits-", dir="/var/tmp"))
@@ -140,7 +140,7 @@ def nobody_box(needs_bwrap: None) -> Iterator[SandboxPolicy]:
         path.mkdir(parents=True)
     (agent / "watched.py").write_text(WATCHED)
     for path in [home, *home.rglob("*")]:
-        os.lchown(path, NOBODY, NOBODY)
+        os.lchown(path, unprivileged_uid(), unprivileged_uid())
     try:
         yield SandboxPolicy(
             home=home,
@@ -158,7 +158,7 @@ def nobody_box(needs_bwrap: None) -> Iterator[SandboxPolicy]:
 @pytest.mark.parametrize("mode", list(LinuxMode))
 @pytest.mark.parametrize("what", ["tasks", "shm"])
 def test_the_watch_sees_a_run_at_its_limit_without_a_cgroup(
-    nobody_box: SandboxPolicy, mode: LinuxMode, what: str
+    unprivileged_box: SandboxPolicy, mode: LinuxMode, what: str
 ) -> None:
     limits = TurnLimits(max_processes=48, shm_bytes=4 * 1024 * 1024)
     tools = dataclasses.replace(
@@ -168,7 +168,7 @@ def test_the_watch_sees_a_run_at_its_limit_without_a_cgroup(
         nproc=limits.max_processes,
         shm_bytes=limits.shm_bytes,
     )
-    script = str(nobody_box.agent_dir / "watched.py")
+    script = str(unprivileged_box.agent_dir / "watched.py")
     # Below the threshold first: the watch must not call that a hit.
     few = ["/usr/bin/python3", "-I", script, "tasks", "8"]
     many = ["/usr/bin/python3", "-I", script, what, str(limits.max_processes)]
@@ -176,13 +176,13 @@ def test_the_watch_sees_a_run_at_its_limit_without_a_cgroup(
         (few, None),
         (many, "process_limit" if what == "tasks" else "shm_full"),
     ):
-        argv = bwrap_argv(nobody_box, mode, tools, command)
+        argv = bwrap_argv(unprivileged_box, mode, tools, command)
         proc = subprocess.Popen(
             argv,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            user=NOBODY,
-            group=NOBODY,
+            user=unprivileged_uid(),
+            group=unprivileged_uid(),
             extra_groups=[],
             start_new_session=True,
             env={"PATH": "/usr/bin:/bin"},

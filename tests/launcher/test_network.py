@@ -2,7 +2,7 @@
 
 Through `crew-launcher sandbox` (the real backend, the self-test first, pasta
 attached by `SandboxNetwork`) in both Linux modes, as the caller (root in
-CI) and as an unprivileged user (`nobody`, running the system Python with
+CI) and as an unprivileged user (one the tests make, running the system Python with
 this checkout on its path). Sources of the cases: the red team's escape 4
 (port squatting while the crew server restarts, listening on 0.0.0.0,
 reading `/proc/net/tcp`, a host abstract socket like X11's
@@ -37,8 +37,8 @@ from sandbox_launcher.bwrap import LinuxMode
 from sandbox_launcher.network import NetworkPlan, SandboxNetwork, find_pasta
 from sandbox_launcher.policy import SandboxPolicy
 from tests.support.ci import required_in_ci
+from tests.support.users import unprivileged_uid
 
-NOBODY = 65534
 SYSTEM_PYTHON = "/usr/bin/python3"
 REPO = Path(__file__).resolve().parents[2]
 SITE = Path(next(p for p in sys.path if p.endswith("site-packages")))
@@ -218,7 +218,7 @@ def box(request: pytest.FixtureRequest, needs_bwrap: None) -> Iterator[Box]:
         required_in_ci(f"{SYSTEM_PYTHON} (Debian package python3)")
     uid = os.getuid()
     if request.param == "unprivileged" and uid == 0:
-        uid = NOBODY
+        uid = unprivileged_uid()
     base = Path(tempfile.mkdtemp(prefix="crew-net-", dir="/var/tmp"))
     base.chmod(0o755)
     b = Box(base, uid)
