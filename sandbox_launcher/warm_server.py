@@ -384,6 +384,8 @@ class WarmServer:
         log.warning(
             "warm server of agent %s hit a resource limit (%s); killing it", self.agent_id, hit
         )
+        if not self.alive():
+            return  # reaped already: its group id may be another's by now
         assert self.process is not None
         # The group holds bwrap: its death takes the whole pid namespace with it.
         with contextlib.suppress(ProcessLookupError, PermissionError):
