@@ -333,9 +333,11 @@ class WarmServer:
         deadline = time.monotonic() + timeout_s
         while not self._listening.is_set():
             if self.process.poll() is not None:
+                hit = self.check_limits()
                 raise ServerFailed(
                     f"opencode serve exited with status {self.process.returncode} before it "
-                    f"listened: {self.stderr_tail()[-1500:].strip()}"
+                    + (f"listened, at a resource limit ({hit})" if hit else "listened")
+                    + f": {self.stderr_tail()[-1500:].strip()}"
                 )
             if time.monotonic() > deadline:
                 raise ServerFailed(f"opencode serve did not listen within {timeout_s:.0f} s")
