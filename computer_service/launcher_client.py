@@ -130,6 +130,10 @@ class ServerInfo(BaseModel):
     listener_start_time: int
 
 
+# The exit frame's reasons for a run (or a warm server) ended at a resource limit.
+LIMIT_HITS = ("process_limit", "memory_limit", "shm_full")
+
+
 class StartedFrame(BaseModel):
     model_config = ConfigDict(extra="ignore")
     t: Literal["started"]
@@ -293,6 +297,20 @@ class LauncherClient:
         answer = answer if isinstance(answer, dict) else {}
         killed, rss = answer.get("killed"), answer.get("rss_bytes")
         return (killed if isinstance(killed, int) else 0, rss if isinstance(rss, int) else None)
+
+    async def server_limit_hit(self, agent_id: str) -> str | None:
+        """`GET /servers/{id}/limit`: the resource limit the server ran into (it is killed then).
+
+        One of the exit frame's limit reasons, or None; a server already gone (404) is None.
+        """
+        try:
+            answer = await self._request("GET", f"/servers/{agent_id}/limit")
+        except LauncherRefused as exc:
+            if exc.status != 404:
+                raise
+            return None
+        hit = answer.get("limit_hit") if isinstance(answer, dict) else None
+        return hit if hit in LIMIT_HITS else None
 
     async def stop_server(self, agent_id: str) -> None:
         """`POST /servers/{id}/stop`; a server already gone (404) is not an error."""

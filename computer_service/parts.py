@@ -150,6 +150,10 @@ class CurrentLauncher:
         """`POST /servers/{id}/sweep` on the current launcher."""
         return await self._current().sweep_server(agent_id)
 
+    async def server_limit_hit(self, agent_id: str) -> str | None:
+        """`GET /servers/{id}/limit` on the current launcher."""
+        return await self._current().server_limit_hit(agent_id)
+
     async def stop_server(self, agent_id: str) -> None:
         """`POST /servers/{id}/stop` on the current launcher (none: nothing to stop)."""
         client = self._parts.client

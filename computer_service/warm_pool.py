@@ -61,6 +61,8 @@ class ServerLauncher(Protocol):
 
     async def sweep_server(self, agent_id: str) -> tuple[int, int | None]: ...
 
+    async def server_limit_hit(self, agent_id: str) -> str | None: ...
+
     async def stop_server(self, agent_id: str) -> None: ...
 
     async def servers(self) -> list[ServerInfo]: ...
@@ -213,6 +215,19 @@ class WarmPool:
             )
             self.counters.ceiling_restarts += 1
             await self.discard(server)
+
+    async def limit_hit(self, server: AgentServer) -> str | None:
+        """The resource limit the server's sandbox ran into (the launcher has killed it then).
+
+        None when there was none, or when the launcher cannot say (logged).
+        """
+        if server.generation is not self.launcher.generation():
+            return None  # a replaced launcher took the server with it
+        try:
+            return await self.launcher.server_limit_hit(server.agent_id)
+        except LauncherError as exc:
+            log.warning("agent %s: cannot read its warm server's limits: %s", server.agent_id, exc)
+            return None
 
     async def discard(self, server: AgentServer) -> None:
         """Stop the server and forget it (a new one starts at the agent's next turn)."""

@@ -17,7 +17,7 @@ from typing import Any
 
 import anyio
 
-from computer_service.bootstrap import Bootstrap
+from computer_service.bootstrap import Bootstrap, TurnLimits
 from computer_service.engine.base import EngineEvent, StopSignal, TurnRequest, TurnResult
 from computer_service.engine.opencode import OpenCodeEngine
 from computer_service.engine.warm import WarmEngine
@@ -42,7 +42,12 @@ class EngineRig:
     """A launcher and both engines; `async with EngineRig(...) as rig`."""
 
     def __init__(
-        self, model: ScriptedModel, opencode: Path, *, warm_memory_mb: int | None = None
+        self,
+        model: ScriptedModel,
+        opencode: Path,
+        *,
+        warm_memory_mb: int | None = None,
+        turn_limits: TurnLimits | None = None,
     ) -> None:
         self.home = Path(os.environ["HOME"])
         self.model = model
@@ -54,6 +59,7 @@ class EngineRig:
             opencode_path=opencode,
             engine_mode="warm",
             warm_memory_mb=warm_memory_mb,
+            turn_limits=turn_limits or TurnLimits(),
         )
         self.parts = LocalParts(self.bootstrap)
         self.homes: dict[str, AgentHome] = {}

@@ -28,6 +28,7 @@ from sandbox_launcher.schema import (
     ModelsRequest,
     RunList,
     RunRequest,
+    ServerLimitHit,
     ServerList,
     ServerRequest,
     ServerStopped,
@@ -221,6 +222,15 @@ def create_app(launcher: Launcher, secret: str) -> ASGIApp:
         rss = rss_bytes(server.pid) if server.pid is not None else None
         return JSONResponse(SweepResult(agent_id=agent_id, killed=killed, rss_bytes=rss))
 
+    async def server_limit(request: Request) -> Response:
+        agent_id = request.path_params["agent_id"]
+        # Not `servers.get`: a server the limit killed is still to be asked about.
+        server = launcher.servers.by_agent.get(agent_id)
+        if server is None:
+            return error(404, "unknown_server", f"agent {agent_id} has no warm server")
+        hit = await anyio.to_thread.run_sync(server.check_limits)
+        return JSONResponse(ServerLimitHit(agent_id=agent_id, limit_hit=hit))
+
     async def stop_server(request: Request) -> Response:
         agent_id = request.path_params["agent_id"]
         server = launcher.servers.by_agent.pop(agent_id, None)
@@ -234,6 +244,7 @@ def create_app(launcher: Launcher, secret: str) -> ASGIApp:
         Route("/servers", servers, methods=["GET", "POST"]),
         Route("/servers/{agent_id}/sweep", sweep_server, methods=["POST"]),
         Route("/servers/{agent_id}/stop", stop_server, methods=["POST"]),
+        Route("/servers/{agent_id}/limit", server_limit, methods=["GET"]),
         Route("/runs", runs, methods=["GET", "POST"]),
         Route("/runs/{run_id}/stop", stop_run, methods=["POST"]),
         Route("/models", models, methods=["POST"]),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import shutil
 import subprocess
 from dataclasses import dataclass, field
@@ -244,9 +245,11 @@ class Launcher:
         command = server_command(os.path.realpath(self.config.opencode), port)
         env = self._env(request, policy)
         # The server and every tool of its turns share one cgroup: the same caps as a run.
-        cgroup = self._cgroup(f"warm-{request.agent_id}")
+        # Its own name per start: a predecessor's cgroup still being removed never
+        # leaves the new server without one.
+        cgroup = self._cgroup(f"warm-{request.agent_id}-{secrets.token_hex(4)}")
         argv = (cgroup.join_prefix() if cgroup else []) + backend.argv(policy, command)
-        return WarmServer(request.agent_id, argv, env, network, cgroup)
+        return WarmServer(request.agent_id, argv, env, network, cgroup, limits=self.limits)
 
     def _usable_backend(self) -> Backend:
         if self.backend is None or not self.sandbox.ok:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
 WATCH_INTERVAL_S = 0.25
+REMOVE_TIMEOUT_S = 5.0
 LimitHit = Literal["process_limit", "memory_limit", "shm_full"]
 CGROUP_PREFIX = "crew-"
 # The failure line starts with "crew-cgroup: " so the Computer reads it as the sandbox's.
@@ -237,18 +239,24 @@ class RunCgroup:
         return None
 
     def remove(self) -> None:
-        """Kill what is left inside and remove the directories (logged, never raised)."""
+        """Kill what is left inside and remove the directories (logged, never raised).
+
+        Blocking, up to `REMOVE_TIMEOUT_S`: a process killed at the memory limit
+        takes a while to give its memory back, and its cgroup stays busy meanwhile.
+        """
+        deadline = time.monotonic() + REMOVE_TIMEOUT_S
         for directory in dict.fromkeys((self.pids, self.memory)):
-            if not directory.is_dir():
-                continue
-            for _ in range(50):
+            pause = 0.0
+            while directory.is_dir():
                 try:
                     directory.rmdir()
-                    break
                 except OSError:
+                    if time.monotonic() > deadline:
+                        log.warning("could not remove the run cgroup %s", directory)
+                        break
                     _kill_members(directory)
-            else:
-                log.warning("could not remove the run cgroup %s", directory)
+                    time.sleep(pause)  # the killed are still dying: let them finish
+                    pause = min(pause * 2 or 0.001, 0.05)
 
 
 def _kill_members(directory: Path) -> None:
@@ -259,8 +267,6 @@ def _kill_members(directory: Path) -> None:
     for pid in pids:
         with contextlib.suppress(OSError):
             os.kill(pid, 9)
-    if not pids:
-        os.sched_yield()
 
 
 # ---- watching a run ----

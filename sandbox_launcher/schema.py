@@ -318,6 +318,17 @@ class SweepResult(BaseModel):
     rss_bytes: int | None = None  # the server's, after the sweep
 
 
+class ServerLimitHit(BaseModel):
+    """`GET /servers/{agent_id}/limit`: the limit the server's sandbox ran into, if any.
+
+    A hit ends the server (as it ends a cold run); the Computer fails the turn
+    `resource_limit` and starts a new server for the next one.
+    """
+
+    agent_id: str
+    limit_hit: Literal["process_limit", "memory_limit", "shm_full"] | None
+
+
 class ServerStopped(BaseModel):
     agent_id: str
     exit_code: int | None

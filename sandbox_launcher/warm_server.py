@@ -16,6 +16,12 @@ bwrap's own pid namespace (`--unshare-pid`, as every run). Its life cycle:
   chain is walked for each candidate at kill time: a rule computed once
   races with newly spawned helpers. Candidates are stopped (SIGSTOP) before
   they are killed so they cannot fork meanwhile.
+- limits: the server and its tools share one cgroup with a cold run's caps;
+  a thread looks at it every `WATCH_INTERVAL_S` for the server's whole life,
+  as the watch of a cold run does, and the first limit hit kills the server
+  (a fork bomb would spin at the cap, an OOM kill leaves a turn half done).
+  The hit is kept for `GET /servers/{agent}/limit`: the Computer asks after
+  every turn and fails the turn `resource_limit`, as a cold run's.
 - stop: SIGTERM to the server, then SIGKILL to the whole group; the outer
   bwrap's death takes the namespace's init and with it every member.
 
@@ -44,7 +50,13 @@ import anyio
 
 from crew_common.procfs import process_start_time
 from sandbox_launcher.engine_run import engine_channel, reap_group, spawn_cwd
-from sandbox_launcher.limits import RunCgroup
+from sandbox_launcher.limits import (
+    WATCH_INTERVAL_S,
+    LimitHit,
+    ResourceWatch,
+    RunCgroup,
+    TurnLimits,
+)
 from sandbox_launcher.network import NetworkUnavailable, SandboxNetwork
 from sandbox_launcher.schema import ServerInfo
 
@@ -218,6 +230,9 @@ class WarmServer:
     network: SandboxNetwork | None = None
     # Its processes' cap and memory limit (as a cold run's), when the machine gives one.
     cgroup: RunCgroup | None = None
+    # Watched as a cold run's (None: not watched, tests of the process rules).
+    limits: TurnLimits | None = None
+    limit_hit: LimitHit | None = None  # the first limit the server's sandbox ran into
     started_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat())
     process: subprocess.Popen[bytes] | None = None
     port: int | None = None
@@ -228,6 +243,9 @@ class WarmServer:
     _stderr: bytearray = field(default_factory=bytearray)
     _listening: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _watch: ResourceWatch | None = None
+    _watch_lock: threading.Lock = field(default_factory=threading.Lock)
+    _stopping: threading.Event = field(default_factory=threading.Event)
 
     def info(self) -> ServerInfo:
         assert self.pid is not None and self.port is not None and self.pid_start is not None
@@ -285,8 +303,11 @@ class WarmServer:
             raise
         finally:
             theirs.close()
+        if self.limits is not None:
+            self._watch = ResourceWatch(self.limits, self.cgroup, self.process.pid)
         # Threads drain both pipes for the server's whole life: a full pipe would block it.
-        for target in (self._read_stdout, self._read_stderr):
+        # The limit watch runs as long (it ends once the server is gone).
+        for target in (self._read_stdout, self._read_stderr, self._watch_limits):
             threading.Thread(target=target, daemon=True, name=f"warm-{self.agent_id}").start()
         try:
             if network:
@@ -312,9 +333,11 @@ class WarmServer:
         deadline = time.monotonic() + timeout_s
         while not self._listening.is_set():
             if self.process.poll() is not None:
+                hit = self.check_limits()
                 raise ServerFailed(
                     f"opencode serve exited with status {self.process.returncode} before it "
-                    f"listened: {self.stderr_tail()[-1500:].strip()}"
+                    + (f"listened, at a resource limit ({hit})" if hit else "listened")
+                    + f": {self.stderr_tail()[-1500:].strip()}"
                 )
             if time.monotonic() > deadline:
                 raise ServerFailed(f"opencode serve did not listen within {timeout_s:.0f} s")
@@ -343,6 +366,39 @@ class WarmServer:
                 if len(self._stderr) > STDERR_TAIL:
                     del self._stderr[: len(self._stderr) - STDERR_TAIL]
 
+    # ---- resource limits ----
+
+    def check_limits(self) -> LimitHit | None:
+        """The limit the server's sandbox ran into, if any; at the first hit it is killed.
+
+        As a cold run: the whole sandbox (the server, the turn's tools) ends, and
+        the turn that was running fails `resource_limit`. Safe from any thread.
+        """
+        with self._watch_lock:
+            if self.limit_hit is None and self._watch is not None:
+                hit = self._watch.hit()
+                if hit is not None:
+                    self.limit_hit = hit
+                    self._kill_at_limit(hit)
+            return self.limit_hit
+
+    def _kill_at_limit(self, hit: LimitHit) -> None:
+        log.warning(
+            "warm server of agent %s hit a resource limit (%s); killing it", self.agent_id, hit
+        )
+        if not self.alive():
+            return  # reaped already: its group id may be another's by now
+        assert self.process is not None
+        # The group holds bwrap: its death takes the whole pid namespace with it.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+
+    def _watch_limits(self) -> None:
+        """Look at the limits until the server is gone or a limit was hit (module doc)."""
+        while self.check_limits() is None and self.alive():
+            if self._stopping.wait(WATCH_INTERVAL_S):
+                return
+
     def sweep(self) -> int:
         """Kill what the last turn left behind (module doc); the number killed."""
         if self.pid is None or self.namespace is None or not self.alive():
@@ -357,6 +413,9 @@ class WarmServer:
         process = self.process
         if process is None:
             return None
+        self._stopping.set()
+        # Read before the cgroup goes: an OOM kill the watch has not seen yet still counts.
+        self.check_limits()
         if process.poll() is None and self.pid is not None:
             _signal(self.pid, signal.SIGTERM)  # lets it close its database cleanly
             with contextlib.suppress(subprocess.TimeoutExpired):

@@ -18,12 +18,16 @@ records upstream and the failure classes are the cold engine's
 4. over by `TurnEnd`'s rule (never at the first idle of an error turn);
 5. stop, wall-clock limit, step guard, output limit: abort the session,
    wait for its end; a server that does not end it is killed;
-6. the launcher sweeps the server's namespace (nothing of the turn outlives it).
+6. the launcher says whether the server's sandbox ran into a resource limit
+   (it killed the server then, as it kills a cold run): the turn fails
+   `resource_limit` as a cold one does, and the next turn gets a new server;
+7. the launcher sweeps the server's namespace (nothing of the turn outlives it).
 
 Everything the server says is untrusted: bounded event sizes, a heartbeat
 deadline, defensive parsing. A server that breaks before the prompt was
 accepted is dropped and the turn runs cold; one that breaks during the turn
-ends it as a crashed cold run would (`process_crashed`).
+ends it as a crashed cold run would (`process_crashed`), unless the launcher
+killed it at a resource limit (`resource_limit`, step 6).
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ from computer_service.engine.opencode import (
     Attempt,
     OpenCodeEngine,
     again_if_the_session_vanished,
+    attempt_result,
     crashed_result,
 )
 from computer_service.engine.warm_channel import NotTheServer
@@ -187,6 +192,8 @@ class WarmEngine:
                 stop,
                 secrets,
             )
+            if await self._ran_into_limit(server, a):
+                result = attempt_result(a, stop, secrets)
             if a.broken is not None:
                 log.warning("agent %s: dropping its warm server: %s", request.agent_id, a.broken)
             drop = a.broken is not None
@@ -207,6 +214,15 @@ class WarmEngine:
     ) -> TurnResult:
         self.pool.counters.cold_turns += 1
         return await self.cold.run_prepared(request, on_event, stop, paths, env, secrets)
+
+    async def _ran_into_limit(self, server: AgentServer, a: WarmAttempt) -> bool:
+        """Did the turn's sandbox hit a resource limit? Then `a` ends as a cold run at it."""
+        hit = await self.pool.limit_hit(server)
+        if hit is None:
+            return False
+        log.warning("agent %s: its warm turn hit a resource limit (%s)", server.agent_id, hit)
+        end_at_limit(a, hit)
+        return True
 
     def _server_request(
         self, paths: AgentPaths, env: dict[str, str], password: str, ports: list[int]
@@ -357,8 +373,10 @@ class WarmEngine:
                     with anyio.move_on_after(wait) as waited:
                         try:
                             event = await anext(events)
-                        except StopAsyncIteration:
-                            a.broken = "its event stream ended during the turn"
+                        # A server that dies mid-answer (killed at a resource limit, say)
+                        # cuts its chunked stream short: the same as the stream ending.
+                        except (StopAsyncIteration, httpx.TransportError) as exc:
+                            a.broken = f"its event stream ended during the turn ({_why(exc)})"
                             a.launcher_failure = Failure(
                                 FailureClass.PROCESS_CRASHED,
                                 "the warm OpenCode server went away during the turn",
@@ -425,6 +443,25 @@ class WarmEngine:
             a.guard_reason = guard
             a.ending = "guard"
             tg.start_soon(end_turn, "guard")
+
+
+def end_at_limit(a: WarmAttempt, hit: str) -> None:
+    """The attempt as a cold run the launcher ended at limit `hit` (`process_limit`, …).
+
+    The launcher killed the server at the hit: whatever the turn's stream showed
+    afterwards (its end, a crash, even a finished answer) is a cold run's kill,
+    whose exit frame names the limit. A reason already there (output over the
+    cap) came first and stays, as the launcher keeps a run's first reason.
+    `attempt_result` then classifies it as it does the cold run's.
+    """
+    a.broken = a.broken or f"its sandbox hit a resource limit ({hit})"
+    a.launcher_failure = None
+    if a.exit is None or a.exit.reason is None:
+        a.exit = ExitFrame(t="exit", code=None, signal=9, stderr_tail=a.error_texts, reason=hit)
+
+
+def _why(exc: BaseException) -> str:
+    return "closed" if isinstance(exc, StopAsyncIteration) else type(exc).__name__
 
 
 def _agents_md(paths: AgentPaths) -> bytes:

@@ -222,6 +222,9 @@ class FakeLauncher:
         self.swept.append(agent_id)
         return 0, self.rss
 
+    async def server_limit_hit(self, agent_id: str) -> str | None:
+        return None
+
     async def stop_server(self, agent_id: str) -> None:
         self.stopped.append(agent_id)
 

@@ -116,6 +116,7 @@ class Launcher:
     def __init__(self, port: int) -> None:
         self.port = port
         self.stopped: list[str] = []
+        self.limit_hit: str | None = None  # what `GET /servers/{id}/limit` answers
 
     def generation(self) -> object:
         return self
@@ -134,6 +135,9 @@ class Launcher:
 
     async def sweep_server(self, agent_id: str) -> tuple[int, int | None]:
         return 0, None
+
+    async def server_limit_hit(self, agent_id: str) -> str | None:
+        return self.limit_hit
 
     async def stop_server(self, agent_id: str) -> None:
         self.stopped.append(agent_id)

@@ -43,6 +43,7 @@ MODELS: dict[str, type[BaseModel]] = {
     "ServerList": models.ServerList,
     "SweepResult": models.SweepResult,
     "ServerStopped": models.ServerStopped,
+    "ServerLimitHit": models.ServerLimitHit,
 }
 
 
@@ -59,6 +60,7 @@ def test_document_is_openapi_3_1_with_every_route() -> None:
         ("/servers", "get"),
         ("/servers/{agent_id}/sweep", "post"),
         ("/servers/{agent_id}/stop", "post"),
+        ("/servers/{agent_id}/limit", "get"),
     }
 
 
