@@ -14,6 +14,17 @@ without it. pasta is started by the launcher, in its own session, with
 `PR_SET_PDEATHSIG` (through `setpriv`, so it dies with the launcher) and is
 killed when the run ends (`SandboxNetwork.close`).
 
+The order matters. bwrap's child, once bwrap has written the pid, gives `lo`
+its 127.0.0.1 itself (RTM_NEWADDR with NLM_F_EXCL) and dies when that fails;
+pasta brings `lo` up, which makes the kernel add that very address. So pasta
+starts only once the namespace shows 127.0.0.1 (`loopback_addressed`): on a
+loaded machine the child can wait for the CPU longer than pasta needs, and
+the sandbox then died with "bwrap: loopback: Failed RTM_NEWADDR" (seen as a
+pasta that "never configured the interface", and as ENOENT on
+`/proc/<pid>/ns/net` when that pasta was started again). A pidfd of the
+child tells a sandbox that ended from a pasta still at work; the caller then
+reports bwrap's status and stderr (`sandbox_failure`).
+
 pasta's options, checked against Debian 12's pasta (2023-03):
 
 - `-t none -u none`: nothing from the host reaches the sandbox (the default,
@@ -40,7 +51,8 @@ pasta's options, checked against Debian 12's pasta (2023-03):
   (its own mount namespace and seccomp filter) once the namespace is set up.
 
 Everything pure here (`pasta_argv`, `with_network`, `child_pid`,
-`listening_ports`, `has_default_route`) is table-tested; `SandboxNetwork`
+`listening_ports`, `has_default_route`, `loopback_addressed`,
+`sandbox_failure`) is table-tested; `SandboxNetwork`
 is the one place that starts and stops pasta.
 """
 
@@ -71,10 +83,6 @@ SANDBOX_IPV4 = ("10.0.2.100", "24", "10.0.2.2")  # address, prefix, gateway (as 
 SANDBOX_IPV6 = ("fd63:7265:7700::100", "fd63:7265:7700::2")  # address, gateway ("crew" ULA)
 NS_GET_USERNS = 0xB701  # ioctl on a namespace fd: the user namespace that owns it
 READY_TIMEOUT_S = 10.0
-# Under heavy load pasta (2023-03) now and then stays up without ever configuring the
-# interface: a pasta that is not ready after this long is replaced, up to PASTA_STARTS.
-PASTA_RETRY_S = 3.0
-PASTA_STARTS = 3
 READY_POLL_S = 0.002
 MAX_FORWARDED_PORTS = 32
 _TCP_LISTEN = "0A"
@@ -312,8 +320,6 @@ class SandboxNetwork:
         self._child: int | None = None  # a pidfd of the sandbox's process, once bwrap named it
         self._waiting_for = "bwrap to start the sandbox"
         self._pasta: subprocess.Popen[bytes] | None = None
-        self._pasta_started = 0.0
-        self._pasta_starts = 0
         self._pasta_log: IO[bytes] | None = None
 
     @property
@@ -391,8 +397,6 @@ class SandboxNetwork:
             os.close(net_fd)
             raise
         argv = pasta_argv(self.tools, (user_fd, net_fd), self.plan, os.geteuid() == 0)
-        self._pasta_started = time.monotonic()
-        self._pasta_starts += 1
         # A file, not a pipe: nobody reads pasta's stderr while the run goes on.
         self._pasta_log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
         try:
@@ -430,22 +434,6 @@ class SandboxNetwork:
             return self.plan.publish[1] in listening_ports(_read("/proc/self/net/tcp"))
         return True
 
-    def _settled(self, pid: int) -> bool:
-        """`_ready`, replacing a pasta that got stuck before it was ready."""
-        if self._ready(pid):
-            return True
-        stuck = time.monotonic() - self._pasta_started > PASTA_RETRY_S
-        if stuck and self._pasta_starts < PASTA_STARTS and self._pasta is not None:
-            log.warning(
-                "pasta not ready after %.0f s (waiting for %s; %s); starting it again",
-                PASTA_RETRY_S,
-                self._waiting_for,
-                self._log_tail(),
-            )
-            self._stop_pasta()
-            self._start_pasta(pid)
-        return False
-
     def _timed_out(self) -> NetworkUnavailable:
         return NetworkUnavailable(
             f"the sandbox's network was not up in {READY_TIMEOUT_S:.0f} s "
@@ -472,7 +460,7 @@ class SandboxNetwork:
                 await anyio.sleep(READY_POLL_S)
             self._waiting_for = "pasta to start"
             self._start_pasta(pid)
-            while not self._settled(pid):
+            while not self._ready(pid):
                 await anyio.sleep(READY_POLL_S)
             self._release()
             return
@@ -489,7 +477,7 @@ class SandboxNetwork:
                 raise self._timed_out()
             time.sleep(READY_POLL_S)
         self._start_pasta(pid)
-        while not self._settled(pid):
+        while not self._ready(pid):
             if time.monotonic() > deadline:
                 raise self._timed_out()
             time.sleep(READY_POLL_S)
