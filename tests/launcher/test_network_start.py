@@ -31,6 +31,7 @@ from sandbox_launcher.network import (
     find_pasta,
     has_default_route,
 )
+from sandbox_launcher.warm_server import ServerFailed, WarmServer
 from tests.support.ci import required_in_ci
 
 BWRAP = "/usr/bin/bwrap"
@@ -177,3 +178,18 @@ def test_bwrap_that_never_starts_its_sandbox_is_told_apart(pasta: PastaTools) ->
     finally:
         bwrap.wait()
         network.close()
+
+
+@pytest.mark.anyio
+async def test_a_warm_server_whose_sandbox_dies_says_what_bwrap_said(
+    pasta: PastaTools, tmp_path: Path
+) -> None:
+    missing = tmp_path / "not-there"
+    argv = [BWRAP, "--unshare-user", "--ro-bind", "/", "/", "--ro-bind", str(missing), "/mnt"]
+    argv += ["--chdir", "/", "true"]
+    server = WarmServer("a1", argv, {"PATH": "/usr/bin:/bin"}, SandboxNetwork(pasta, NetworkPlan()))
+    with pytest.raises(ServerFailed) as caught:
+        await server.start()
+    message = str(caught.value)
+    assert "bwrap exited with status 1" in message, message
+    assert f"Can't find source path {missing}" in message, message
