@@ -27,7 +27,12 @@ import orjson
 from anyio.abc import ByteReceiveStream, Process, SocketStream
 
 from sandbox_launcher.limits import WATCH_INTERVAL_S, LimitHit, ResourceWatch, RunCgroup, TurnLimits
-from sandbox_launcher.network import NetworkUnavailable, SandboxNetwork
+from sandbox_launcher.network import (
+    NetworkUnavailable,
+    SandboxExited,
+    SandboxNetwork,
+    sandbox_failure,
+)
 from sandbox_launcher.schema import ExitFrame, RunInfo
 
 log = logging.getLogger(__name__)
@@ -36,6 +41,7 @@ _PR_SET_CHILD_SUBREAPER = 36
 STOP_GRACE_S = 2.0
 CLEANUP_GRACE_S = 2.0
 DRAIN_GRACE_S = 1.0
+EXIT_GRACE_S = 2.0  # bwrap's exit after its sandbox ended before the network was up
 GROUP_POLL_S = 0.05
 STDERR_TAIL = 64 * 1024
 READ_CHUNK = 64 * 1024
@@ -228,7 +234,7 @@ class EngineRun:
         log.info("run %s of agent %s started (pid %d)", self.run_id, self.agent_id, process.pid)
         try:
             if network:
-                await self._attach_network(network, process.pid)
+                await self._attach_network(network, process)
             started: dict[str, object] = {"t": "started", "pid": process.pid}
             if network and network.plan.publish:
                 started["published_port"] = network.plan.publish[1]
@@ -271,15 +277,26 @@ class EngineRun:
             reason=self.reason,
         )
 
-    async def _attach_network(self, network: SandboxNetwork, pgid: int) -> None:
-        """Network the sandbox before its engine starts; a sandbox without one never runs."""
+    async def _attach_network(self, network: SandboxNetwork, process: Process) -> None:
+        """Network the sandbox before its engine starts; a sandbox without one never runs.
+
+        When it does not start, the error carries how bwrap ended and what it wrote.
+        """
         network.spawned()
         try:
             await network.attach()
-        except NetworkUnavailable:
+        except NetworkUnavailable as exc:
+            if isinstance(exc, SandboxExited):
+                # bwrap ends by itself once its sandbox has: its own status is the telling one.
+                with anyio.move_on_after(EXIT_GRACE_S):
+                    await process.wait()
             # bwrap ignores SIGINT and waits on its block fd: no graceful stop to wait for.
-            _signal_group(pgid, signal.SIGKILL)
-            raise
+            _signal_group(process.pid, signal.SIGKILL)
+            await process.wait()
+            stderr = b""
+            with anyio.move_on_after(DRAIN_GRACE_S):
+                stderr = await _read_to_end(process.stderr)
+            raise NetworkUnavailable(sandbox_failure(str(exc), process.returncode, stderr)) from exc
 
     async def _send(self, data: bytes) -> None:
         if self.client_gone or self._emit is None:
@@ -401,6 +418,16 @@ class EngineRun:
         for stream in (process.stdout, process.stderr):
             if stream is not None:
                 await stream.aclose()
+
+
+async def _read_to_end(stream: ByteReceiveStream | None) -> bytes:
+    """What is left in `stream` (its last `STDERR_TAIL` bytes) once its writers are gone."""
+    data = bytearray()
+    if stream is not None:
+        async for chunk in _ChunkIter(stream):
+            data += chunk
+            del data[:-STDERR_TAIL]
+    return bytes(data)
 
 
 class _ChunkIter:

@@ -14,6 +14,17 @@ without it. pasta is started by the launcher, in its own session, with
 `PR_SET_PDEATHSIG` (through `setpriv`, so it dies with the launcher) and is
 killed when the run ends (`SandboxNetwork.close`).
 
+The order matters. bwrap's child, once bwrap has written the pid, gives `lo`
+its 127.0.0.1 itself (RTM_NEWADDR with NLM_F_EXCL) and dies when that fails;
+pasta brings `lo` up, which makes the kernel add that very address. So pasta
+starts only once the namespace shows 127.0.0.1 (`loopback_addressed`): on a
+loaded machine the child can wait for the CPU longer than pasta needs, and
+the sandbox then died with "bwrap: loopback: Failed RTM_NEWADDR" (seen as a
+pasta that "never configured the interface", and as ENOENT on
+`/proc/<pid>/ns/net` when that pasta was started again). A pidfd of the
+child tells a sandbox that ended from a pasta still at work; the caller then
+reports bwrap's status and stderr (`sandbox_failure`).
+
 pasta's options, checked against Debian 12's pasta (2023-03):
 
 - `-t none -u none`: nothing from the host reaches the sandbox (the default,
@@ -40,7 +51,8 @@ pasta's options, checked against Debian 12's pasta (2023-03):
   (its own mount namespace and seccomp filter) once the namespace is set up.
 
 Everything pure here (`pasta_argv`, `with_network`, `child_pid`,
-`listening_ports`, `has_default_route`) is table-tested; `SandboxNetwork`
+`listening_ports`, `has_default_route`, `loopback_addressed`,
+`sandbox_failure`) is table-tested; `SandboxNetwork`
 is the one place that starts and stops pasta.
 """
 
@@ -51,6 +63,7 @@ import ipaddress
 import json
 import logging
 import os
+import select
 import socket
 import subprocess
 import tempfile
@@ -70,10 +83,6 @@ SANDBOX_IPV4 = ("10.0.2.100", "24", "10.0.2.2")  # address, prefix, gateway (as 
 SANDBOX_IPV6 = ("fd63:7265:7700::100", "fd63:7265:7700::2")  # address, gateway ("crew" ULA)
 NS_GET_USERNS = 0xB701  # ioctl on a namespace fd: the user namespace that owns it
 READY_TIMEOUT_S = 10.0
-# Under heavy load pasta (2023-03) now and then stays up without ever configuring the
-# interface: a pasta that is not ready after this long is replaced, up to PASTA_STARTS.
-PASTA_RETRY_S = 3.0
-PASTA_STARTS = 3
 READY_POLL_S = 0.002
 MAX_FORWARDED_PORTS = 32
 _TCP_LISTEN = "0A"
@@ -82,6 +91,10 @@ _LOOPBACK_V4 = "0100007F"  # 127.0.0.1 as /proc/net/tcp writes it (little-endian
 
 class NetworkUnavailable(OSError):
     """The sandbox's network could not be set up; the run does not start."""
+
+
+class SandboxExited(NetworkUnavailable):
+    """The sandbox's process ended before its network was up: bwrap's stderr says why."""
 
 
 @dataclass(frozen=True)
@@ -236,6 +249,22 @@ def child_pid(info: bytes) -> int | None:
     return pid if isinstance(pid, int) and pid > 0 else None
 
 
+def sandbox_failure(reason: str, status: int | None, stderr: bytes) -> str:
+    """`reason`, how bwrap ended and the end of what it wrote (its own error line). Pure.
+
+    `status` as `Popen.returncode`: negative for a signal, None while it runs.
+    """
+    if status is None:
+        ended = "bwrap was still running"
+    elif status < 0:
+        ended = f"bwrap was killed by signal {-status}"
+    else:
+        ended = f"bwrap exited with status {status}"
+    lines = stderr.decode("utf-8", "replace").strip().splitlines()
+    said = " / ".join(lines[-3:])[-500:] if lines else "nothing on stderr"
+    return f"{reason}; {ended}: {said}"
+
+
 def listening_ports(proc_net_tcp: str, address: str = _LOOPBACK_V4) -> set[int]:
     """TCP ports in LISTEN on `address` in a `/proc/<pid>/net/tcp` text. Pure."""
     ports = set()
@@ -247,6 +276,11 @@ def listening_ports(proc_net_tcp: str, address: str = _LOOPBACK_V4) -> set[int]:
         if host == address:
             ports.add(int(port, 16))
     return ports
+
+
+def loopback_addressed(fib_trie: str) -> bool:
+    """Does a `/proc/<pid>/net/fib_trie` text hold 127.0.0.1 (bwrap's loopback step done)? Pure."""
+    return any(line.strip() == "|-- 127.0.0.1" for line in fib_trie.splitlines())
 
 
 def has_default_route(proc_net_route: str) -> bool:
@@ -283,10 +317,9 @@ class SandboxNetwork:
         self._info_r, self._info_w = os.pipe()
         self._block_r, self._block_w = os.pipe()
         self._info = b""
+        self._child: int | None = None  # a pidfd of the sandbox's process, once bwrap named it
         self._waiting_for = "bwrap to start the sandbox"
         self._pasta: subprocess.Popen[bytes] | None = None
-        self._pasta_started = 0.0
-        self._pasta_starts = 0
         self._pasta_log: IO[bytes] | None = None
 
     @property
@@ -308,24 +341,62 @@ class SandboxNetwork:
         """Read what bwrap wrote so far; the pid once complete. EOF without one: bwrap failed."""
         chunk = os.read(self._info_r, 4096)
         if not chunk:
-            raise NetworkUnavailable("the sandbox exited before it could be networked")
+            raise SandboxExited("bwrap ended before it started the sandbox")
         self._info += chunk
-        return child_pid(self._info)
+        pid = child_pid(self._info)
+        if pid is not None:
+            self._hold_child(pid)
+        return pid
+
+    def _hold_child(self, pid: int) -> None:
+        """Hold a pidfd of the sandbox: it says when that very process ends (not a pid reuser)."""
+        try:
+            self._child = os.pidfd_open(pid)
+        except ProcessLookupError:
+            raise self._child_gone(pid) from None
+
+    def _child_gone(self, pid: int) -> SandboxExited:
+        return SandboxExited(
+            f"the sandbox's process (pid {pid}) ended before its network was attached"
+        )
+
+    def _child_exited(self) -> bool:
+        """Has the sandbox's process ended (its pidfd turns readable)?"""
+        if self._child is None:
+            return False
+        # poll, not select: a busy launcher's fds go past select's 1024.
+        poller = select.poll()
+        poller.register(self._child, select.POLLIN)
+        return bool(poller.poll(0))
+
+    def _networkable(self, pid: int) -> bool:
+        """Has bwrap's child set up the namespace's loopback, so that pasta may go in?
+
+        bwrap's child adds 127.0.0.1/8 to `lo` itself, with NLM_F_EXCL, and dies
+        when that fails ("loopback: Failed RTM_NEWADDR"). pasta brings `lo` up,
+        and the kernel then gives it that very address: a pasta that gets there
+        first (a loaded machine that lets the child wait) kills the sandbox.
+        """
+        if self._child_exited():
+            raise self._child_gone(pid)
+        self._waiting_for = "bwrap to set up the sandbox's loopback"
+        return loopback_addressed(_read(f"/proc/{pid}/net/fib_trie"))
 
     def _start_pasta(self, pid: int) -> None:
         # The namespaces as fds: bwrap (unprivileged) nests a second user namespace
         # inside the first, so /proc/<pid>/ns/user may already be the inner one, in
         # which pasta could not enter the network namespace. NS_GET_USERNS gives the
         # user namespace that owns the network namespace, whatever bwrap did since.
-        net_fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            net_fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        except (FileNotFoundError, ProcessLookupError):
+            raise self._child_gone(pid) from None
         try:
             user_fd = fcntl.ioctl(net_fd, NS_GET_USERNS)
         except OSError:
             os.close(net_fd)
             raise
         argv = pasta_argv(self.tools, (user_fd, net_fd), self.plan, os.geteuid() == 0)
-        self._pasta_started = time.monotonic()
-        self._pasta_starts += 1
         # A file, not a pipe: nobody reads pasta's stderr while the run goes on.
         self._pasta_log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
         try:
@@ -344,6 +415,9 @@ class SandboxNetwork:
 
     def _ready(self, pid: int) -> bool:
         """pasta has configured the interface and listens on every forwarded port."""
+        if self._child_exited():
+            # Its /proc entries are gone: waiting on would look like a pasta that never got ready.
+            raise self._child_gone(pid)
         if self._pasta is not None and self._pasta.poll() is not None:
             raise NetworkUnavailable(
                 f"pasta exited with status {self._pasta.returncode}: {self._log_tail()}"
@@ -360,22 +434,6 @@ class SandboxNetwork:
             return self.plan.publish[1] in listening_ports(_read("/proc/self/net/tcp"))
         return True
 
-    def _settled(self, pid: int) -> bool:
-        """`_ready`, replacing a pasta that got stuck before it was ready."""
-        if self._ready(pid):
-            return True
-        stuck = time.monotonic() - self._pasta_started > PASTA_RETRY_S
-        if stuck and self._pasta_starts < PASTA_STARTS and self._pasta is not None:
-            log.warning(
-                "pasta not ready after %.0f s (waiting for %s; %s); starting it again",
-                PASTA_RETRY_S,
-                self._waiting_for,
-                self._log_tail(),
-            )
-            self._stop_pasta()
-            self._start_pasta(pid)
-        return False
-
     def _timed_out(self) -> NetworkUnavailable:
         return NetworkUnavailable(
             f"the sandbox's network was not up in {READY_TIMEOUT_S:.0f} s "
@@ -383,9 +441,13 @@ class SandboxNetwork:
         )
 
     def _release(self) -> None:
-        os.write(self._block_w, b"1")
-        _close(self._block_w)
-        self._block_w = -1
+        try:
+            os.write(self._block_w, b"1")
+        except BrokenPipeError:
+            raise SandboxExited("the sandbox ended just before it was let go") from None
+        finally:
+            _close(self._block_w)
+            self._block_w = -1
 
     async def attach(self) -> None:
         """Attach pasta to the started sandbox and let it go on; raises `NetworkUnavailable`."""
@@ -394,9 +456,11 @@ class SandboxNetwork:
             while pid is None:
                 await anyio.wait_readable(self._info_r)
                 pid = self._read_info()
+            while not self._networkable(pid):
+                await anyio.sleep(READY_POLL_S)
             self._waiting_for = "pasta to start"
             self._start_pasta(pid)
-            while not self._settled(pid):
+            while not self._ready(pid):
                 await anyio.sleep(READY_POLL_S)
             self._release()
             return
@@ -408,12 +472,21 @@ class SandboxNetwork:
         pid = None
         while pid is None:
             pid = self._read_info()  # bwrap writes it at once, or exits (EOF)
+        while not self._networkable(pid):
+            if time.monotonic() > deadline:
+                raise self._timed_out()
+            time.sleep(READY_POLL_S)
         self._start_pasta(pid)
-        while not self._settled(pid):
+        while not self._ready(pid):
             if time.monotonic() > deadline:
                 raise self._timed_out()
             time.sleep(READY_POLL_S)
         self._release()
+
+    @property
+    def waiting_for(self) -> str:
+        """What the attach waits for now (in its timeout message; tests watch it)."""
+        return self._waiting_for
 
     @property
     def pasta_pid(self) -> int | None:
@@ -434,6 +507,9 @@ class SandboxNetwork:
         for fd in (self._info_r, self._info_w, self._block_r, self._block_w):
             _close(fd)
         self._info_r = self._info_w = self._block_r = self._block_w = -1
+        if self._child is not None:
+            _close(self._child)
+            self._child = None
         self._stop_pasta()
 
     def _stop_pasta(self) -> None:

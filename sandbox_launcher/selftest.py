@@ -29,7 +29,7 @@ from pathlib import Path
 
 from sandbox_launcher.backend import Backend
 from sandbox_launcher.engine_run import group_alive, reap_group
-from sandbox_launcher.network import NetworkPlan, NetworkUnavailable
+from sandbox_launcher.network import NetworkPlan, NetworkUnavailable, sandbox_failure
 from sandbox_launcher.paths import is_inside
 from sandbox_launcher.policy import SandboxPolicy
 
@@ -228,8 +228,9 @@ def _judge(
         out, err = process.communicate(timeout=SELFTEST_TIMEOUT_S)
     except NetworkUnavailable as exc:
         os.killpg(process.pid, signal.SIGKILL)
-        process.communicate()
-        return f"the sandbox's network could not be set up: {exc}"
+        _, err = process.communicate()
+        why = sandbox_failure(str(exc), process.returncode, err)
+        return f"the sandbox's network could not be set up: {why}"
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         process.communicate()

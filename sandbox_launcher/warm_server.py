@@ -49,7 +49,7 @@ from typing import IO
 import anyio
 
 from crew_common.procfs import process_start_time
-from sandbox_launcher.engine_run import engine_channel, reap_group, spawn_cwd
+from sandbox_launcher.engine_run import EXIT_GRACE_S, engine_channel, reap_group, spawn_cwd
 from sandbox_launcher.limits import (
     WATCH_INTERVAL_S,
     LimitHit,
@@ -57,7 +57,12 @@ from sandbox_launcher.limits import (
     RunCgroup,
     TurnLimits,
 )
-from sandbox_launcher.network import NetworkUnavailable, SandboxNetwork
+from sandbox_launcher.network import (
+    NetworkUnavailable,
+    SandboxExited,
+    SandboxNetwork,
+    sandbox_failure,
+)
 from sandbox_launcher.schema import ServerInfo
 
 log = logging.getLogger(__name__)
@@ -242,6 +247,7 @@ class WarmServer:
     _stdout: IO[bytes] | None = None
     _stderr: bytearray = field(default_factory=bytearray)
     _listening: threading.Event = field(default_factory=threading.Event)
+    _stderr_read: threading.Event = field(default_factory=threading.Event)  # to its end
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _watch: ResourceWatch | None = None
     _watch_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -315,7 +321,8 @@ class WarmServer:
                 try:
                     await network.attach()  # the server starts only once its network is up
                 except NetworkUnavailable as exc:
-                    raise ServerFailed(f"the server's network: {exc}") from exc
+                    why = await anyio.to_thread.run_sync(self._why_not_started, exc)
+                    raise ServerFailed(f"the server's network: {why}") from exc
             await self._wait_listening(timeout_s)
         except ServerFailed:
             await anyio.to_thread.run_sync(self.stop)
@@ -327,6 +334,16 @@ class WarmServer:
             self.pid,
         )
         return self.info()
+
+    def _why_not_started(self, exc: NetworkUnavailable) -> str:
+        """`exc` with how bwrap ended and what it wrote, when its sandbox ended on its own."""
+        assert self.process is not None
+        if not isinstance(exc, SandboxExited):
+            return str(exc)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(EXIT_GRACE_S)  # bwrap ends by itself once its sandbox has
+        self._stderr_read.wait(EXIT_GRACE_S)
+        return sandbox_failure(str(exc), self.process.poll(), self.stderr_tail().encode())
 
     async def _wait_listening(self, timeout_s: float) -> None:
         assert self.process is not None
@@ -365,6 +382,7 @@ class WarmServer:
                 self._stderr += chunk
                 if len(self._stderr) > STDERR_TAIL:
                     del self._stderr[: len(self._stderr) - STDERR_TAIL]
+        self._stderr_read.set()
 
     # ---- resource limits ----
 

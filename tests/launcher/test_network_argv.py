@@ -10,9 +10,11 @@ from sandbox_launcher.network import (
     child_pid,
     has_default_route,
     listening_ports,
+    loopback_addressed,
     nameservers,
     pasta_argv,
     resolver_for_sandbox,
+    sandbox_failure,
     with_network,
 )
 
@@ -104,6 +106,46 @@ def test_default_route() -> None:
     assert has_default_route(head + link + default)
     assert not has_default_route(head + link)
     assert not has_default_route("")
+
+
+# /proc/<pid>/net/fib_trie of a fresh namespace, after bwrap's RTM_NEWADDR, after lo is up.
+FIB_ADDRESSED = (
+    "Main:\n  |-- 127.0.0.1\n     /32 host LOCAL\nLocal:\n  |-- 127.0.0.1\n     /32 host LOCAL\n"
+)
+FIB_UP = """Local:
+  +-- 127.0.0.0/8 2 0 2
+     +-- 127.0.0.0/31 1 0 0
+        |-- 127.0.0.0
+           /8 host LOCAL
+        |-- 127.0.0.1
+           /32 host LOCAL
+     |-- 127.255.255.255
+        /32 link BROADCAST
+"""
+
+
+@pytest.mark.parametrize(
+    ("fib_trie", "addressed"),
+    [("", False), (FIB_ADDRESSED, True), (FIB_UP, True), ("Local:\n  |-- 127.0.0.10\n", False)],
+)
+def test_loopback_addressed(fib_trie: str, addressed: bool) -> None:
+    assert loopback_addressed(fib_trie) is addressed
+
+
+@pytest.mark.parametrize(
+    ("status", "stderr", "said"),
+    [
+        (
+            1,
+            b"bwrap: loopback: Failed RTM_NEWADDR: File exists\n",
+            "bwrap exited with status 1: bwrap: loopback: Failed RTM_NEWADDR: File exists",
+        ),
+        (-9, b"", "bwrap was killed by signal 9: nothing on stderr"),
+        (None, b"a\nb\nc\nd\n", "bwrap was still running: b / c / d"),
+    ],
+)
+def test_sandbox_failure(status: int | None, stderr: bytes, said: str) -> None:
+    assert sandbox_failure("it ended", status, stderr) == f"it ended; {said}"
 
 
 def test_with_network_shows_a_resolver_over_the_root_bind() -> None:
