@@ -158,10 +158,18 @@ def open_backend(
     except SandboxUnavailable as exc:
         return None, SandboxHealth(ok=False, backend="bwrap", reason=str(exc))
     backend = BwrapBackend(tools, mode, pasta)
+    return backend, SandboxHealth(
+        ok=True,
+        backend="bwrap",
+        mode=backend.mode,
+        reason=health_note(mode, abi),
+        network="namespace",
+    )
+
+
+def health_note(mode: LinuxMode, abi: int) -> str | None:
+    """What a working Linux sandbox does not do here: tmpfs hides more, no Landlock nests tools."""
     notes = [TMPFS_NOTE] if mode is LinuxMode.TMPFS else []
     if abi == 0:
         notes.append(NO_TOOL_DOMAIN_NOTE)
-    note = "; ".join(notes) or None
-    return backend, SandboxHealth(
-        ok=True, backend="bwrap", mode=backend.mode, reason=note, network="namespace"
-    )
+    return "; ".join(notes) or None
