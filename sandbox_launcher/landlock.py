@@ -23,6 +23,10 @@ path: it imports only built-in modules (``posix``, ``_ctypes``; no ``os``,
 each directory once with ``scandir`` (no ``lstat`` per entry), and is loaded
 from its cached bytecode (a script run as ``__main__`` would be compiled on
 every start). The launcher also imports it for `abi()`.
+
+With `--tool-shell MODE ARGS…` it is every sandbox's `$SHELL` instead
+(`sandbox_launcher.tool_shell`): it nests a Landlock domain for the tool
+below the engine's and execs `bash ARGS…` (`tool_shell`).
 """
 
 import _ctypes
