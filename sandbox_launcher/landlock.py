@@ -322,6 +322,9 @@ TOOL_DOMAIN_MARKER = b"CREW_TOOL_DOMAIN"
 TOOL_SHELL = "bash"  # what OpenCode itself picks when $SHELL is unset
 FALLBACK_SHELL = "/bin/sh"  # … and when there is no bash on PATH
 TOOL_SHELL_MODES = ("hybrid", "tmpfs")
+# A warm server's password (`schema.SERVER_PASSWORD_KEY`): with it a tool could drive
+# its server's HTTP API (its config, its sessions, the commands it runs).
+ENGINE_ONLY_VARIABLES = (b"OPENCODE_SERVER_PASSWORD",)
 
 
 def nest_tool_domain(outer_handles_files: bool) -> None:
@@ -353,7 +356,9 @@ def tool_shell(argv: list[str]) -> int:
     """`--tool-shell MODE ARGS…`: nest a tool domain (once per tool), then exec `bash ARGS…`.
 
     Every Linux sandbox's `$SHELL` (`sandbox_launcher.tool_shell`) runs this, so
-    each bash tool call OpenCode makes (`$SHELL -c COMMAND`) starts here.
+    each bash tool call OpenCode makes (`$SHELL -c COMMAND`) starts here. The
+    engine's own credentials (`ENGINE_ONLY_VARIABLES`) do not reach the tool:
+    its domain keeps it out of the engine's `/proc/<pid>/environ` as well.
     """
     if not argv or argv[0] not in TOOL_SHELL_MODES:
         sys.stderr.write(f"crew-tool-shell: expected hybrid or tmpfs, got {argv[:1]}\n")
@@ -366,6 +371,8 @@ def tool_shell(argv: list[str]) -> int:
             sys.stderr.write(f"crew-tool-shell: {exc}; the command was not started\n")
             return EXIT_SETUP_FAILED
         posix.putenv(TOOL_DOMAIN_MARKER, b"1")
+    for name in ENGINE_ONLY_VARIABLES:
+        posix.unsetenv(name)
     try:
         _exec([TOOL_SHELL, *args])
     except FileNotFoundError:

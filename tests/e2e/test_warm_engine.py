@@ -50,7 +50,8 @@ SCRIPT = {
             "reply": {
                 "bash": "echo engine=$(tr '\\0' ' ' < /proc/$PPID/cmdline | cut -d' ' -f2); "
                 "(exec 3<>/proc/$PPID/mem) 2>&1 | sed 's/.*: //'; "
-                "kill -0 $PPID 2>&1 | sed 's/.*- //'"
+                "kill -0 $PPID 2>&1 | sed 's/.*- //'; "
+                "echo password=${OPENCODE_SERVER_PASSWORD:+set}"
             },
         },
         {
@@ -256,10 +257,11 @@ async def test_a_tool_cannot_rewrite_or_signal_its_engine(model: ScriptedModel) 
             record = await rig.turn(kind, f"{kind}1", "PROCMEM")
             assert record.result.status == "succeeded", record.result.failure
             [tool] = [e for e in record.events if e.type == "tool_use"]
-            assert tool.data["output"].split("\n")[:3] == [
+            assert tool.data["output"].split("\n")[:4] == [
                 f"engine={subcommand}",
                 "Permission denied",  # open("/proc/<engine>/mem", O_RDWR)
                 "Operation not permitted",  # kill -0: Landlock's signal scope
+                "password=",  # a warm server's password stays the server's
             ], tool.data["output"]
             # The turn still answered after its tool result.
             assert [e.data.get("text") for e in record.events if e.type == "text"] == ["done"]

@@ -238,8 +238,9 @@ def tool(command, **kwargs):
     return subprocess.Popen([shell, "-c", command], **kwargs)
 
 
+# A warm server's password is in its environment, so in what it gives its tools.
 done = tool(f"exec {sys.executable} -I {cfg['tool']} {os.getpid()}", stdout=subprocess.PIPE,
-            text=True)
+            text=True, env={**os.environ, "OPENCODE_SERVER_PASSWORD": "secret-of-the-engine"})
 print(done.communicate()[0], flush=True)  # the tool's own checks, one JSON line each
 report("tool_exit", done.returncode == 0, done.returncode)
 # positive controls: the engine can still read, kill and wait for a tool of its own
@@ -256,7 +257,7 @@ report("engine_kills_and_waits_tool", sleeper.wait() == -signal.SIGKILL, sleeper
 
 # The "tool": run by the engine through the tool shell, given the engine's pid.
 TOOL_PROBE = r"""
-import ctypes, json, os, subprocess, sys
+import ctypes, errno, json, os, subprocess, sys
 
 engine = int(sys.argv[1])
 work = os.getcwd()
@@ -298,6 +299,13 @@ def ptrace_engine():
     return "attached"
 
 
+def engine_password():
+    value = os.environ.get("OPENCODE_SERVER_PASSWORD")
+    if value is None:
+        raise OSError(errno.ENOENT, "not in the tool's environment")
+    return value
+
+
 def rename_across_dirs():
     os.makedirs("from", exist_ok=True)
     os.makedirs("to", exist_ok=True)
@@ -332,6 +340,7 @@ attempt("engine_mem_write", write_engine_mem)
 attempt("engine_environ", read_engine_environ)
 attempt("engine_ptrace", ptrace_engine)
 attempt("engine_signal", lambda: os.kill(engine, 0))
+attempt("engine_password", engine_password)
 # positive controls: the tool's own work
 attempt("work_write", lambda: open(os.path.join(work, "t.txt"), "w").write("t"))
 attempt("rename_across_dirs", rename_across_dirs)
@@ -350,6 +359,7 @@ TOOL_CASES: dict[str, tuple[str, tuple[int, ...] | None]] = {
     ),
     "engine_environ": ("landlock.rst: ptrace restrictions (PTRACE_MODE_READ)", (errno.EACCES,)),
     "engine_ptrace": ("landlock.rst: ptrace restrictions (and our seccomp)", (errno.EPERM,)),
+    "engine_password": ("warm-engine.md: the server's password drives its API", (errno.ENOENT,)),
     "work_write": ("positive control: the tool writes its work dir", None),
     "rename_across_dirs": ("landlock.rst: REFER, a nested layer must not deny it", None),
     "git": ("positive control: git init, add, commit", None),

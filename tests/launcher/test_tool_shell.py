@@ -12,6 +12,7 @@ import pytest
 from sandbox_launcher import landlock, landlock_exec
 from sandbox_launcher.backend import NO_TOOL_DOMAIN_NOTE, TMPFS_NOTE, health_note
 from sandbox_launcher.bwrap import LinuxMode, bwrap_argv
+from sandbox_launcher.schema import SERVER_PASSWORD_KEY
 from sandbox_launcher.tool_shell import tool_shell_path, tool_shell_script, write_tool_shells
 from tests.launcher.helpers import PYTHON
 from tests.launcher.test_argv import CMD, TOOLS, policy
@@ -102,3 +103,14 @@ def test_the_tool_shell_refuses_an_unknown_mode_and_runs_nothing() -> None:
     done = _tool_shell("paranoid", "echo RAN")
     assert done.returncode == landlock.EXIT_SETUP_FAILED
     assert "RAN" not in done.stdout and "expected hybrid or tmpfs" in done.stderr
+
+
+def test_the_engines_password_does_not_reach_the_tool() -> None:
+    # With it a tool could drive its warm server's API (a `shell`, an MCP command).
+    assert (SERVER_PASSWORD_KEY.encode(),) == landlock.ENGINE_ONLY_VARIABLES
+    done = _tool_shell(
+        "tmpfs",
+        'echo "${OPENCODE_SERVER_PASSWORD-unset}"',
+        **{SERVER_PASSWORD_KEY: "secret-of-the-server"},
+    )
+    assert (done.returncode, done.stdout) == (0, "unset\n"), done.stderr
