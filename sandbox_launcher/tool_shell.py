@@ -18,7 +18,8 @@ they cannot reach it.
 
 The scripts are written by the launcher at start below the crew home (hidden
 in the sandbox but for them), into a directory named by their content, so
-launchers with different interpreters never overwrite each other's.
+launchers with different interpreters never overwrite each other's (a
+directory an older interpreter's launcher wrote stays, a few hundred bytes).
 """
 
 from __future__ import annotations
