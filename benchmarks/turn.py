@@ -86,6 +86,7 @@ from sandbox_launcher.backend import Backend, open_backend  # noqa: E402
 from sandbox_launcher.launcher import Launcher, LauncherConfig  # noqa: E402
 from sandbox_launcher.network import NetworkPlan  # noqa: E402
 from sandbox_launcher.schema import EngineArgs, RunRequest  # noqa: E402
+from sandbox_launcher.tool_shell import tool_shell_base  # noqa: E402
 
 MODEL = "local/scripted"
 
@@ -211,7 +212,8 @@ def hand_run(stack: LocalStack, agent_id: str, turn_input: str, session: str) ->
         base_path=os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
         lang=os.environ.get("LANG", "C.UTF-8"),
     )
-    backend, health = open_backend(None)
+    # The tool shell as a managed turn gets it (each tool in its own Landlock domain).
+    backend, health = open_backend(None, tool_shell_base=tool_shell_base(crew_home))
     if backend is None:
         raise SystemExit(f"no sandbox here: {health.reason}")
     launcher = Launcher(

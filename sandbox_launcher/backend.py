@@ -13,6 +13,7 @@ import dataclasses
 import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal, Protocol
 
 from sandbox_launcher import landlock
@@ -38,11 +39,27 @@ from sandbox_launcher.network import (
 from sandbox_launcher.policy import SandboxPolicy
 from sandbox_launcher.schema import SandboxHealth
 from sandbox_launcher.seatbelt import SANDBOX_EXEC, seatbelt_argv
+from sandbox_launcher.tool_shell import write_tool_shells
 
 TMPFS_NOTE = (
     "tmpfs mode: files in $HOME outside the allowlist are hidden entirely "
     "(stat and ls cannot see them either)"
 )
+
+
+NO_TOOL_DOMAIN_NOTE = (
+    "no Landlock in this kernel (Linux 5.13+ has it): an agent's tools share the engine's "
+    "domain and could rewrite the engine process through /proc (docs/warm-engine.md)"
+)
+
+
+def with_tool_shells(tools: BwrapTools, base: Path) -> BwrapTools:
+    """`tools` with the tool shells written below `base` and made readable in every sandbox."""
+    try:
+        shells = write_tool_shells(base, tools.python, tools.helper)
+    except OSError as exc:
+        raise SandboxUnavailable(f"cannot write the tool shell below {base}: {exc}") from exc
+    return dataclasses.replace(tools, tool_shells=shells)
 
 
 class Backend(Protocol):
@@ -102,11 +119,15 @@ class SeatbeltBackend:
 
 
 def open_backend(
-    requested: LinuxMode | None, limits: TurnLimits | None = None
+    requested: LinuxMode | None,
+    limits: TurnLimits | None = None,
+    tool_shell_base: Path | None = None,
 ) -> tuple[Backend | None, SandboxHealth]:
     """Find and preflight this platform's backend. The health is not final: the self-test follows.
 
     `limits`: the per-run process cap (RLIMIT_NPROC) and `/dev/shm` size go into bwrap's argv.
+    `tool_shell_base`: a directory of the caller's where the tool shells are written
+    (`sandbox_launcher.tool_shell`); None leaves the sandboxes without `$SHELL`.
     """
     if sys.platform == "darwin":
         if not os.access(SANDBOX_EXEC, os.X_OK):
@@ -125,7 +146,10 @@ def open_backend(
         reason = preflight(tools)
         if reason is not None:
             raise SandboxUnavailable(reason)
-        mode = choose_mode(requested, landlock.abi())
+        abi = landlock.abi()
+        mode = choose_mode(requested, abi)
+        if tool_shell_base is not None and abi > 0:
+            tools = with_tool_shells(tools, tool_shell_base)
         # Without its own network namespace an agent could squat the crew server's
         # port and receive the Computer's token: refuse rather than run (README).
         pasta = find_pasta()
@@ -134,7 +158,18 @@ def open_backend(
     except SandboxUnavailable as exc:
         return None, SandboxHealth(ok=False, backend="bwrap", reason=str(exc))
     backend = BwrapBackend(tools, mode, pasta)
-    note = TMPFS_NOTE if mode is LinuxMode.TMPFS else None
     return backend, SandboxHealth(
-        ok=True, backend="bwrap", mode=backend.mode, reason=note, network="namespace"
+        ok=True,
+        backend="bwrap",
+        mode=backend.mode,
+        reason=health_note(mode, abi),
+        network="namespace",
     )
+
+
+def health_note(mode: LinuxMode, abi: int) -> str | None:
+    """What a working Linux sandbox does not do here: tmpfs hides more, no Landlock nests tools."""
+    notes = [TMPFS_NOTE] if mode is LinuxMode.TMPFS else []
+    if abi == 0:
+        notes.append(NO_TOOL_DOMAIN_NOTE)
+    return "; ".join(notes) or None

@@ -40,6 +40,9 @@ Against the escapes of issue 12:
   queues of the host.
 - Our helper (`landlock_exec.py`) runs in both modes: rlimits (a process
   cap per run) and seccomp in both, Landlock in hybrid.
+- `$SHELL` is the tool shell (`sandbox_launcher.tool_shell`): every tool the
+  engine starts through it gets a Landlock domain nested in the engine's, so
+  no tool can open the engine's `/proc/<pid>/mem`, ptrace or signal it.
 """
 
 from __future__ import annotations
@@ -52,8 +55,10 @@ from enum import StrEnum
 from pathlib import Path
 
 from sandbox_launcher import landlock_exec
+from sandbox_launcher.landlock import TOOL_DOMAIN_MARKER
 from sandbox_launcher.paths import is_inside
 from sandbox_launcher.policy import SandboxPolicy
+from sandbox_launcher.tool_shell import tool_shell_path
 
 # Fixed places only: a bwrap found through PATH or the cwd could be anyone's.
 BWRAP_CANDIDATES = ("/usr/bin/bwrap", "/bin/bwrap", "/usr/local/bin/bwrap")
@@ -118,6 +123,9 @@ class BwrapTools:
     socket_files: tuple[Path, ...] = ()  # … and single sockets
     nproc: int = NPROC_LIMIT  # tests use a small one
     shm_bytes: int = DEV_SHM_BYTES  # the size of the run's /dev/shm (limits.TurnLimits)
+    # The tool shells (`sandbox_launcher.tool_shell`): each sandbox's $SHELL. None: no
+    # $SHELL, so tools share the engine's Landlock domain (a kernel without Landlock).
+    tool_shells: Path | None = None
 
 
 def _find(candidates: tuple[str, ...], what: str, hint: str) -> str:
@@ -247,7 +255,7 @@ def bwrap_argv(
         argv += ["--ro-bind", "/dev/null", str(alias)]
     # The helper's interpreter and package, wherever they are hidden; never one
     # that would bring a whole deny root back.
-    support = [p for p in tools.support_dirs if not any(is_inside(r, p) for r in deny)]
+    support = [p for p in _support_dirs(tools) if not any(is_inside(r, p) for r in deny)]
     if mode is LinuxMode.TMPFS:
         for root in deny:
             argv += ["--tmpfs", str(root)]
@@ -274,6 +282,7 @@ def bwrap_argv(
     for place in [*socket_dirs, *alias_dirs]:
         argv += ["--remount-ro", str(place)]
     argv += ["--remount-ro", "/dev"]
+    argv += tool_shell_args(tools, mode)
     argv += ["--chdir", str(policy.work_dir), "--", tools.env, "--default-signal=INT"]
     argv += [tools.python, "-I", "-S", tools.helper, "--seccomp", "--nproc", str(tools.nproc)]
     if mode is LinuxMode.HYBRID:
@@ -284,8 +293,30 @@ def bwrap_argv(
                 argv += ["--ro", str(path)]
         for path in policy.writable_dirs:
             argv += ["--rw", str(path)]
+        if tools.tool_shells is not None:
+            # The tool shell runs inside the engine's domain: its interpreter must be readable.
+            for path in support:
+                if any(is_inside(path, root) for root in deny):
+                    argv += ["--ro", str(path)]
     argv.append("--")
     return argv + command
+
+
+def _support_dirs(tools: BwrapTools) -> list[Path]:
+    """What the helper and the tool shell need inside: interpreter, package, the shells."""
+    shells = [tools.tool_shells] if tools.tool_shells is not None else []
+    return [*tools.support_dirs, *shells]
+
+
+def tool_shell_args(tools: BwrapTools, mode: LinuxMode) -> list[str]:
+    """`$SHELL` = the tool shell of `mode`, so every tool gets a Landlock domain of its own.
+
+    The marker that says "already nested" never reaches an engine: its tools would not nest.
+    """
+    if tools.tool_shells is None:
+        return []
+    shell = tool_shell_path(tools.tool_shells, mode.value)
+    return ["--unsetenv", TOOL_DOMAIN_MARKER.decode(), "--setenv", "SHELL", str(shell)]
 
 
 def git_guard_args(policy: SandboxPolicy) -> list[str]:

@@ -23,6 +23,10 @@ path: it imports only built-in modules (``posix``, ``_ctypes``; no ``os``,
 each directory once with ``scandir`` (no ``lstat`` per entry), and is loaded
 from its cached bytecode (a script run as ``__main__`` would be compiled on
 every start). The launcher also imports it for `abi()`.
+
+With `--tool-shell MODE ARGS…` it is every sandbox's `$SHELL` instead
+(`sandbox_launcher.tool_shell`): it nests a Landlock domain for the tool
+below the engine's and execs `bash ARGS…` (`tool_shell`).
 """
 
 import _ctypes
@@ -174,6 +178,7 @@ class _Ruleset:
         if fd < 0:
             raise LandlockError(f"landlock_create_ruleset failed: {errno_text()}")
         self.fd = fd
+        self.handled = handled
 
     def allow(self, path: str, *, required: bool, is_dir: bool | None = None) -> None:
         """Grant reads below `path`; `is_dir` when the caller already knows (else fstat)."""
@@ -188,7 +193,7 @@ class _Ruleset:
                 is_dir = posix.fstat(fd).st_mode & _S_IFMT == _S_IFDIR
             # REFER only exists on directories; files get READ_FILE alone. Writes
             # stay bwrap's business, so REFER on read-only dirs grants nothing.
-            access = (READ_FILE | REFER) if is_dir else READ_FILE
+            access = ((READ_FILE | REFER) if is_dir else READ_FILE) & self.handled
             # struct landlock_path_beneath_attr is packed: u64 access, s32 fd (12 bytes).
             rule = _u64(access) + fd.to_bytes(4, sys.byteorder, signed=True)
             rc = libc_call("syscall", _SYS_ADD_RULE, self.fd, _RULE_PATH_BENEATH, rule, 0)
@@ -308,6 +313,80 @@ def _exec(command: list[str]) -> None:
     raise first_error or last_error
 
 
+# ---- the tool shell: each tool in a Landlock domain nested in the engine's ----
+
+# Set in a tool's environment once it has its own domain: a `$SHELL -c` the tool
+# runs itself stays in that domain (Landlock allows at most 16 layers). Never
+# in an engine's environment: the launcher builds that one and unsets it.
+TOOL_DOMAIN_MARKER = b"CREW_TOOL_DOMAIN"
+TOOL_SHELL = "bash"  # what OpenCode itself picks when $SHELL is unset
+FALLBACK_SHELL = "/bin/sh"  # … and when there is no bash on PATH
+TOOL_SHELL_MODES = ("hybrid", "tmpfs")
+# A warm server's password (`schema.SERVER_PASSWORD_KEY`): with it a tool could drive
+# its server's HTTP API (its config, its sessions, the commands it runs).
+ENGINE_ONLY_VARIABLES = (b"OPENCODE_SERVER_PASSWORD",)
+
+
+def nest_tool_domain(outer_handles_files: bool) -> None:
+    """Put this process in a new Landlock domain below its current one, restricting no file.
+
+    Landlock lets a process ptrace, open `/proc/<pid>/mem` of, or (scoped, ABI
+    ≥ 6) signal only processes in its own domain or one nested below it: a tool
+    in such a domain cannot reach the engine that started it, while the engine
+    can still kill and wait for its tools. The layer must match the engine's:
+    every layer that handles file access denies cross-directory renames unless
+    it grants REFER, a layer that handles none adds no such check. So below a
+    file-handling domain (hybrid) it handles READ_FILE and REFER and grants
+    both on `/`; below a scopes-only domain or none (tmpfs) it only scopes
+    when the ABI can, else it is the same whole-tree grant.
+    """
+    version = abi()
+    if version == 0:
+        return  # no Landlock here: nothing to nest in (the launcher's health says so)
+    scoped = scopes(version)
+    if scoped and not outer_handles_files:
+        _Ruleset(0, scoped).restrict_self()
+        return
+    ruleset = _Ruleset(READ_FILE | (REFER if version >= 2 else 0), scoped)
+    ruleset.allow("/", required=True, is_dir=True)
+    ruleset.restrict_self()
+
+
+def tool_shell(argv: list[str]) -> int:
+    """`--tool-shell MODE ARGS…`: nest a tool domain (once per tool), then exec `bash ARGS…`.
+
+    Every Linux sandbox's `$SHELL` (`sandbox_launcher.tool_shell`) runs this, so
+    each bash tool call OpenCode makes (`$SHELL -c COMMAND`) starts here. The
+    engine's own credentials (`ENGINE_ONLY_VARIABLES`) do not reach the tool:
+    its domain keeps it out of the engine's `/proc/<pid>/environ` as well.
+    """
+    if not argv or argv[0] not in TOOL_SHELL_MODES:
+        sys.stderr.write(f"crew-tool-shell: expected hybrid or tmpfs, got {argv[:1]}\n")
+        return EXIT_SETUP_FAILED
+    mode, args = argv[0], argv[1:]
+    if posix.environ.get(TOOL_DOMAIN_MARKER) is None:
+        try:
+            nest_tool_domain(outer_handles_files=mode == "hybrid")
+        except SetupError as exc:
+            sys.stderr.write(f"crew-tool-shell: {exc}; the command was not started\n")
+            return EXIT_SETUP_FAILED
+        posix.putenv(TOOL_DOMAIN_MARKER, b"1")
+    for name in ENGINE_ONLY_VARIABLES:
+        posix.unsetenv(name)
+    try:
+        _exec([TOOL_SHELL, *args])
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        sys.stderr.write(f"crew-tool-shell: cannot run {TOOL_SHELL}: {exc.strerror}\n")
+        return EXIT_SETUP_FAILED
+    try:
+        posix.execv(FALLBACK_SHELL, [FALLBACK_SHELL, *args])
+    except OSError as exc:
+        sys.stderr.write(f"crew-tool-shell: cannot run {FALLBACK_SHELL}: {exc.strerror}\n")
+    return EXIT_SETUP_FAILED
+
+
 def main(argv: list[str]) -> int:
     """Confine this process as asked and exec the command; returns only on failure.
 
@@ -319,6 +398,8 @@ def main(argv: list[str]) -> int:
     one), so it caps this run's processes and threads, not the user's; the
     kernel exempts uid 0 from it. No core dumps: a crash writes nothing.
     """
+    if argv[:1] == ["--tool-shell"]:
+        return tool_shell(argv[1:])
     try:
         plan = parse_args(argv)
         if plan.seccomp:

@@ -23,6 +23,7 @@ from sandbox_launcher.network import NetworkPlan, NetworkUnavailable
 from sandbox_launcher.paths import PathRefused, resolved_dir
 from sandbox_launcher.policy import SandboxPolicy, check_read_dir
 from sandbox_launcher.selftest import self_test
+from sandbox_launcher.tool_shell import tool_shell_base
 from sandbox_launcher.toolchains import toolchain_roots
 
 CLEANUP_GRACE_S = 2.0
@@ -110,7 +111,7 @@ def run_sandboxed(
     except (PathRefused, OSError) as exc:
         sys.stderr.write(f"crew-launcher sandbox: {exc}\n")
         return 2
-    backend, health = open_backend(mode)
+    backend, health = open_backend(mode, tool_shell_base=tool_shell_base(crew_home))
     reason = health.reason if backend is None else self_test(backend, home, crew_home)
     if backend is None or reason is not None:
         sys.stderr.write(f"crew-launcher sandbox: sandbox unavailable: {reason}\n")

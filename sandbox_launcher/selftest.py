@@ -6,7 +6,9 @@ the sandbox really started (it echoes a random nonce), an allowed write
 works, and denied writes (one in `$HOME`, one in a world-writable place
 outside the allowlist: `/var/tmp`) and a denied read (a canary below the
 crew home, and one in `$HOME` when the crew home lies elsewhere) all fail.
-On Linux also (issue 12): writing a sysctl with its own value fails, and
+On Linux also: a tool started through the sandbox's `$SHELL` (the tool
+shell) runs, and cannot open `/proc/<its parent>/mem`; (issue 12) writing a
+sysctl with its own value fails, and
 live Unix sockets of the host (one in `$HOME`, one in `/run/user/<uid>`
 when it exists) cannot be connected to, and neither can a port listening on
 the host's 127.0.0.1 that the run did not forward (its own network namespace).
@@ -54,6 +56,10 @@ if [ -n "$sysctl" ]; then
   value=$(cat "$sysctl") || exit 15
   ( printf '%s\n' "$value" > "$sysctl" ) 2>/dev/null && exit 13
 fi
+if [ -n "$SHELL" ]; then
+  "$SHELL" -c 'exit 0' || exit 18
+  "$SHELL" -c 'exec 3<>"/proc/$PPID/mem"' 2>/dev/null && exit 19
+fi
 python="$6"
 shift 6
 if [ -n "$python" ] && [ "$#" -gt 0 ]; then
@@ -93,6 +99,8 @@ _FAILURES = {
     15: "a sysctl could not be read",
     16: "the Unix socket probe could not run (the interpreter is not usable inside)",
     17: "a host loopback port that is not forwarded was reachable (no network namespace)",
+    18: "the tool shell ($SHELL) could not run a command (sandbox_launcher.tool_shell)",
+    19: "a tool could open the memory of the process that started it (no nested Landlock domain)",
 }
 SYSCTL = Path("/proc/sys/kernel/core_pattern")
 MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes

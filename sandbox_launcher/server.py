@@ -36,6 +36,7 @@ from sandbox_launcher.launcher import (
 from sandbox_launcher.limits import MIB, TurnLimits, find_cgroup_parents
 from sandbox_launcher.schema import EngineHealth, SandboxHealth
 from sandbox_launcher.selftest import self_test
+from sandbox_launcher.tool_shell import tool_shell_base
 from sandbox_launcher.toolchains import read_only_roots, toolchain_roots
 
 log = logging.getLogger(__name__)
@@ -152,7 +153,7 @@ def build_launcher(
     engine_path = find_opencode(opencode)
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
         version = pool.submit(engine_version, engine_path) if engine_path else None
-        backend, health = open_backend(mode, limits)
+        backend, health = open_backend(mode, limits, tool_shell_base(crew_home))
         if backend is not None:
             reason = self_test(backend, home, crew_home)
             if reason is not None:

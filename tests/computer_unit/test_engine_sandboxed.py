@@ -41,6 +41,9 @@ async def test_ok_turn_exact_env_in_the_sandbox(rig: Rig) -> None:
     assert json.loads(env.pop("OPENCODE_AUTH_CONTENT")) == AUTH
     assert json.loads(env.pop("OPENCODE_CONFIG_CONTENT"))["model"] == "local/scripted"
     p = rig.paths
+    # The sandbox's own: the launcher's tool shell (sandbox_launcher/tool_shell.py).
+    shell = env.pop("SHELL")
+    assert shell.startswith(f"{p.crew_home}/tool-shell/") and shell.endswith("/bash"), shell
     assert env == {
         "PATH": f"{rig.run.bin_dir}:{BASE_PATH}",
         "LANG": "C.UTF-8",

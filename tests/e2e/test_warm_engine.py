@@ -45,6 +45,16 @@ SCRIPT = {
             },
         },
         {
+            # The engine is the tool's parent ($PPID); its memory and signals are out of reach.
+            "match": "PROCMEM",
+            "reply": {
+                "bash": "echo engine=$(tr '\\0' ' ' < /proc/$PPID/cmdline | cut -d' ' -f2); "
+                "(exec 3<>/proc/$PPID/mem) 2>&1 | sed 's/.*: //'; "
+                "kill -0 $PPID 2>&1 | sed 's/.*- //'; "
+                "echo password=${OPENCODE_SERVER_PASSWORD:+set}"
+            },
+        },
+        {
             "match": "HOSTILE",
             "reply": {
                 "bash": "(setsid sleep 300 >/dev/null 2>&1 &) ; "
@@ -236,3 +246,26 @@ def _gone(pid: int) -> bool:
             return f.read().split(b") ")[1][:1] in (b"Z", b"X")
     except OSError:
         return True
+
+
+@pytest.mark.timeout(300)
+async def test_a_tool_cannot_rewrite_or_signal_its_engine(model: ScriptedModel) -> None:
+    """docs/warm-engine.md: each tool runs in a Landlock domain nested in the engine's."""
+    async with EngineRig(model, OPENCODE) as rig:
+        for kind, subcommand in (("warm", "serve"), ("cold", "run")):
+            rig.agent(f"{kind}1")
+            record = await rig.turn(kind, f"{kind}1", "PROCMEM")
+            assert record.result.status == "succeeded", record.result.failure
+            [tool] = [e for e in record.events if e.type == "tool_use"]
+            assert tool.data["output"].split("\n")[:4] == [
+                f"engine={subcommand}",
+                "Permission denied",  # open("/proc/<engine>/mem", O_RDWR)
+                "Operation not permitted",  # kill -0: Landlock's signal scope
+                "password=",  # a warm server's password stays the server's
+            ], tool.data["output"]
+            # The turn still answered after its tool result.
+            assert [e.data.get("text") for e in record.events if e.type == "text"] == ["done"]
+        server = rig.warm.pool.servers["warm1"]
+        again = await rig.turn("warm", "warm1", "TRIVIAL")
+        assert again.result.status == "succeeded"
+        assert rig.warm.pool.servers["warm1"] is server

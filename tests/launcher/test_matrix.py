@@ -19,12 +19,17 @@ Sources of the cases below, each named in `CASES`:
 - codex: openai/codex `codex-rs/linux-sandbox/tests/suite/landlock.rs`
 - bwrap: containers/bubblewrap `tests/test-run.sh`
 - issue12: this project's issue 12 (Landlock scopes, positive controls)
+- landlock.rst: the kernel's Documentation/userspace-api/landlock.rst
+  (ptrace restrictions, scopes, REFER)
+- warm-engine.md: docs/warm-engine.md (a tool rewriting its engine)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
@@ -32,6 +37,7 @@ from typing import Any
 import pytest
 
 from sandbox_launcher import landlock
+from sandbox_launcher.backend import with_tool_shells
 from sandbox_launcher.bwrap import LinuxMode
 from tests.launcher.test_escapes import Sandbox, sandbox  # noqa: F401 - the fixture
 
@@ -211,3 +217,185 @@ def test_the_hostile_matrix(mode: LinuxMode, sandbox: Sandbox) -> None:  # noqa:
             assert results[name].get("errno") == errno.EPERM, (
                 f"{name} was NOT denied: {results[name]}"
             )
+
+
+# ---- tools against their engine (docs/warm-engine.md, "Tools cannot reach the engine") ----
+
+# The "engine": starts each tool as OpenCode 1.18 does, `$SHELL -c COMMAND` (bash
+# when $SHELL is unset), and afterwards checks it still governs its tools.
+ENGINE_PROBE = r"""
+import json, os, shutil, signal, subprocess, sys, time
+
+cfg = json.loads(sys.argv[1])
+shell = os.environ.get("SHELL") or shutil.which("bash")
+
+
+def report(name, worked, detail):
+    print(json.dumps({"check": name, "worked": worked, "result": detail}), flush=True)
+
+
+def tool(command, **kwargs):
+    return subprocess.Popen([shell, "-c", command], **kwargs)
+
+
+# A warm server's password is in its environment, so in what it gives its tools.
+done = tool(f"exec {sys.executable} -I {cfg['tool']} {os.getpid()}", stdout=subprocess.PIPE,
+            text=True, env={**os.environ, "OPENCODE_SERVER_PASSWORD": "secret-of-the-engine"})
+print(done.communicate()[0], flush=True)  # the tool's own checks, one JSON line each
+report("tool_exit", done.returncode == 0, done.returncode)
+# positive controls: the engine can still read, kill and wait for a tool of its own
+sleeper = tool("exec sleep 60")
+time.sleep(0.2)  # the tool shell has exec'd sleep (or not: /proc/<pid>/mem is the same process)
+try:
+    with open(f"/proc/{sleeper.pid}/mem", "rb"):
+        report("engine_opens_tool_mem", True, sleeper.pid)
+except OSError as exc:
+    report("engine_opens_tool_mem", False, str(exc))
+sleeper.kill()
+report("engine_kills_and_waits_tool", sleeper.wait() == -signal.SIGKILL, sleeper.returncode)
+"""
+
+# The "tool": run by the engine through the tool shell, given the engine's pid.
+TOOL_PROBE = r"""
+import ctypes, errno, json, os, subprocess, sys
+
+engine = int(sys.argv[1])
+work = os.getcwd()
+libc = ctypes.CDLL(None, use_errno=True)
+
+
+def attempt(name, action):
+    try:
+        result = action()
+    except OSError as exc:
+        print(json.dumps({"check": name, "worked": False, "errno": exc.errno,
+                          "error": str(exc)}), flush=True)
+        return
+    print(json.dumps({"check": name, "worked": True, "result": repr(result)[:300]}), flush=True)
+
+
+def run(*argv):
+    done = subprocess.run(list(argv), capture_output=True, text=True)
+    if done.returncode != 0:
+        raise OSError(0, f"{argv[0]}: {done.returncode} {done.stderr.strip()[:200]}")
+    return done.stdout.strip()
+
+
+def write_engine_mem():
+    with open(f"/proc/{engine}/mem", "r+b") as f:
+        return f.fileno()
+
+
+def read_engine_environ():
+    with open(f"/proc/{engine}/environ", "rb") as f:
+        return len(f.read())
+
+
+def ptrace_engine():
+    if libc.ptrace(16, engine, None, None) != 0:  # PTRACE_ATTACH
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    libc.ptrace(17, engine, None, None)  # PTRACE_DETACH: a failing test must not hang
+    return "attached"
+
+
+def engine_password():
+    value = os.environ.get("OPENCODE_SERVER_PASSWORD")
+    if value is None:
+        raise OSError(errno.ENOENT, "not in the tool's environment")
+    return value
+
+
+def rename_across_dirs():
+    os.makedirs("from", exist_ok=True)
+    os.makedirs("to", exist_ok=True)
+    with open("from/f", "w") as f:
+        f.write("f")
+    os.rename("from/f", "to/f")
+    return open("to/f").read()
+
+
+def git_commit():
+    run("git", "init", "-q", "repo")
+    with open("repo/a.txt", "w") as f:
+        f.write("a\n")
+    run("git", "-C", "repo", "add", "a.txt")
+    run("git", "-C", "repo", "-c", "user.email=a@b", "-c", "user.name=a", "commit", "-qm", "x")
+    return run("git", "-C", "repo", "log", "--oneline")
+
+
+def own_child_mem():
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        with open(f"/proc/{child.pid}/mem", "rb"):
+            return child.pid
+    finally:
+        child.kill()
+        child.wait()
+
+
+# attacks on the engine
+attempt("engine_is_parent", lambda: os.getppid() == engine or os.getppid())
+attempt("engine_mem_write", write_engine_mem)
+attempt("engine_environ", read_engine_environ)
+attempt("engine_ptrace", ptrace_engine)
+attempt("engine_signal", lambda: os.kill(engine, 0))
+attempt("engine_password", engine_password)
+# positive controls: the tool's own work
+attempt("work_write", lambda: open(os.path.join(work, "t.txt"), "w").write("t"))
+attempt("rename_across_dirs", rename_across_dirs)
+attempt("git", git_commit)
+attempt("python", lambda: run(sys.executable, "-c", "print(6 * 7)"))
+attempt("kill_own_job", lambda: run("bash", "-c", "sleep 30 & kill %1; wait %1; echo $?"))
+attempt("own_child_mem", own_child_mem)
+attempt("nested_shell", lambda: run(os.environ.get("SHELL", "bash"), "-c", "echo nested"))
+"""
+
+# name → (source, expected): "denied" with errnos, or "worked" (None).
+TOOL_CASES: dict[str, tuple[str, tuple[int, ...] | None]] = {
+    "engine_mem_write": (
+        "warm-engine.md: a tool rewriting its engine through /proc/<pid>/mem",
+        (errno.EACCES, errno.EPERM),
+    ),
+    "engine_environ": ("landlock.rst: ptrace restrictions (PTRACE_MODE_READ)", (errno.EACCES,)),
+    "engine_ptrace": ("landlock.rst: ptrace restrictions (and our seccomp)", (errno.EPERM,)),
+    "engine_password": ("warm-engine.md: the server's password drives its API", (errno.ENOENT,)),
+    "work_write": ("positive control: the tool writes its work dir", None),
+    "rename_across_dirs": ("landlock.rst: REFER, a nested layer must not deny it", None),
+    "git": ("positive control: git init, add, commit", None),
+    "python": ("positive control: python", None),
+    "kill_own_job": ("issue12: positive control, `kill %1` of its own job", None),
+    "own_child_mem": ("landlock.rst: a domain reaches its own descendants", None),
+    "nested_shell": ("positive control: a tool's own `$SHELL -c`", None),
+    "tool_exit": ("positive control: the tool shell ran the tool", None),
+    "engine_opens_tool_mem": ("landlock.rst: a parent domain reaches a nested one", None),
+    "engine_kills_and_waits_tool": ("positive control: OpenCode stops its tools", None),
+}
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("mode", list(LinuxMode))
+def test_tools_cannot_reach_their_engine(mode: LinuxMode, sandbox: Sandbox) -> None:  # noqa: F811
+    """A tool started through `$SHELL -c` cannot write its engine's memory, trace or signal it."""
+    shells = Path(tempfile.mkdtemp(prefix="tool-shell-", dir=sandbox.home.parent))
+    shells.chmod(0o755)
+    box = dataclasses.replace(sandbox, tools=with_tool_shells(sandbox.tools, shells))
+    policy = box.policy
+    (policy.agent_dir / "probe.py").write_text(ENGINE_PROBE)
+    (policy.agent_dir / "tool.py").write_text(TOOL_PROBE)
+    results = box.probe(mode, {"tool": str(policy.agent_dir / "tool.py")})
+
+    # The tool really is the engine's child: the denials below are about the engine.
+    assert results["engine_is_parent"]["result"] == "True", results["engine_is_parent"]
+    for name, (source, errnos) in TOOL_CASES.items():
+        r = results[name]
+        if errnos is None:
+            assert r["worked"], f"{name} ({source}) should work: {r}"
+        else:
+            assert not r["worked"], f"{name} ({source}) was NOT denied: {r}"
+            assert r["errno"] in errnos, f"{name} ({source}): unexpected error {r}"
+    assert results["kill_own_job"]["result"] == "'143'"
+    # Signals need Landlock's signal scope (ABI ≥ 6); before it a tool can still kill its engine.
+    if landlock.abi() >= landlock.SCOPE_ABI:
+        r = results["engine_signal"]
+        assert r.get("errno") == errno.EPERM, f"engine_signal was NOT denied: {r}"

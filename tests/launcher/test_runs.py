@@ -94,7 +94,11 @@ def test_run_gets_the_built_argv_exact_env_and_frames(
         "--session", "ses_abc123", "--model", "local/scripted",
     ]  # fmt: skip
     tmp = str(layout.runtime_dir("alice") / "tmp")
-    assert seen["env"] == {**body["env"], "TMPPREFIX": f"{tmp}/zsh", "PWD": work}
+    # SHELL: the launcher's tool shell (sandbox_launcher.tool_shell), per mode.
+    shell = seen["env"].get("SHELL", "")
+    assert shell.startswith(f"{layout.crew_home}/tool-shell/") and shell.endswith("/bash")
+    expected = {**body["env"], "TMPPREFIX": f"{tmp}/zsh", "PWD": work, "SHELL": shell}
+    assert seen["env"] == expected
     assert seen["cwd"] == work
     assert frames[-2] == {"t": "line", "data": "no newline at the end"}
     exit_frame = frames[-1]

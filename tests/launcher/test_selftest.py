@@ -20,6 +20,9 @@ from sandbox_launcher.policy import SandboxPolicy
 from sandbox_launcher.selftest import self_test
 from tests.support.ci import required_in_ci
 
+# `$SHELL` replaced: a shell that does not nest a tool domain, one that runs nothing.
+TOOL_SHELL_EDITS = {"tool_shell_not_nested": "/bin/bash", "tool_shell_broken": "/bin/false"}
+
 
 @dataclass(frozen=True)
 class Rewired:
@@ -56,6 +59,9 @@ class Rewired:
             return [*argv[:i], "--bind", "/var/tmp", "/var/tmp", *argv[i:]]
         if self.edit == "shared_network":
             return argv  # the argv is fine; `network` gives none
+        if self.edit in TOOL_SHELL_EDITS:
+            i = argv.index("SHELL", argv.index("--setenv"))
+            return [*argv[: i + 1], TOOL_SHELL_EDITS[self.edit], *argv[i + 2 :]]
         raise AssertionError(self.edit)
 
     def network(self, plan: NetworkPlan) -> SandboxNetwork | None:
@@ -76,8 +82,8 @@ def var_home() -> Iterator[Path]:
 
 
 @pytest.fixture
-def tmpfs_backend(needs_bwrap: None) -> BwrapBackend:
-    backend, health = open_backend(LinuxMode.TMPFS)
+def tmpfs_backend(needs_bwrap: None, tmp_path: Path) -> BwrapBackend:
+    backend, health = open_backend(LinuxMode.TMPFS, tool_shell_base=tmp_path / "tool-shell")
     assert isinstance(backend, BwrapBackend), health
     return backend
 
@@ -96,6 +102,8 @@ def hybrid_backend(needs_bwrap: None) -> BwrapBackend:
         ("fails_to_start", "did not start (bwrap: setting up uid map"),
         ("home_not_hidden", "reading a file in $HOME was NOT denied"),
         ("root_writable", "let a denied write through"),
+        ("tool_shell_not_nested", "a tool could open the memory of the process that started it"),
+        ("tool_shell_broken", "the tool shell ($SHELL) could not run a command"),
     ],
 )
 def test_broken_sandboxes_fail_the_self_test(
@@ -115,8 +123,10 @@ def test_broken_sandboxes_fail_the_self_test(
 def test_the_real_backends_pass(
     mode: LinuxMode, crew_outside_home: bool, needs_bwrap: None, isolated_home: Path, tmp_path: Path
 ) -> None:
-    backend, health = open_backend(mode)
+    # As the launcher opens them: with the tool shell, whose checks must pass too.
+    backend, health = open_backend(mode, tool_shell_base=tmp_path / "tool-shell")
     assert backend is not None and health.ok, health
+    assert isinstance(backend, BwrapBackend) and backend.tools.tool_shells is not None
     crew = tmp_path / "crew" if crew_outside_home else isolated_home / ".crew"
     assert self_test(backend, isolated_home, crew) is None
     assert [p.name for p in crew.iterdir()] == ["sockets"]
