@@ -47,6 +47,10 @@ SESSION_ID = re.compile(r"ses_[A-Za-z0-9]{1,100}")
 PRICE_TABLE_LIMIT = 32 * 1024 * 1024
 
 
+
+# What may stay in the engine's global config directory (`_clear_engine_config`).
+ENGINE_CONFIG_KEPT = frozenset({"package-lock.json", "node_modules", ".gitignore"})
+
 class AgentHomeError(Exception):
     """Preparing an agent's directories failed; the message says why and what to do."""
 
@@ -165,6 +169,7 @@ class AgentHome:
         self._token = token
         try:
             self._restore_dirs()
+            self._clear_engine_config()
             for path, data in self._files():
                 safe_fs.write_file_atomic(p.crew_home, path, data)
             # An existing MEMORY.md is the agent's, whatever it is (even a FIFO).
@@ -188,6 +193,7 @@ class AgentHome:
         p = self.paths
         try:
             repaired = self._restore_dirs()
+            repaired += self._clear_engine_config()
             for path, data in self._files():
                 st = safe_fs.lstat_entry(p.crew_home, path)
                 if st is None or not stat.S_ISREG(st.st_mode):
@@ -220,6 +226,34 @@ class AgentHome:
             p.crew_home, p.runtime_dir, [d.relative_to(p.runtime_dir) for d in runtime_dirs]
         )
         return repaired
+
+    def _clear_engine_config(self) -> list[str]:
+        """Empty OpenCode's global config directories of everything the Computer did not put there.
+
+        OpenCode reads them at every start, `--pure` too: custom tools in `tools/`
+        are imported into the engine process, plugins and a `shell` setting in an
+        `opencode.json` are taken. The agent can write both (`$XDG_CONFIG_HOME/opencode`
+        in its runtime directory, `$HOME/.opencode` in its own), so code it put
+        there would run as its next engine, outside its tools' Landlock domain.
+        Kept: the npm stub and the `.gitignore` OpenCode writes itself.
+        """
+        p = self.paths
+        config = p.config_dir / "opencode"
+        removed = []
+        with safe_fs.open_dir(p.crew_home, config) as dfd:
+            names = os.listdir(dfd)
+        for name in sorted(set(names) - ENGINE_CONFIG_KEPT):
+            safe_fs.remove_tree(p.crew_home, config / name)
+            removed.append(f"{_relative_path(config / name, p)} was removed")
+        with safe_fs.open_dir(p.crew_home, config / "node_modules") as dfd:
+            if os.listdir(dfd):
+                safe_fs.clear_dir(p.crew_home, config / "node_modules")
+                removed.append(f"{_relative_path(config / 'node_modules', p)} was emptied")
+        dot = p.agent_dir / ".opencode"
+        if safe_fs.lstat_entry(p.crew_home, dot) is not None:
+            safe_fs.remove_tree(p.crew_home, dot)
+            removed.append(f"{_relative_path(dot, p)} was removed")
+        return [f"{r} (OpenCode would load code from it)" for r in removed]
 
     def _files(self) -> list[tuple[Path, bytes]]:
         """The files the Computer writes for this agent, with their content."""

@@ -405,3 +405,45 @@ def test_interpreter_dirs_cover_prefix_and_shim() -> None:
     assert Path(sys.prefix).resolve() in dirs
     assert any((d / "__main__.py").exists() or d.name == "crew_shim" for d in dirs)
     assert len(dirs) == len(set(dirs))
+
+
+def test_before_every_turn_opencodes_config_dirs_hold_only_the_computers_files(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """OpenCode imports `tools/` and takes `opencode.json` from its global config dirs at
+    every start: what the agent planted there is gone before its next engine starts."""
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "tools").mkdir(parents=True)
+    (elsewhere / "tools" / "keep.ts").write_text("// the link's target, untouched\n")
+    home = make_home(tmp_path)
+    home.prepare("tok-1")
+    p = home.paths
+    config = p.config_dir / "opencode"
+    stub = (config / "package-lock.json").read_bytes()
+    (config / ".gitignore").write_text("node_modules\n")  # OpenCode writes this itself
+    (config / "tools").mkdir()
+    (config / "tools" / "evil.ts").write_text("await Bun.write('/tmp/pwned', 'x')\n")
+    (config / "opencode.json").write_text('{"shell": "/tmp/evil-shell"}\n')
+    (config / "plugins").symlink_to(elsewhere)
+    (config / "node_modules" / "evil").mkdir()
+    (config / "node_modules" / "evil" / "index.js").write_text("pwned()\n")
+    (p.agent_dir / ".opencode" / "tools").mkdir(parents=True)
+    (p.agent_dir / ".opencode" / "tools" / "evil.ts").write_text("pwned()\n")
+
+    with caplog.at_level("WARNING"):
+        assert home.repair() is None
+    assert sorted(x.name for x in config.iterdir()) == [
+        ".gitignore",
+        "node_modules",
+        "package-lock.json",
+    ]
+    assert (config / "package-lock.json").read_bytes() == stub
+    assert list((config / "node_modules").iterdir()) == []
+    assert not (p.agent_dir / ".opencode").exists()
+    assert (elsewhere / "tools" / "keep.ts").exists()  # the link was removed, not followed
+    assert "opencode/tools was removed (OpenCode would load code from it)" in caplog.text
+    assert ".opencode was removed" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        assert home.repair() is None  # nothing planted: nothing said
+    assert caplog.text == ""
