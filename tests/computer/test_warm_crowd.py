@@ -5,7 +5,9 @@ agent's warm server (crew_testkit/fake_opencode.py: a turn runs as a process
 of the server's sandbox). While the crowd's turns run, the Computer's `/health`
 is sampled and the host's processes counted: the turn cap and the memory
 budget hold, idle servers are evicted to make room, every message is
-answered, and after shutdown no server is left.
+answered, and after shutdown no server is left. Turns that find no room run
+cold, so the cap is held over both engines' turns at once (the runners alone,
+in-process: tests/computer/test_runner.py).
 """
 
 from __future__ import annotations

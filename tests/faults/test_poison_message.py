@@ -35,9 +35,16 @@ def _notices(server: Any, room_id: str) -> list[str]:
     return [m["body"] for m in server.messages(room_id) if m["author"]["kind"] == "system"]
 
 
+def _row(c: Any, agent_id: str) -> dict[str, Any] | None:
+    """The agent's `/agents` row; None until the Computer has its runner."""
+    return next((r for r in c.get("/agents") if r["id"] == agent_id), None)
+
+
 def _settled_row(c: Any, agent_id: str) -> dict[str, Any] | None:
     """The agent's row once it waits for nothing: idle, no retry due, no wake pending."""
-    row = next(r for r in c.get("/agents") if r["id"] == agent_id)
+    row = _row(c, agent_id)
+    if row is None:
+        return None
     quiet = row["state"] == "idle" and row["retry_at"] is None and not row["pending_wake"]
     return row if quiet else None
 
@@ -110,7 +117,9 @@ def test_an_environment_failure_keeps_the_message_and_retries_it_by_itself(
             message = crew_server.post(dm["id"], "hello\nFAKE:TIMES 4 401")
 
             def waiting_to_retry() -> dict[str, Any] | None:
-                row = next(r for r in c.get("/agents") if r["id"] == agent["id"])
+                row = _row(c, agent["id"])
+                if row is None:
+                    return None  # the Computer has not listed its agents yet
                 due = row["retry_at"] and row["last_result"] == "failed"
                 return row if due and "HTTP 401" in (row["last_reason"] or "") else None
 
