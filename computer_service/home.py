@@ -47,9 +47,9 @@ SESSION_ID = re.compile(r"ses_[A-Za-z0-9]{1,100}")
 PRICE_TABLE_LIMIT = 32 * 1024 * 1024
 
 
-
 # What may stay in the engine's global config directory (`_clear_engine_config`).
 ENGINE_CONFIG_KEPT = frozenset({"package-lock.json", "node_modules", ".gitignore"})
+
 
 class AgentHomeError(Exception):
     """Preparing an agent's directories failed; the message says why and what to do."""
