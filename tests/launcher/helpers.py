@@ -201,6 +201,24 @@ def engine_lines(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def children_of(pid: int) -> list[tuple[int, str]]:
+    """(pid, comm) of the live (not zombie) children of `pid`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append((int(entry), comm))
+    return found
+
+
 def processes_with(marker: str) -> list[int]:
     """Pids on the host whose command line contains `marker`."""
     found = []

@@ -36,6 +36,7 @@ from sandbox_launcher.backend import BwrapBackend, open_backend
 from sandbox_launcher.bwrap import LinuxMode
 from sandbox_launcher.network import NetworkPlan, SandboxNetwork, find_pasta
 from sandbox_launcher.policy import SandboxPolicy
+from tests.launcher.helpers import children_of
 from tests.support.ci import required_in_ci
 from tests.support.users import unprivileged_uid
 
@@ -233,24 +234,6 @@ def box(request: pytest.FixtureRequest, needs_bwrap: None) -> Iterator[Box]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def _children(pid: int) -> list[tuple[int, str]]:
-    """(pid, comm) of the live children of `pid`."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if int(fields[1]) == pid and fields[0] != "Z":
-            found.append((int(entry), comm))
-    return found
-
-
 def _read_checks(stream: IO[str], until: str) -> dict[str, dict[str, Any]]:
     checks: dict[str, dict[str, Any]] = {}
     for line in stream:
@@ -301,7 +284,7 @@ def _attack(
     try:
         checks = _read_checks(process.stdout, until="ready")
         assert "ready" in checks, process.communicate()
-        pastas = [c for c in _children(process.pid) if c[1].startswith("pas")]
+        pastas = [c for c in children_of(process.pid) if c[1].startswith("pas")]
         reached = {
             "server_port": _knock(server_port),
             "wide_port_loopback": _knock(wide_port),
@@ -385,8 +368,6 @@ def test_the_real_server_gets_the_computer_after_a_squat(box: Box) -> None:
 @pytest.mark.parametrize("mode", [LinuxMode.HYBRID, LinuxMode.TMPFS])
 def test_the_probe_sees_the_escapes_without_a_namespace(mode: LinuxMode, needs_bwrap: None) -> None:
     """Control: the same sandbox minus its network namespace (the state before issue 12)."""
-    if os.getuid() != 0:
-        pytest.skip("the control runs as root only (it needs no second user)")
     backend, health = open_backend(mode)
     assert isinstance(backend, BwrapBackend), health
     base = Path(tempfile.mkdtemp(prefix="crew-net-control-", dir="/var/tmp"))

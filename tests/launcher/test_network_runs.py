@@ -6,7 +6,6 @@ on the host's loopback only, and is gone once the run ends, stopped or not.
 
 from __future__ import annotations
 
-import os
 import socket
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import pytest
 
 from crew_testkit.waiting import wait_until
 from sandbox_launcher.network import find_pasta
-from tests.launcher.helpers import LauncherProcess, make_layout, write_fake_opencode
+from tests.launcher.helpers import LauncherProcess, children_of, make_layout, write_fake_opencode
 from tests.support.ci import required_in_ci
 
 INSIDE_PORT = 4096
@@ -23,20 +22,7 @@ INSIDE_PORT = 4096
 
 def _pastas(parent: int) -> list[int]:
     """Live pasta processes whose parent is `parent` (the launcher)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if int(fields[1]) == parent and fields[0] != "Z" and comm.startswith("pas"):
-            found.append(int(entry))
-    return found
+    return [pid for pid, comm in children_of(parent) if comm.startswith("pas")]
 
 
 @pytest.mark.timeout(120)
