@@ -66,8 +66,14 @@ def post(
     body: str,
     *,
     notice_wakes: Sequence[str] | None = None,
+    caused_by: Actor | None = None,
 ) -> dict[str, Any]:
-    """Append a message (a notice when `author` is None) and wake whoever it concerns."""
+    """Append a message (a notice when `author` is None) and wake whoever it concerns.
+
+    `caused_by`: the actor whose action the notice reports (a task claimed, moved...). An
+    agent has seen the notice of its own action, so it does not hold the agent's next reply
+    (upstream.md "HELD": messages *from others*) — when the agent had seen everything before.
+    """
     now = tx.now()
     room = room_row(tx, room_id)
     rid, kind = room["id"], room["kind"]
@@ -112,6 +118,8 @@ def post(
             "delivered_seq = excluded.delivered_seq",
             (author.id, rid, seq, seq),
         )
+    if author is None and caused_by is not None and caused_by.kind == "agent":
+        _seen_own_notice(tx, caused_by.id, rid, seq)
     if author is None:
         woken = list(dict.fromkeys(notice_wakes or ()))
     else:
@@ -126,6 +134,24 @@ def post(
         )
     tx.wake(woken)
     return select_messages(tx, "WHERE m.id = ?", (message_id,))[0]
+
+
+def _seen_own_notice(tx: Transaction, agent_id: str, room_id: str, seq: int) -> None:
+    """Count the notice at `seq` as delivered (and read, when caught up) to the agent whose
+    action posted it — only when it had seen everything before it: earlier unseen messages
+    stay unseen, and then HELD shows them with this notice."""
+    if seq == 1:
+        tx.execute(
+            "INSERT INTO positions (agent_id, room_id, delivered_seq, read_seq) "
+            "VALUES (?, ?, 1, 1) ON CONFLICT DO NOTHING",
+            (agent_id, room_id),
+        )
+        return
+    tx.execute(
+        "UPDATE positions SET delivered_seq = ?, read_seq = CASE WHEN read_seq = delivered_seq "
+        "THEN ? ELSE read_seq END WHERE agent_id = ? AND room_id = ? AND delivered_seq = ?",
+        (seq, seq, agent_id, room_id, seq - 1),
+    )
 
 
 def _room_facts(

@@ -83,6 +83,7 @@ def new_task(
         None,
         rules.task_notice("created", number, actor_text, detail=detail),
         notice_wakes=wakes,
+        caused_by=actor,
     )
     return task_of(task_row(tx, number))
 
@@ -166,6 +167,7 @@ class Tasks(StorePart):
                 row["thread_id"],
                 None,
                 rules.task_notice("claimed", number, rules.actor_text(actor.handle)),
+                caused_by=actor,
             )
             return task_of(task_row(tx, number))
 
@@ -198,7 +200,7 @@ class Tasks(StorePart):
                 detail=status,
                 note=(note or "").strip(),
             )
-            post(tx, row["thread_id"], None, text, notice_wakes=wakes)
+            post(tx, row["thread_id"], None, text, notice_wakes=wakes, caused_by=actor)
             return task_of(task_row(tx, number))
 
     def assign_task(
@@ -226,5 +228,5 @@ class Tasks(StorePart):
                 rules.actor_text(actor.handle),
                 detail=f"@{assignee.removeprefix('@')}",
             )
-            post(tx, row["thread_id"], None, text, notice_wakes=wakes)
+            post(tx, row["thread_id"], None, text, notice_wakes=wakes, caused_by=actor)
             return task_of(task_row(tx, number))
