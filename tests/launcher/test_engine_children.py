@@ -183,7 +183,7 @@ def test_an_rg_that_is_not_installed_says_so_and_runs_nothing(
 ) -> None:
     if landlock.abi() < 1:
         required_in_ci("Landlock (Linux 5.13+)")
-    box, shells = _shells(sandbox, None)
+    box, _ = _shells(sandbox, None)
     script = "\n".join(
         [
             "import json, subprocess",
