@@ -13,8 +13,8 @@ start a command of the caller's choosing. One agent plants all three in a turn:
   `/proc/<pid>/environ`) and, found, asks the server to start an MCP command
   that leaves a marker.
 
-The next turns call the grep tool, write a file (a snapshot step), and run the
-probe as a tool. No marker appears, warm and cold; the grep tool says that
+The next turns call the grep tool, write a file (a snapshot step), run the
+probe as a tool, and `printenv` (no provider login, no engine config in it: item 8). No marker appears, warm and cold; the grep tool says that
 `rg` is not installed here instead (the engine's own `rg` is ours, first on
 its PATH). Before the fix the planted `rg` and the filter both ran.
 """
@@ -98,6 +98,7 @@ SCRIPT = {
         },
         {"match": "^WRITE$", "reply": {"bash": "echo hi > note.txt && echo wrote"}},
         {"match": "^PROBE$", "reply": {"bash": 'python3 "$HOME/probe.py" "$HOME"'}},
+        {"match": "^PRINTENV$", "reply": {"bash": "printenv; echo end"}},
     ]
 }
 
@@ -123,7 +124,7 @@ async def test_what_the_engine_starts_by_itself_is_never_a_tools_choice(
         agent = f"{kind}kids"
         home = rig.agent(agent).paths.agent_dir
         outputs: dict[str, str] = {}
-        for prompt in ("PLANT", "GREP", "WRITE", "PROBE"):
+        for prompt in ("PLANT", "GREP", "WRITE", "PROBE", "PRINTENV"):
             record = await rig.turn(kind, agent, prompt)
             assert record.result.status == "succeeded", (prompt, record.result.failure)
             tools = [e for e in record.events if e.type == "tool_use"]
@@ -140,3 +141,9 @@ async def test_what_the_engine_starts_by_itself_is_never_a_tools_choice(
         assert "rg is not installed on this Computer" in outputs["GREP"], outputs["GREP"]
         assert outputs["WRITE"].strip() == "wrote"
         assert outputs["PROBE"].strip() == "password: none", outputs["PROBE"]
+        # The user's provider login and the engine's config stay the engine's (item 8).
+        printed = outputs["PRINTENV"]
+        assert printed.strip().endswith("end") and f"HOME={home}" in printed, printed
+        for name in ("OPENCODE_AUTH_CONTENT", "OPENCODE_CONFIG_CONTENT", "OPENCODE_SERVER_"):
+            assert name not in printed, printed
+        assert rig.model.base_url not in printed  # the scripted login's provider

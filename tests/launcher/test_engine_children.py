@@ -81,7 +81,7 @@ report("tool_path", done.stdout.splitlines(), done.stderr[-300:])
 
 # Run by the engine's git (as an alias) and as its rg, given the engine's pid.
 CHILD_PROBE = r"""
-import json, os, sys
+import ctypes, json, os, sys
 
 engine, who = int(sys.argv[1]), sys.argv[2]
 
@@ -102,6 +102,21 @@ def secrets():
 attempt("engine_mem_write", lambda: open(f"/proc/{engine}/mem", "r+b").close())
 attempt("engine_environ", lambda: open(f"/proc/{engine}/environ", "rb").read())
 attempt("engine_signal", lambda: os.kill(engine, 0))
+
+
+def engine_stdout():
+    # What a planted rg did in a cold run: take the engine's stdout, forge its events.
+    libc = ctypes.CDLL(None, use_errno=True)
+    pidfd = libc.syscall(434, engine, 0)  # pidfd_open: the same number on x86-64 and arm64
+    if pidfd < 0:
+        raise OSError(ctypes.get_errno(), "pidfd_open")
+    fd = libc.syscall(438, pidfd, 1, 0)  # pidfd_getfd(pidfd, 1)
+    if fd < 0:
+        raise OSError(ctypes.get_errno(), "pidfd_getfd")
+    return fd
+
+
+attempt("engine_stdout", engine_stdout)
 attempt("secrets", secrets)
 attempt("git_config_global", lambda: os.environ.get("GIT_CONFIG_GLOBAL"))
 """
@@ -109,6 +124,7 @@ attempt("git_config_global", lambda: os.environ.get("GIT_CONFIG_GLOBAL"))
 DENIED = {
     "engine_mem_write": (errno.EACCES, errno.EPERM),
     "engine_environ": (errno.EACCES,),
+    "engine_stdout": (errno.EPERM, errno.ENOSYS),  # Landlock's ptrace rule (or seccomp)
 }
 
 
