@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sandbox_launcher import landlock, landlock_exec
-from sandbox_launcher.backend import NO_TOOL_DOMAIN_NOTE, TMPFS_NOTE, health_note
+from sandbox_launcher.backend import NO_RG_NOTE, NO_TOOL_DOMAIN_NOTE, TMPFS_NOTE, health_note
 from sandbox_launcher.bwrap import LinuxMode, bwrap_argv
 from sandbox_launcher.schema import SERVER_PASSWORD_KEY
 from sandbox_launcher.tool_shell import tool_shell_path, tool_shell_script, write_tool_shells
@@ -77,6 +77,7 @@ def test_health_says_when_tools_cannot_be_nested() -> None:
     assert health_note(LinuxMode.TMPFS, 7) == TMPFS_NOTE
     assert health_note(LinuxMode.TMPFS, 0) == f"{TMPFS_NOTE}; {NO_TOOL_DOMAIN_NOTE}"
     assert "no Landlock" in NO_TOOL_DOMAIN_NOTE
+    assert health_note(LinuxMode.HYBRID, 7, no_rg=True) == NO_RG_NOTE
 
 
 def _tool_shell(mode: str, command: str, **env: str) -> subprocess.CompletedProcess[str]:
