@@ -15,7 +15,7 @@ from collections.abc import AsyncGenerator, Mapping
 import anyio
 
 from computer_service import safe_fs
-from computer_service.bootstrap import Bootstrap
+from computer_service.bootstrap import TOKEN_ENV, Bootstrap
 from computer_service.engine.base import Engine
 from computer_service.engine.opencode import OpenCodeEngine
 from computer_service.engine.opencode_env import model_listing_env
@@ -52,6 +52,17 @@ log = logging.getLogger(__name__)
 # A run that starts while the launcher is being replaced waits this long for the new one.
 REPLACEMENT_WAIT_S = 30.0
 _REPLACEMENT_POLL_S = 0.1
+
+
+def launcher_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The launcher's environment: the Computer's, without the Computer's token.
+
+    The launcher needs the user's environment (`opencode models` and
+    `--version` run in it, with the API keys and proxies in it), never the
+    token: its children and everything that reads `/proc/<launcher>/environ`
+    would have it (issue 20).
+    """
+    return {name: value for name, value in environ.items() if name != TOKEN_ENV}
 
 
 def models_request(environ: Mapping[str, str]) -> ModelsRequest:
@@ -204,7 +215,7 @@ class LocalParts:
             read_only_roots=tuple(self.bootstrap.read_only_roots),
             limit_args=self.bootstrap.turn_limits.launcher_args(),
         )
-        process = LauncherProcess(argv, socket_path)
+        process = LauncherProcess(argv, socket_path, env=launcher_env(os.environ))
         self._process = process
         try:
             await process.start()

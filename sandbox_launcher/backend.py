@@ -39,7 +39,7 @@ from sandbox_launcher.network import (
 from sandbox_launcher.policy import SandboxPolicy
 from sandbox_launcher.schema import SandboxHealth
 from sandbox_launcher.seatbelt import SANDBOX_EXEC, seatbelt_argv
-from sandbox_launcher.tool_shell import write_tool_shells
+from sandbox_launcher.tool_shell import system_programs, write_tool_shells
 
 TMPFS_NOTE = (
     "tmpfs mode: files in $HOME outside the allowlist are hidden entirely "
@@ -50,6 +50,12 @@ TMPFS_NOTE = (
 NO_TOOL_DOMAIN_NOTE = (
     "no Landlock in this kernel (Linux 5.13+ has it): an agent's tools share the engine's "
     "domain and could rewrite the engine process through /proc (docs/warm-engine.md)"
+)
+
+
+NO_RG_NOTE = (
+    "ripgrep (rg) is not installed: OpenCode's grep and glob tools fail with that reason "
+    "(install it: apt-get install ripgrep; an rg in an agent's own directories is never used)"
 )
 
 
@@ -158,18 +164,22 @@ def open_backend(
     except SandboxUnavailable as exc:
         return None, SandboxHealth(ok=False, backend="bwrap", reason=str(exc))
     backend = BwrapBackend(tools, mode, pasta)
+    no_rg = tools.tool_shells is not None and system_programs()["rg"] is None
     return backend, SandboxHealth(
         ok=True,
         backend="bwrap",
         mode=backend.mode,
-        reason=health_note(mode, abi),
+        reason=health_note(mode, abi, no_rg=no_rg),
         network="namespace",
     )
 
 
-def health_note(mode: LinuxMode, abi: int) -> str | None:
-    """What a working Linux sandbox does not do here: tmpfs hides more, no Landlock nests tools."""
+def health_note(mode: LinuxMode, abi: int, *, no_rg: bool = False) -> str | None:
+    """What a working Linux sandbox does not do here: tmpfs hides more, no Landlock nests
+    tools, no ripgrep for the engine (`tool_shell.ENGINE_PROGRAMS`)."""
     notes = [TMPFS_NOTE] if mode is LinuxMode.TMPFS else []
     if abi == 0:
         notes.append(NO_TOOL_DOMAIN_NOTE)
+    if no_rg:
+        notes.append(NO_RG_NOTE)
     return "; ".join(notes) or None

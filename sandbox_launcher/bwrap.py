@@ -58,7 +58,7 @@ from sandbox_launcher import landlock_exec
 from sandbox_launcher.landlock import TOOL_DOMAIN_MARKER
 from sandbox_launcher.paths import is_inside
 from sandbox_launcher.policy import SandboxPolicy
-from sandbox_launcher.tool_shell import tool_shell_path
+from sandbox_launcher.tool_shell import engine_bin_dir, tool_shell_path
 
 # Fixed places only: a bwrap found through PATH or the cwd could be anyone's.
 BWRAP_CANDIDATES = ("/usr/bin/bwrap", "/bin/bwrap", "/usr/local/bin/bwrap")
@@ -285,6 +285,9 @@ def bwrap_argv(
     argv += tool_shell_args(tools, mode)
     argv += ["--chdir", str(policy.work_dir), "--", tools.env, "--default-signal=INT"]
     argv += [tools.python, "-I", "-S", tools.helper, "--seccomp", "--nproc", str(tools.nproc)]
+    if tools.tool_shells is not None:
+        # The engine's own git and rg before anything on its PATH (`tool_shell`).
+        argv += ["--path-first", str(engine_bin_dir(tools.tool_shells, mode.value))]
     if mode is LinuxMode.HYBRID:
         for root in deny:
             argv += ["--deny", str(root)]

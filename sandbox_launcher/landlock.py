@@ -234,9 +234,10 @@ def apply(deny: list[str], ro: list[str], rw: list[str]) -> None:
 class HelperPlan:
     """What the helper does before exec: Landlock (when `deny` is given), rlimits, seccomp."""
 
-    __slots__ = ("command", "deny", "nproc", "ro", "rw", "seccomp")
+    __slots__ = ("command", "deny", "nproc", "path_first", "ro", "rw", "seccomp")
 
     def __init__(self) -> None:
+        self.path_first: str | None = None  # put first on the engine's PATH
         self.deny: list[str] = []
         self.ro: list[str] = []
         self.rw: list[str] = []
@@ -246,7 +247,7 @@ class HelperPlan:
 
 
 def parse_args(argv: list[str]) -> HelperPlan:
-    """`[--deny P --ro P --rw P …] [--seccomp] [--nproc N] -- CMD…` → the plan."""
+    """`[--deny P --ro P --rw P …] [--seccomp] [--nproc N] [--path-first D] -- CMD…`."""
     plan = HelperPlan()
     lists = {"--deny": plan.deny, "--ro": plan.ro, "--rw": plan.rw}
     i = 0
@@ -263,10 +264,12 @@ def parse_args(argv: list[str]) -> HelperPlan:
             plan.seccomp = True
             i += 1
             continue
-        if flag not in (*lists, "--nproc") or i + 1 >= len(argv):
+        if flag not in (*lists, "--nproc", "--path-first") or i + 1 >= len(argv):
             raise SetupError(f"unexpected argument {flag!r}")
         value = argv[i + 1]
-        if flag == "--nproc":
+        if flag == "--path-first" and value.startswith("/"):
+            plan.path_first = value
+        elif flag == "--nproc":
             if not value.isdigit() or int(value) < 1:
                 raise SetupError(f"--nproc needs a positive number, got {value!r}")
             plan.nproc = int(value)
@@ -322,9 +325,22 @@ TOOL_DOMAIN_MARKER = b"CREW_TOOL_DOMAIN"
 TOOL_SHELL = "bash"  # what OpenCode itself picks when $SHELL is unset
 FALLBACK_SHELL = "/bin/sh"  # … and when there is no bash on PATH
 TOOL_SHELL_MODES = ("hybrid", "tmpfs")
-# A warm server's password (`schema.SERVER_PASSWORD_KEY`): with it a tool could drive
-# its server's HTTP API (its config, its sessions, the commands it runs).
-ENGINE_ONLY_VARIABLES = (b"OPENCODE_SERVER_PASSWORD",)
+# The engine's own secrets: a warm server's password (`schema.SERVER_PASSWORD_KEY`:
+# with it a tool could drive its server's HTTP API, `POST /mcp` starts a command of
+# its choosing), the user's provider login and the config that holds its providers.
+# OpenCode read them at its start; no tool and no child of the engine needs them.
+ENGINE_ONLY_VARIABLES = (
+    b"OPENCODE_SERVER_PASSWORD",
+    b"OPENCODE_AUTH_CONTENT",
+    b"OPENCODE_CONFIG_CONTENT",
+)
+# The directory of the engine's own `git` and `rg` (`sandbox_launcher.tool_shell`),
+# first on the engine's PATH; the tool shell takes it off a tool's PATH again.
+ENGINE_BIN_NAME = "crew-engine-bin"
+# What OpenCode's own git gets: no system or global config, so a filter, an fsmonitor
+# or an alias a tool set with `git config --global` never runs as the engine's child.
+ENGINE_GIT_ENV = ((b"GIT_CONFIG_NOSYSTEM", b"1"), (b"GIT_CONFIG_GLOBAL", b"/dev/null"))
+EXIT_NOT_FOUND = 127
 
 
 def nest_tool_domain(outer_handles_files: bool) -> None:
@@ -352,6 +368,69 @@ def nest_tool_domain(outer_handles_files: bool) -> None:
     ruleset.restrict_self()
 
 
+def _enter_tool_domain(mode: str, who: str) -> bool:
+    """Nest a tool domain (once: the marker), drop the engine's secrets; False on failure."""
+    if posix.environ.get(TOOL_DOMAIN_MARKER) is None:
+        try:
+            nest_tool_domain(outer_handles_files=mode == "hybrid")
+        except SetupError as exc:
+            sys.stderr.write(f"{who}: {exc}; the command was not started\n")
+            return False
+        posix.putenv(TOOL_DOMAIN_MARKER, b"1")
+    for name in ENGINE_ONLY_VARIABLES:
+        posix.unsetenv(name)
+    return True
+
+
+def without_engine_bin(path: bytes) -> bytes:
+    """`PATH` without the engine's own bin directories (`ENGINE_BIN_NAME`)."""
+    suffix = b"/" + ENGINE_BIN_NAME.encode()
+    return b":".join(d for d in path.split(b":") if not d.rstrip(b"/").endswith(suffix))
+
+
+def _drop_engine_bin() -> None:
+    path = posix.environ.get(b"PATH")
+    if path is not None:
+        posix.putenv(b"PATH", without_engine_bin(path))
+        posix.environ[b"PATH"] = without_engine_bin(path)  # `_exec` looks it up here
+
+
+def engine_child(argv: list[str]) -> int:
+    """`--engine-child MODE NAME REAL ARGS…`: a program OpenCode starts by itself, confined.
+
+    OpenCode runs `git` (its project and file status) and `rg` (grep, glob) from
+    its `PATH`, and `rg` from `$XDG_CACHE_HOME/opencode/bin` when there is none
+    on it: a place a tool can write. So the engine's `PATH` starts with our own
+    `git` and `rg` (`sandbox_launcher.tool_shell`), which run this: the child
+    gets a tool's domain (it cannot reach the engine's memory, environment or
+    descriptors, nor signal it), none of the engine's secrets, and a git without
+    global or system config. `REAL` is the program found at the launcher's start
+    in the system's directories; empty when there is none (said, not searched
+    for elsewhere).
+    """
+    if len(argv) < 3 or argv[0] not in TOOL_SHELL_MODES:
+        sys.stderr.write(f"crew-engine-child: expected MODE NAME PATH, got {argv[:3]}\n")
+        return EXIT_SETUP_FAILED
+    mode, name, real, args = argv[0], argv[1], argv[2], argv[3:]
+    if not real:
+        sys.stderr.write(
+            f"crew: {name} is not installed on this Computer (looked in /usr/local/bin, "
+            f"/usr/bin, /bin); install it for OpenCode's tools that need it\n"
+        )
+        return EXIT_NOT_FOUND
+    if not _enter_tool_domain(mode, "crew-engine-child"):
+        return EXIT_SETUP_FAILED
+    _drop_engine_bin()
+    if name == "git":
+        for key, value in ENGINE_GIT_ENV:
+            posix.putenv(key, value)
+    try:
+        posix.execv(real, [name, *args])
+    except OSError as exc:
+        sys.stderr.write(f"crew-engine-child: cannot run {real}: {exc.strerror}\n")
+    return EXIT_SETUP_FAILED
+
+
 def tool_shell(argv: list[str]) -> int:
     """`--tool-shell MODE ARGS…`: nest a tool domain (once per tool), then exec `bash ARGS…`.
 
@@ -359,20 +438,17 @@ def tool_shell(argv: list[str]) -> int:
     each bash tool call OpenCode makes (`$SHELL -c COMMAND`) starts here. The
     engine's own credentials (`ENGINE_ONLY_VARIABLES`) do not reach the tool:
     its domain keeps it out of the engine's `/proc/<pid>/environ` as well.
+    Nor does the engine's own `git` and `rg` (`engine_child`): a tool's `PATH`
+    loses their directory.
     """
     if not argv or argv[0] not in TOOL_SHELL_MODES:
         sys.stderr.write(f"crew-tool-shell: expected hybrid or tmpfs, got {argv[:1]}\n")
         return EXIT_SETUP_FAILED
     mode, args = argv[0], argv[1:]
-    if posix.environ.get(TOOL_DOMAIN_MARKER) is None:
-        try:
-            nest_tool_domain(outer_handles_files=mode == "hybrid")
-        except SetupError as exc:
-            sys.stderr.write(f"crew-tool-shell: {exc}; the command was not started\n")
-            return EXIT_SETUP_FAILED
-        posix.putenv(TOOL_DOMAIN_MARKER, b"1")
-    for name in ENGINE_ONLY_VARIABLES:
-        posix.unsetenv(name)
+    if not _enter_tool_domain(mode, "crew-tool-shell"):
+        return EXIT_SETUP_FAILED
+    # A tool's `git` is the real one, with the agent's own config.
+    _drop_engine_bin()
     try:
         _exec([TOOL_SHELL, *args])
     except FileNotFoundError:
@@ -400,6 +476,8 @@ def main(argv: list[str]) -> int:
     """
     if argv[:1] == ["--tool-shell"]:
         return tool_shell(argv[1:])
+    if argv[:1] == ["--engine-child"]:
+        return engine_child(argv[1:])
     try:
         plan = parse_args(argv)
         if plan.seccomp:
@@ -422,6 +500,11 @@ def main(argv: list[str]) -> int:
         sys.stderr.write(f"crew-landlock: {exc}; the command was not started\n")
         return EXIT_SETUP_FAILED
     command = plan.command
+    if plan.path_first is not None:
+        # The engine's own `git` and `rg` (`engine_child`) before anything on its PATH.
+        path = posix.environ.get(b"PATH")
+        first = plan.path_first.encode()
+        posix.putenv(b"PATH", first + b":" + path if path else first)
     try:
         _exec(command)
     except OSError as exc:

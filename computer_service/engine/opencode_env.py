@@ -30,6 +30,12 @@ def _config(providers: dict[str, Any] | None, **settings: Any) -> str:
         "$schema": "https://opencode.ai/config.json",
         "autoupdate": False,
         "share": "disabled",
+        # Nothing OpenCode would start by itself from what a tool wrote (issue 20): no
+        # snapshot git (`git add` would run a filter the agent configured), no LSP
+        # servers, no formatters (both found or installed where the agent writes).
+        "snapshot": False,
+        "lsp": False,
+        "formatter": False,
         **settings,
     }
     if providers:

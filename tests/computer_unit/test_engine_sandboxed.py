@@ -45,7 +45,8 @@ async def test_ok_turn_exact_env_in_the_sandbox(rig: Rig) -> None:
     shell = env.pop("SHELL")
     assert shell.startswith(f"{p.crew_home}/tool-shell/") and shell.endswith("/bash"), shell
     assert env == {
-        "PATH": f"{rig.run.bin_dir}:{BASE_PATH}",
+        # First the engine's own git and rg (sandbox_launcher/tool_shell.py).
+        "PATH": f"{Path(shell).parent}/crew-engine-bin:{rig.run.bin_dir}:{BASE_PATH}",
         "LANG": "C.UTF-8",
         "TMPDIR": str(p.tmp_dir),
         "TMPPREFIX": str(p.tmp_dir / "zsh"),

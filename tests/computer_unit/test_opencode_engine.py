@@ -83,6 +83,9 @@ def test_opencode_config_is_derived_and_minimal() -> None:
         "$schema": "https://opencode.ai/config.json",
         "autoupdate": False,
         "share": "disabled",
+        "snapshot": False,
+        "lsp": False,
+        "formatter": False,
         "instructions": ["/c/agents/a/AGENTS.md"],
         "permission": {"*": "allow"},
         "model": "local/m",
@@ -170,7 +173,14 @@ def test_read_user_providers(tmp_path: Path) -> None:
 def test_model_listing_env_carries_the_login_and_the_providers_only(tmp_path: Path) -> None:
     user = UserOpenCode.from_env({"HOME": str(tmp_path)})
     fixed = {"OPENCODE_DISABLE_PROJECT_CONFIG": "1", "OPENCODE_DISABLE_MODELS_FETCH": "1"}
-    bare = {"$schema": "https://opencode.ai/config.json", "autoupdate": False, "share": "disabled"}
+    bare = {
+        "$schema": "https://opencode.ai/config.json",
+        "autoupdate": False,
+        "share": "disabled",
+        "snapshot": False,
+        "lsp": False,
+        "formatter": False,
+    }
     env = model_listing_env(user, {})  # not logged in, no config: still a list of what is enabled
     assert env == {**fixed, "OPENCODE_CONFIG_CONTENT": json.dumps(bare, separators=(",", ":"))}
     user.auth_file.parent.mkdir(parents=True)

@@ -98,6 +98,9 @@ def test_run_gets_the_built_argv_exact_env_and_frames(
     shell = seen["env"].get("SHELL", "")
     assert shell.startswith(f"{layout.crew_home}/tool-shell/") and shell.endswith("/bash")
     expected = {**body["env"], "TMPPREFIX": f"{tmp}/zsh", "PWD": work, "SHELL": shell}
+    # The engine's own git and rg first on its PATH (`tool_shell.engine_bin_dir`).
+    engine_bin = f"{Path(shell).parent}/crew-engine-bin"
+    expected["PATH"] = f"{engine_bin}:{body['env']['PATH']}"
     assert seen["env"] == expected
     assert seen["cwd"] == work
     assert frames[-2] == {"t": "line", "data": "no newline at the end"}

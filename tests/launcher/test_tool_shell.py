@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sandbox_launcher import landlock, landlock_exec
-from sandbox_launcher.backend import NO_TOOL_DOMAIN_NOTE, TMPFS_NOTE, health_note
+from sandbox_launcher.backend import NO_RG_NOTE, NO_TOOL_DOMAIN_NOTE, TMPFS_NOTE, health_note
 from sandbox_launcher.bwrap import LinuxMode, bwrap_argv
 from sandbox_launcher.schema import SERVER_PASSWORD_KEY
 from sandbox_launcher.tool_shell import tool_shell_path, tool_shell_script, write_tool_shells
@@ -58,7 +58,12 @@ def test_the_sandbox_gets_the_tool_shell_as_shell_and_can_read_it(mode: LinuxMod
     # Below the crew home (a deny root): bound back (tmpfs), or a Landlock grant (hybrid).
     grant = ["--ro", str(SHELLS)] if mode is LinuxMode.HYBRID else ["--ro-bind", *[str(SHELLS)] * 2]
     at = next(i for i in range(len(argv)) if argv[i : i + len(grant)] == grant)
-    assert argv[:at] + argv[at + len(grant) :] == plain
+    del argv[at : at + len(grant)]
+    # The engine's own git and rg first on its PATH (the helper puts them there).
+    first = ["--path-first", f"{SHELLS}/{mode}/crew-engine-bin"]
+    at = argv.index("--path-first")
+    assert argv[at : at + 2] == first and argv[at - 2 : at] == ["--nproc", str(TOOLS.nproc)]
+    assert argv[:at] + argv[at + 2 :] == plain
 
 
 def test_without_tool_shells_there_is_no_shell() -> None:
@@ -72,6 +77,7 @@ def test_health_says_when_tools_cannot_be_nested() -> None:
     assert health_note(LinuxMode.TMPFS, 7) == TMPFS_NOTE
     assert health_note(LinuxMode.TMPFS, 0) == f"{TMPFS_NOTE}; {NO_TOOL_DOMAIN_NOTE}"
     assert "no Landlock" in NO_TOOL_DOMAIN_NOTE
+    assert health_note(LinuxMode.HYBRID, 7, no_rg=True) == NO_RG_NOTE
 
 
 def _tool_shell(mode: str, command: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -105,12 +111,28 @@ def test_the_tool_shell_refuses_an_unknown_mode_and_runs_nothing() -> None:
     assert "RAN" not in done.stdout and "expected hybrid or tmpfs" in done.stderr
 
 
-def test_the_engines_password_does_not_reach_the_tool() -> None:
-    # With it a tool could drive its warm server's API (a `shell`, an MCP command).
-    assert (SERVER_PASSWORD_KEY.encode(),) == landlock.ENGINE_ONLY_VARIABLES
-    done = _tool_shell(
-        "tmpfs",
-        'echo "${OPENCODE_SERVER_PASSWORD-unset}"',
-        **{SERVER_PASSWORD_KEY: "secret-of-the-server"},
-    )
-    assert (done.returncode, done.stdout) == (0, "unset\n"), done.stderr
+ENGINE_SECRETS = {
+    SERVER_PASSWORD_KEY: "secret-of-the-server",
+    "OPENCODE_AUTH_CONTENT": '{"acme": {"type": "api", "key": "sk-users-own-key"}}',
+    "OPENCODE_CONFIG_CONTENT": '{"provider": {"gw": {"options": {"apiKey": "sk-cfg"}}}}',
+}
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "tmpfs"])
+def test_the_engines_secrets_do_not_reach_the_tool(mode: str) -> None:
+    # With the password a tool could drive its warm server's API (`POST /mcp` starts a
+    # command); the other two hold the user's provider keys (issue 20: `printenv`).
+    if landlock.abi() < 1:
+        required_in_ci("Landlock (Linux 5.13+)")
+    assert {k.encode() for k in ENGINE_SECRETS} == set(landlock.ENGINE_ONLY_VARIABLES)
+    done = _tool_shell(mode, "printenv; echo end", KEPT="yes", **ENGINE_SECRETS)
+    assert done.returncode == 0, done.stderr
+    assert "KEPT=yes" in done.stdout and done.stdout.endswith("end\n")
+    for name, value in ENGINE_SECRETS.items():
+        assert name not in done.stdout and value not in done.stdout
+
+
+def test_a_tools_path_loses_the_engines_own_programs() -> None:
+    engine_bin = f"{SHELLS}/hybrid/crew-engine-bin"
+    done = _tool_shell("tmpfs", 'echo "$PATH"', PATH=f"{engine_bin}:/usr/bin:{engine_bin}/:/bin")
+    assert (done.returncode, done.stdout) == (0, "/usr/bin:/bin\n"), done.stderr
