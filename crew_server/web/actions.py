@@ -17,9 +17,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from crew_server import models as m
-from crew_server.errors import Invalid
+from crew_server.errors import Invalid, TooLarge
 from crew_server.store import USER
-from crew_server.web.access import Form, Web, back_to, read_form, see
+from crew_server.web.access import ANONYMOUS_BODY, Form, Web, back_to, read_form, refusal, see
 from crew_server.web.render import SECURITY_HEADERS, page
 from crew_server.web.session import (
     SESSION_COOKIE,
@@ -69,7 +69,10 @@ async def sign_in_form(web: Web, request: Request) -> Response:
 
 async def sign_in(web: Web, request: Request) -> Response:
     """The user token for a session cookie; a wrong token shows the form again (401)."""
-    form = await read_form(request)
+    try:
+        form = await read_form(request, ANONYMOUS_BODY)
+    except TooLarge as exc:
+        return refusal(request, exc.status, f"Not signed in: {exc.message}.")
     target = safe_next(form.get("next", "/rooms"))
     if not web.sessions.use_sign_in(form.get("sign_in"), request.cookies.get(SIGN_IN_COOKIE, "")):
         return see(f"/login?next={quote(target, safe='')}")

@@ -63,12 +63,16 @@ def encoded(update: Update) -> bytes:
     return f"{head}event: update\ndata: ".encode() + data + b"\n\n"
 
 
-def stream_of(web: Web, poll: Poll) -> Response:
-    """An open SSE answer sending what `poll` finds, until the server stops or `end`."""
+def stream_of(web: Web, session: Session, poll: Poll) -> Response:
+    """An open SSE answer sending what `poll` finds, until the server stops, `end`, or
+    the session signs out (checked on each poll)."""
 
     async def updates() -> AsyncIterator[bytes]:
         yield b"retry: 2000\n: connected\n\n"
         while not web.ctx.hub.closed:
+            if not web.sessions.alive(session):
+                yield encoded(Update("", "signed-out"))
+                return
             for update in poll():
                 yield encoded(update)
                 if update.mode == "end":
@@ -168,7 +172,7 @@ async def room(web: Web, request: Request, session: Session) -> Response:
             updates += nav() + thread_counts()
         return updates
 
-    return stream_of(web, poll)
+    return stream_of(web, session, poll)
 
 
 async def rooms(web: Web, request: Request, session: Session) -> Response:
@@ -179,7 +183,9 @@ async def rooms(web: Web, request: Request, session: Session) -> Response:
         return fragment("_rooms_nav.html", nav_context(web, None))
 
     changed.replace("rooms-nav", render())
-    return stream_of(web, every(SUMMARY_EVERY, lambda: changed.replace("rooms-nav", render())))
+    return stream_of(
+        web, session, every(SUMMARY_EVERY, lambda: changed.replace("rooms-nav", render()))
+    )
 
 
 def nav_context(web: Web, current: str | None) -> dict[str, object]:
@@ -194,7 +200,7 @@ async def roster(web: Web, request: Request, session: Session) -> Response:
         return fragment("_roster.html", {"roster": agents_with_reasons(web)})
 
     changed.replace("roster", render())
-    return stream_of(web, every(2, lambda: changed.replace("roster", render())))
+    return stream_of(web, session, every(2, lambda: changed.replace("roster", render())))
 
 
 async def agent(web: Web, request: Request, session: Session) -> Response:
@@ -211,7 +217,7 @@ async def agent(web: Web, request: Request, session: Session) -> Response:
         ) + changed.replace("agent-turns", fragment("_turn_rows.html", {"turns": turns}))
 
     poll()
-    return stream_of(web, every(2, poll))
+    return stream_of(web, session, every(2, poll))
 
 
 async def turn(web: Web, request: Request, session: Session) -> Response:
@@ -245,7 +251,7 @@ async def turn(web: Web, request: Request, session: Session) -> Response:
             updates.append(Update("turn-events", "end"))
         return updates
 
-    return stream_of(web, poll)
+    return stream_of(web, session, poll)
 
 
 def summary_context(shown: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, Any]:

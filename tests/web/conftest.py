@@ -19,6 +19,7 @@ import pytest
 
 from tests.e2e.chain import Chain, running_chain
 from tests.support.ci import required_in_ci
+from tests.web.site import anyio_backend, site  # noqa: F401  (fixtures of the in-process tests)
 
 ROOT = Path(__file__).resolve().parents[2]
 # scripts/setup installs axe-core from the npm registry here (tests only).
