@@ -25,6 +25,7 @@ from crew_server.errors import ApiError, TooLarge
 from crew_server.store import Store
 from crew_server.web.render import SECURITY_HEADERS, page
 from crew_server.web.session import Session, Sessions, csrf_ok
+from crew_server.web.streams import BrowserStreams
 
 log = logging.getLogger("crew_server.web")
 
@@ -39,6 +40,7 @@ class Web:
 
     ctx: Context
     sessions: Sessions = field(default_factory=Sessions)
+    live: BrowserStreams = field(default_factory=BrowserStreams)
     # One message per session, shown once on the next page (a refused form post).
     flashes: dict[str, str] = field(default_factory=dict)
 

@@ -16,7 +16,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
+import anyio.abc
 import httpx
+import orjson
 import pytest
 
 from crew_testkit.waiting import wait_until_async
@@ -163,18 +165,40 @@ class RawStream:
         return b"".join(chunks).decode()
 
 
+def updates_in(stream: RawStream) -> list[dict[str, Any]]:
+    """The `update` events the stream sent so far."""
+    return [
+        orjson.loads(line[len("data: ") :])
+        for line in stream.text().splitlines()
+        if line.startswith("data: ")
+    ]
+
+
+async def open_browser_stream(site: Site, tasks: anyio.abc.TaskGroup) -> tuple[RawStream, str]:
+    """This browser's `GET /live`, started, and its id (its first event, `hello`)."""
+    app = site.browser._transport.app  # type: ignore[attr-defined]
+    stream = RawStream(app, "/live", site.browser.cookies)
+    tasks.start_soon(stream.run)
+    hello = await wait_until_async("the stream's hello", lambda: updates_in(stream))
+    assert stream.sent[0]["status"] == 200 and hello[0]["mode"] == "hello"
+    return stream, str(hello[0]["stream"])
+
+
 async def test_a_live_stream_ends_when_its_session_signs_out(site: Site) -> None:
     csrf = await site.sign_in()
     agent = await site.agent("ada")
     room = (
         await site.api.post("/api/rooms", json={"kind": "dm", "agent_ids": [agent["id"]]})
     ).json()
-    app = site.browser._transport.app  # type: ignore[attr-defined]
-    stream = RawStream(app, f"/live/rooms/{room['id']}?after=0", site.browser.cookies)
     async with anyio.create_task_group() as tasks:
-        tasks.start_soon(stream.run)
-        await wait_until_async("the stream opened", lambda: stream.sent)
-        assert stream.sent[0]["status"] == 200
+        stream, stream_id = await open_browser_stream(site, tasks)
+        topic = {
+            "stream": stream_id,
+            "key": "tab1:timeline",
+            "topic": f"/live/rooms/{room['id']}?after=0",
+        }
+        subscribed = await site.browser.post("/live/subscriptions", data={"csrf": csrf, **topic})
+        assert subscribed.status_code == 204, subscribed.text
         # Positive control: the open stream carries what the page needs.
         site.store.user_post(room["id"], "LIVE-BEFORE-SIGN-OUT", None)
         await wait_until_async("the message came live", lambda: "LIVE-BEFORE" in stream.text())
@@ -187,3 +211,4 @@ async def test_a_live_stream_ends_when_its_session_signs_out(site: Site) -> None
         tasks.cancel_scope.cancel()
     assert stream.done.is_set(), "the stream was still open 10 s after sign-out"
     assert "LIVE-AFTER-SIGN-OUT" not in stream.text()
+    assert updates_in(stream)[-1] == {"mode": "signed-out"}
