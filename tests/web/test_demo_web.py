@@ -46,6 +46,8 @@ def test_the_web_demo_signs_in_from_its_link_and_stops_on_ctrl_c(browser: Any) -
     try:
         said, link = read_until_link(proc)
         assert "@ada" in said
+        assert proc.stdout is not None
+        said += proc.stdout.readline()  # the line naming the token file
         # The link carries a one-time code, never the user token (browsers keep URLs).
         token_file = re.search(r"with the token in (\S+)\)", said)
         assert token_file, said
