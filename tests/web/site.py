@@ -7,14 +7,19 @@ import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
+import anyio
+import anyio.abc
 import httpx
+import orjson
 import pytest
 from asgi_lifespan import LifespanManager
 
 from crew_server.app import create_app
 from crew_server.clock import Clock
 from crew_server.store import Store
+from crew_testkit.waiting import wait_until_async
 
 
 @pytest.fixture
@@ -77,3 +82,67 @@ async def site() -> AsyncIterator[Site]:
         ):
             yield Site(browser, api, store, token)
     store.close()
+
+
+class RawStream:
+    """A GET on the ASGI app read as it comes (httpx's ASGI transport buffers whole
+    answers, which a live stream never finishes)."""
+
+    def __init__(self, app: Any, path: str, cookies: httpx.Cookies) -> None:
+        self.app, self.path = app, path
+        self.cookie = "; ".join(f"{k}={v}" for k, v in cookies.items())
+        self.sent: list[dict[str, Any]] = []
+        self.done = anyio.Event()
+        self.gone = anyio.Event()
+
+    async def run(self) -> None:
+        path, _, query = self.path.partition("?")
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "GET",
+            "scheme": "http",
+            "path": path,
+            "raw_path": path.encode(),
+            "query_string": query.encode(),
+            "root_path": "",
+            "headers": [(b"host", b"testserver"), (b"cookie", self.cookie.encode())],
+            "client": ("127.0.0.1", 1),
+            "server": ("testserver", 80),
+        }
+
+        async def receive() -> dict[str, Any]:
+            await self.gone.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            self.sent.append(message)
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                self.done.set()
+
+        await self.app(scope, receive, send)
+        self.done.set()
+
+    def text(self) -> str:
+        chunks = [m.get("body", b"") for m in self.sent if m["type"] == "http.response.body"]
+        return b"".join(chunks).decode()
+
+
+def updates_in(stream: RawStream) -> list[dict[str, Any]]:
+    """The `update` events the stream sent so far."""
+    return [
+        orjson.loads(line[len("data: ") :])
+        for line in stream.text().splitlines()
+        if line.startswith("data: ")
+    ]
+
+
+async def open_browser_stream(site: Site, tasks: anyio.abc.TaskGroup) -> tuple[RawStream, str]:
+    """This browser's `GET /live`, started, and its id (its first event, `hello`)."""
+    app = site.browser._transport.app  # type: ignore[attr-defined]
+    stream = RawStream(app, "/live", site.browser.cookies)
+    tasks.start_soon(stream.run)
+    hello = await wait_until_async("the stream's hello", lambda: updates_in(stream))
+    assert stream.sent[0]["status"] == 200 and hello[0]["mode"] == "hello"
+    return stream, str(hello[0]["stream"])

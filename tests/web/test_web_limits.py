@@ -13,16 +13,13 @@ from __future__ import annotations
 import gc
 import tracemalloc
 from collections.abc import AsyncIterator
-from typing import Any
 
 import anyio
 import anyio.abc
-import httpx
-import orjson
 import pytest
 
 from crew_testkit.waiting import wait_until_async
-from tests.web.site import Site, hidden
+from tests.web.site import Site, hidden, open_browser_stream, updates_in
 
 pytestmark = pytest.mark.anyio
 
@@ -118,70 +115,6 @@ async def test_non_ascii_tokens_are_refused_not_a_server_error(site: Site) -> No
     csrf = await site.sign_in()
     answer = await site.browser.post("/rooms", data={"csrf": "é" + csrf, "kind": "dm"})
     assert answer.status_code == 403 and "CSRF" in answer.text
-
-
-class RawStream:
-    """A GET on the ASGI app read as it comes (httpx's ASGI transport buffers whole
-    answers, which a live stream never finishes)."""
-
-    def __init__(self, app: Any, path: str, cookies: httpx.Cookies) -> None:
-        self.app, self.path = app, path
-        self.cookie = "; ".join(f"{k}={v}" for k, v in cookies.items())
-        self.sent: list[dict[str, Any]] = []
-        self.done = anyio.Event()
-        self.gone = anyio.Event()
-
-    async def run(self) -> None:
-        path, _, query = self.path.partition("?")
-        scope = {
-            "type": "http",
-            "asgi": {"version": "3.0"},
-            "http_version": "1.1",
-            "method": "GET",
-            "scheme": "http",
-            "path": path,
-            "raw_path": path.encode(),
-            "query_string": query.encode(),
-            "root_path": "",
-            "headers": [(b"host", b"testserver"), (b"cookie", self.cookie.encode())],
-            "client": ("127.0.0.1", 1),
-            "server": ("testserver", 80),
-        }
-
-        async def receive() -> dict[str, Any]:
-            await self.gone.wait()
-            return {"type": "http.disconnect"}
-
-        async def send(message: dict[str, Any]) -> None:
-            self.sent.append(message)
-            if message["type"] == "http.response.body" and not message.get("more_body"):
-                self.done.set()
-
-        await self.app(scope, receive, send)
-        self.done.set()
-
-    def text(self) -> str:
-        chunks = [m.get("body", b"") for m in self.sent if m["type"] == "http.response.body"]
-        return b"".join(chunks).decode()
-
-
-def updates_in(stream: RawStream) -> list[dict[str, Any]]:
-    """The `update` events the stream sent so far."""
-    return [
-        orjson.loads(line[len("data: ") :])
-        for line in stream.text().splitlines()
-        if line.startswith("data: ")
-    ]
-
-
-async def open_browser_stream(site: Site, tasks: anyio.abc.TaskGroup) -> tuple[RawStream, str]:
-    """This browser's `GET /live`, started, and its id (its first event, `hello`)."""
-    app = site.browser._transport.app  # type: ignore[attr-defined]
-    stream = RawStream(app, "/live", site.browser.cookies)
-    tasks.start_soon(stream.run)
-    hello = await wait_until_async("the stream's hello", lambda: updates_in(stream))
-    assert stream.sent[0]["status"] == 200 and hello[0]["mode"] == "hello"
-    return stream, str(hello[0]["stream"])
 
 
 async def test_a_live_stream_ends_when_its_session_signs_out(site: Site) -> None:
