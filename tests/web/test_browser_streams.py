@@ -113,3 +113,24 @@ def sign_in_once(tab: Any, server: CrewServer) -> None:
         tab.get_by_label("User token", exact=True).fill(server.user_token)
         tab.get_by_role("button", name="Sign in").click()
         tab.wait_for_url("**/rooms")
+
+
+def test_a_browser_without_shared_worker_still_gets_messages_live(
+    chromium: Chromium, server: CrewServer, tmp_path: Path
+) -> None:
+    agent = server.create_agent("solo")
+    room = server.create_room("dm", [agent["id"]])
+    context = chromium.persistent(tmp_path / "profile")
+    try:
+        # As in a browser that has none (the page then holds the stream itself).
+        context.add_init_script("delete window.SharedWorker;")
+        tab = context.new_page()
+        sign_in_once(tab, server)
+        tab.goto(f"{server.url}/rooms/{room['id']}")
+        assert tab.evaluate("() => typeof SharedWorker") == "undefined"
+        server.post(room["id"], "LIVE-WITHOUT-WORKER")
+        tab.locator("#timeline article", has_text="LIVE-WITHOUT-WORKER").wait_for(
+            timeout=LIVE_TIMEOUT_MS
+        )
+    finally:
+        context.close()
