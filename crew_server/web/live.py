@@ -88,7 +88,7 @@ async def browser(web: Web, request: Request, session: Session) -> Response:
                     yield notice({"mode": "signed-out"})
                     return
                 for key, poll in list(stream.polls.items()):
-                    for update in polled(key, poll):
+                    for update in polled(poll):
                         yield encoded(key, update)
                         if update.mode == "end":
                             stream.polls.pop(key, None)
@@ -103,7 +103,7 @@ async def browser(web: Web, request: Request, session: Session) -> Response:
     )
 
 
-def polled(key: str, poll: Poll) -> list[Update]:
+def polled(poll: Poll) -> list[Update]:
     """What a subscription's poll found; a topic that went away (a deleted room) ends."""
     try:
         return poll()
