@@ -507,11 +507,11 @@ def run_demo(
     return 0 if ok else 1
 
 
-def sign_in_url(server: ServerProcess) -> str:
-    """A link that signs the browser in: the token rides in the fragment, which the
-    browser never sends to the server (the sign-in page's script fills the form with it)."""
-    token = server.user_token_file.read_text().strip()
-    return f"{server.url}/login#token={token}"
+def sign_in_url(stack: LocalStack) -> str:
+    """A link that signs a browser in once, within 10 minutes: a one-time code the server
+    minted (the user token never goes into a URL, which browsers keep in their history)."""
+    minted = stack.call("POST", "/api/sign-in-codes")
+    return f"{stack.server.url}{minted['path']}"
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -542,7 +542,7 @@ def run_web_demo(model: str | None, keep: bool) -> int:
             + ("your OpenCode login" if own else "the scripted model")
             + ", crew-computer and one agent, @ada, with a direct chat.\n"
         )
-        say(f"  Open this link to sign in:  {sign_in_url(stack.server)}")
+        say(f"  Open this link to sign in (once, within 10 minutes):  {sign_in_url(stack)}")
         say(f"  (or {stack.server.url}/login with the token in {stack.server.user_token_file})\n")
         say("Running until Ctrl+C …", flush=True)
         try:

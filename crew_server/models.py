@@ -486,6 +486,12 @@ class ComputerCreated(BaseModel):
     token: str
 
 
+class SignInCode(BaseModel):
+    code: str
+    path: str
+    expires_in_s: int
+
+
 class ComputerInfo(BaseModel):
     id: str
     name: str

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import orjson
@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from crew_server.api.sign_in import SignInCodes
 from crew_server.api.stream import EventHub
 from crew_server.clock import Clock
 from crew_server.errors import (
@@ -57,6 +58,8 @@ class Context:
     scheduler: ReminderScheduler
     dev: bool
     ping_seconds: float
+    # The web app's one-time sign-in links (minted by the user API, spent by /login).
+    sign_in_codes: SignInCodes = field(default_factory=SignInCodes)
 
     def user(self, request: Request) -> Actor:
         """The user, when the request carries the user token (with --dev too: an agent

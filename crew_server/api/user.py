@@ -17,6 +17,7 @@ from crew_server.api.http import (
     uuid_param,
 )
 from crew_server.api.operation import SEQ, UUID, Op
+from crew_server.api.sign_in import CODE_SECONDS
 from crew_server.clock import iso
 from crew_server.errors import NotFound, Refused
 
@@ -33,6 +34,15 @@ async def list_computers(ctx: Context, request: Request) -> Response:
     """Computers and what they reported."""
     ctx.user(request)
     return json_response(ctx.store.list_computers())
+
+
+async def create_sign_in_code(ctx: Context, request: Request) -> Response:
+    """A one-time sign-in link for the web app (the user token never goes into a URL)."""
+    ctx.user(request)
+    code = ctx.sign_in_codes.mint()
+    return json_response(
+        {"code": code, "path": f"/login#code={code}", "expires_in_s": CODE_SECONDS}, 201
+    )
 
 
 # PATCH fields where null is a value, not "no change".
@@ -213,6 +223,18 @@ OPS: list[Op] = [
         answer=m.ComputerInfo,
         many=True,
         handler=list_computers,
+    ),
+    Op(
+        "post",
+        "/api/sign-in-codes",
+        "createSignInCode",
+        "A sign-in link for the web app: `path` (`/login#code=…`) signs a browser in once, "
+        "within `expires_in_s`; the user token itself never goes into a URL (browsers keep "
+        "URLs in their history).",
+        "user",
+        status=201,
+        answer=m.SignInCode,
+        handler=create_sign_in_code,
     ),
     Op(
         "post",

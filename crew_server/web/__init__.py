@@ -2,10 +2,11 @@
 at `/` (same port, same process as the API).
 
 Pages are rendered on the server (Jinja2, `templates/`), live parts are updated over
-SSE (`live.py`), and the one script (`static/app.js`, our own, no library) only opens
-those streams, sends the composer without a reload and completes `@handles`. Sign-in
-exchanges the user token for an HttpOnly session cookie (`session.py`); every form
-post carries a CSRF token (`access.py`). `crew_server.app` adds `web_routes(ctx)`.
+one SSE stream per browser (`live.py`, shared by its tabs through a SharedWorker), and
+the scripts (`static/`, our own, no library) only subscribe to it, send the composer
+without a reload and complete `@handles`. Sign-in exchanges the user token (or a
+sign-in link's one-time code) for an HttpOnly session cookie (`session.py`); every
+form post carries a CSRF token (`access.py`). `crew_server.app` adds `web_routes(ctx)`.
 """
 
 from __future__ import annotations
@@ -61,10 +62,8 @@ def web_routes(ctx: Context) -> list[BaseRoute]:
         post("/tasks/{number}/assign", actions.assign_task, "/tasks"),
         get("/computers", views.computers),
         post("/computers", actions.create_computer, "/computers"),
-        get("/live/rooms", live.rooms),
-        get("/live/rooms/{room_id}", live.room),
-        get("/live/agents", live.roster),
-        get("/live/agents/{agent_id}", live.agent),
-        get("/live/turns/{turn_id}", live.turn),
+        get("/live", live.browser),
+        post("/live/subscriptions", live.subscribe),
+        post("/live/subscriptions/leave", live.leave),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]

@@ -2,7 +2,9 @@
 
 `page_view` and `form_action` wrap the web app's handlers into Starlette endpoints.
 A page without a session redirects to the sign-in form; a form post without a
-session or without the session's CSRF token is refused (403) before anything runs.
+session is refused (403) before its body is read, one without the session's CSRF
+token before anything runs. Only the sign-in form is read without a session, and its
+body is capped small (`ANONYMOUS_BODY`).
 A refusal of the store (`ApiError`: a taken handle, an unknown model) comes back to
 the page it was posted from as a message above its form.
 """
@@ -19,12 +21,17 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from crew_server.api.http import MAX_BODY, Context
-from crew_server.errors import ApiError
+from crew_server.errors import ApiError, TooLarge
 from crew_server.store import Store
 from crew_server.web.render import SECURITY_HEADERS, page
 from crew_server.web.session import Session, Sessions, csrf_ok
+from crew_server.web.streams import BrowserStreams
 
 log = logging.getLogger("crew_server.web")
+
+# The sign-in form (a token, a code, a path) is far smaller: an anonymous client must
+# not make the server read and parse a big body.
+ANONYMOUS_BODY = 8 * 1024
 
 
 @dataclass
@@ -33,6 +40,7 @@ class Web:
 
     ctx: Context
     sessions: Sessions = field(default_factory=Sessions)
+    live: BrowserStreams = field(default_factory=BrowserStreams)
     # One message per session, shown once on the next page (a refused form post).
     flashes: dict[str, str] = field(default_factory=dict)
 
@@ -69,14 +77,21 @@ class Form:
         return list(self._fields.get(name, []))
 
 
-async def read_form(request: Request) -> Form:
-    """The request's urlencoded form (at most 1 MiB; a bigger body is cut off unread)."""
+async def read_form(request: Request, limit: int = MAX_BODY) -> Form:
+    """The request's urlencoded form; `TooLarge` (413) over `limit` bytes, declared or
+    sent (reading stops there)."""
+    too_large = TooLarge(
+        f"the form is too large (over {limit // 1024} KiB); reload the page and send it again"
+    )
+    declared = request.headers.get("content-length", "")
+    if declared.isascii() and declared.isdigit() and int(declared) > limit:
+        raise too_large
     raw = bytearray()
     async for chunk in request.stream():
         raw += chunk
-        if len(raw) > MAX_BODY:
-            break
-    fields = parse_qs(bytes(raw[:MAX_BODY]).decode("utf-8", "replace"), keep_blank_values=True)
+        if len(raw) > limit:
+            raise too_large
+    fields = parse_qs(bytes(raw).decode("utf-8", "replace"), keep_blank_values=True)
     return Form(fields)
 
 
@@ -120,9 +135,13 @@ def form_action(web: Web, action: FormAction, fallback: str = "/rooms") -> Endpo
 
     async def endpoint(request: Request) -> Response:
         session = web.sessions.of(request)
-        form = await read_form(request)
         if session is None:
+            # Before the body is read: an anonymous post costs no parsing.
             return refusal(request, 403, "You are signed out. Sign in again, then repeat this.")
+        try:
+            form = await read_form(request)
+        except TooLarge as exc:
+            return refusal(request, exc.status, f"Not sent: {exc.message}.")
         if not csrf_ok(session, form.get("csrf")):
             log.warning("refused a form post to %s without a valid CSRF token", request.url.path)
             return refusal(

@@ -17,9 +17,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from crew_server import models as m
-from crew_server.errors import Invalid
+from crew_server.errors import Invalid, TooLarge
 from crew_server.store import USER
-from crew_server.web.access import Form, Web, back_to, read_form, see
+from crew_server.web.access import ANONYMOUS_BODY, Form, Web, back_to, read_form, refusal, see
 from crew_server.web.render import SECURITY_HEADERS, page
 from crew_server.web.session import (
     SESSION_COOKIE,
@@ -68,23 +68,44 @@ async def sign_in_form(web: Web, request: Request) -> Response:
 
 
 async def sign_in(web: Web, request: Request) -> Response:
-    """The user token for a session cookie; a wrong token shows the form again (401)."""
-    form = await read_form(request)
+    """The user token, or a sign-in link's one-time code, for a session cookie; a wrong
+    one shows the form again (401)."""
+    try:
+        form = await read_form(request, ANONYMOUS_BODY)
+    except TooLarge as exc:
+        return refusal(request, exc.status, f"Not signed in: {exc.message}.")
     target = safe_next(form.get("next", "/rooms"))
     if not web.sessions.use_sign_in(form.get("sign_in"), request.cookies.get(SIGN_IN_COOKIE, "")):
         return see(f"/login?next={quote(target, safe='')}")
-    if not web.store.check_user_token(form.get("token").strip()):
-        token = web.sessions.new_sign_in()
-        error = "That is not the user token. Use the token crew-server printed at first start."
-        response = page(
-            request, "login.html", {"sign_in": token, "next": target, "error": error}, 401
+    code = form.get("code").strip()
+    if code:
+        if not web.ctx.sign_in_codes.redeem(code):
+            return sign_in_again(
+                web,
+                request,
+                target,
+                "This sign-in link was used already or is over 10 minutes old. Sign in with "
+                "the user token, or ask for a new link (POST /api/sign-in-codes).",
+            )
+    elif not web.store.check_user_token(form.get("token").strip()):
+        return sign_in_again(
+            web,
+            request,
+            target,
+            "That is not the user token. Use the token crew-server printed at first start.",
         )
-        set_cookie(response, SIGN_IN_COOKIE, token, SIGN_IN_SECONDS)
-        return response
     session = web.sessions.start()
     response = see(target)
     set_cookie(response, SESSION_COOKIE, session.session_id, SESSION_SECONDS)
     response.delete_cookie(SIGN_IN_COOKIE, path="/")
+    return response
+
+
+def sign_in_again(web: Web, request: Request, target: str, error: str) -> Response:
+    """The sign-in form again (401), saying why the last try failed."""
+    token = web.sessions.new_sign_in()
+    response = page(request, "login.html", {"sign_in": token, "next": target, "error": error}, 401)
+    set_cookie(response, SIGN_IN_COOKIE, token, SIGN_IN_SECONDS)
     return response
 
 

@@ -1,19 +1,30 @@
-"""Live updates for the web app's pages, over SSE.
+"""Live updates for the web app's pages: one SSE stream per browser, shared by its tabs.
 
-A page element with `data-live="/live/…"` opens an `EventSource` (static/app.js).
-Each stream looks at the store every `POLL_SECONDS` and sends `update` events:
-`{"target": <element id>, "mode": "append" | "replace", "html": <rendered fragment>}`,
-rendered by the same templates (and the same escaping) as the page. Appends carry
-an SSE id (a message's seq, an event's index) so a reconnecting browser resumes
-after what it has (`Last-Event-ID`). A stream ends when the server stops (the
-`EventHub` is closed) or the browser goes away.
+A browser allows six connections to a host, so a stream per page (or per element)
+left the 7th tab of a room unable to load. A page element with `data-live="/live/…"`
+names a *topic*; the page's script (static/app.js) hands its topics to one
+SharedWorker (static/live-worker.js; in a browser without SharedWorker the page does
+it itself, static/live-hub.js), which holds the browser's one `EventSource` on
+`GET /live`. That stream first sends its id (`hello`); the worker then subscribes
+each tab's topics to it (`POST /live/subscriptions`, with the session's CSRF token)
+and unsubscribes them when a tab goes (`POST /live/subscriptions/leave`).
+
+Each stream looks at the store every `POLL_SECONDS` for each of its subscriptions and
+sends `update` events, `{"key", "target", "mode", "html", "id"}`: `key` is the
+subscription (which tab), `target` an element id, `mode` "append" | "replace" |
+"outer" | "end", `html` a fragment rendered by the same templates (and escaping) as
+the page, `id` a message's seq or an event's index, which a resubscription after a
+reconnect passes back as `last` so nothing is sent twice. A stream ends when the
+server stops (the `EventHub` is closed), the browser goes away, or its session signs
+out (checked on each poll; the stream says `signed-out` first).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import anyio
 import orjson
@@ -21,27 +32,17 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from crew_server.clock import iso
-from crew_server.web.access import Web
-from crew_server.web.render import fragment
+from crew_server.errors import ApiError, Invalid
+from crew_server.web.access import Form, Web
+from crew_server.web.render import SECURITY_HEADERS, fragment
 from crew_server.web.session import Session
-from crew_server.web.views import agents_with_reasons, int_query, rooms_nav, turn_cost
+from crew_server.web.streams import Poll, Update
+from crew_server.web.views import agents_with_reasons, rooms_nav, turn_cost
 
 POLL_SECONDS = 0.4
 # Summaries (the rooms list, the roster) cost a query per room or agent: every 5th poll.
 SUMMARY_EVERY = 5
-
-
-@dataclass(frozen=True)
-class Update:
-    """One change to a page: new content for (or after the end of) an element."""
-
-    target: str
-    mode: str  # "append" | "replace" (the inside) | "outer" (the element) | "end"
-    html: str = ""
-    event_id: int | None = None
-
-
-Poll = Callable[[], list[Update]]
+KEY_CHARS = 100
 
 
 def every(nth: int, poll: Poll) -> Poll:
@@ -56,40 +57,98 @@ def every(nth: int, poll: Poll) -> Poll:
     return sometimes
 
 
-def encoded(update: Update) -> bytes:
-    """The SSE event for an update (JSON data on one line)."""
-    data = orjson.dumps({"target": update.target, "mode": update.mode, "html": update.html})
-    head = f"id: {update.event_id}\n" if update.event_id is not None else ""
-    return f"{head}event: update\ndata: ".encode() + data + b"\n\n"
+def encoded(key: str, update: Update) -> bytes:
+    """The SSE event for a subscription's update (JSON data on one line)."""
+    data = orjson.dumps(
+        {
+            "key": key,
+            "target": update.target,
+            "mode": update.mode,
+            "html": update.html,
+            "id": update.event_id,
+        }
+    )
+    return b"event: update\ndata: " + data + b"\n\n"
 
 
-def stream_of(web: Web, poll: Poll) -> Response:
-    """An open SSE answer sending what `poll` finds, until the server stops or `end`."""
+def notice(data: dict[str, str]) -> bytes:
+    """An SSE event about the stream itself (`hello`, `signed-out`)."""
+    return b"event: update\ndata: " + orjson.dumps(data) + b"\n\n"
+
+
+async def browser(web: Web, request: Request, session: Session) -> Response:
+    """`GET /live`: this browser's stream, carrying what its tabs subscribe to."""
+    stream = web.live.open(session)
 
     async def updates() -> AsyncIterator[bytes]:
-        yield b"retry: 2000\n: connected\n\n"
-        while not web.ctx.hub.closed:
-            for update in poll():
-                yield encoded(update)
-                if update.mode == "end":
+        try:
+            yield b"retry: 2000\n" + notice({"mode": "hello", "stream": stream.stream_id})
+            while not web.ctx.hub.closed and not stream.closed:
+                if not web.sessions.alive(session):
+                    yield notice({"mode": "signed-out"})
                     return
-            await anyio.sleep(POLL_SECONDS)
+                for key, poll in list(stream.polls.items()):
+                    for update in polled(poll):
+                        yield encoded(key, update)
+                        if update.mode == "end":
+                            stream.polls.pop(key, None)
+                await anyio.sleep(POLL_SECONDS)
+        finally:
+            web.live.close(stream)
 
     return StreamingResponse(
         updates(),
         media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        headers={**SECURITY_HEADERS, "X-Accel-Buffering": "no"},
     )
 
 
-def resume_after(request: Request, name: str) -> int:
-    """Where a stream starts: after the page's position, or after what a reconnecting
-    browser last got."""
-    after = int_query(request, name) or 0
-    last = request.headers.get("last-event-id", "").strip()
-    if last.isascii() and last.isdigit() and len(last) <= 15:
-        after = max(after, int(last))
-    return after
+def polled(poll: Poll) -> list[Update]:
+    """What a subscription's poll found; a topic that went away (a deleted room) ends."""
+    try:
+        return poll()
+    except ApiError as exc:
+        return [Update("", "end", exc.message)]
+
+
+async def subscribe(web: Web, request: Request, session: Session, form: Form) -> Response:
+    """`POST /live/subscriptions`: a tab's topic on this browser's stream."""
+    stream = web.live.of(session, form.get("stream"))
+    key = form.get("key")
+    if not key or len(key) > KEY_CHARS:
+        raise Invalid(f"key must be 1 to {KEY_CHARS} characters")
+    last = form.get("last").strip()
+    if last and not (last.isascii() and last.isdigit() and len(last) <= 15):
+        raise Invalid("last must be the id of the last update the tab got")
+    stream.subscribe(key, topic_poll(web, session, form.get("topic"), int(last) if last else None))
+    return Response(status_code=204, headers=SECURITY_HEADERS)
+
+
+async def leave(web: Web, request: Request, session: Session, form: Form) -> Response:
+    """`POST /live/subscriptions/leave`: a tab went; its topics stop."""
+    stream = web.live.of(session, form.get("stream"))
+    for key in form.all("key"):
+        stream.polls.pop(key, None)
+    return Response(status_code=204, headers=SECURITY_HEADERS)
+
+
+_UUID = r"[0-9a-fA-F-]{36}"
+Topic = Callable[[Web, Session, dict[str, str], int, int | None], Poll]
+
+
+def topic_poll(web: Web, session: Session, topic: str, last: int | None) -> Poll:
+    """The poll of a topic as a page names it (`/live/rooms/<id>?after=<seq>`); `last`
+    is what the tab got already (after a reconnect)."""
+    parts = urlsplit(topic)
+    query = parse_qs(parts.query)
+    for pattern, start in TOPICS:
+        found = pattern.fullmatch(parts.path)
+        if found:
+            raw = (query.get("after") or query.get("from") or ["0"])[0]
+            if not (raw.isascii() and raw.isdigit() and len(raw) <= 15):
+                raise Invalid("a topic's after/from must be a position, like 12")
+            return start(web, session, found.groupdict(), int(raw), last)
+    raise Invalid(f"there is no live topic {topic[:80]!r}")
 
 
 class Changed:
@@ -107,13 +166,13 @@ class Changed:
         return [] if first else [Update(target, "replace", html)]
 
 
-async def room(web: Web, request: Request, session: Session) -> Response:
+def room(web: Web, session: Session, path: dict[str, str], after: int, last: int | None) -> Poll:
     """New messages of a room (or thread) as they come; the rooms' unread counts."""
-    room_id = request.path_params["room_id"]
+    room_id = path["room_id"]
     shown = web.store.get_room(room_id)
     is_thread = shown["kind"] == "thread"
     target = "thread-messages" if is_thread else "timeline"
-    after = resume_after(request, "after")
+    after = max(after, last or 0)
     changed = Changed()
     changed.replace("rooms-nav", fragment("_rooms_nav.html", nav_context(web, room_id)))
     nav = every(
@@ -168,10 +227,10 @@ async def room(web: Web, request: Request, session: Session) -> Response:
             updates += nav() + thread_counts()
         return updates
 
-    return stream_of(web, poll)
+    return poll
 
 
-async def rooms(web: Web, request: Request, session: Session) -> Response:
+def rooms(web: Web, session: Session, path: dict[str, str], after: int, last: int | None) -> Poll:
     """The rooms list with its unread counts as they change."""
     changed = Changed()
 
@@ -179,14 +238,14 @@ async def rooms(web: Web, request: Request, session: Session) -> Response:
         return fragment("_rooms_nav.html", nav_context(web, None))
 
     changed.replace("rooms-nav", render())
-    return stream_of(web, every(SUMMARY_EVERY, lambda: changed.replace("rooms-nav", render())))
+    return every(SUMMARY_EVERY, lambda: changed.replace("rooms-nav", render()))
 
 
 def nav_context(web: Web, current: str | None) -> dict[str, object]:
     return {"rooms": rooms_nav(web), "current": current}
 
 
-async def roster(web: Web, request: Request, session: Session) -> Response:
+def roster(web: Web, session: Session, path: dict[str, str], after: int, last: int | None) -> Poll:
     """The agents' statuses as they change."""
     changed = Changed()
 
@@ -194,12 +253,12 @@ async def roster(web: Web, request: Request, session: Session) -> Response:
         return fragment("_roster.html", {"roster": agents_with_reasons(web)})
 
     changed.replace("roster", render())
-    return stream_of(web, every(2, lambda: changed.replace("roster", render())))
+    return every(2, lambda: changed.replace("roster", render()))
 
 
-async def agent(web: Web, request: Request, session: Session) -> Response:
+def agent(web: Web, session: Session, path: dict[str, str], after: int, last: int | None) -> Poll:
     """One agent's status and turn list as they change."""
-    agent_id = request.path_params["agent_id"]
+    agent_id = path["agent_id"]
     web.store.get_agent(agent_id)
     changed = Changed()
 
@@ -211,18 +270,15 @@ async def agent(web: Web, request: Request, session: Session) -> Response:
         ) + changed.replace("agent-turns", fragment("_turn_rows.html", {"turns": turns}))
 
     poll()
-    return stream_of(web, every(2, poll))
+    return every(2, poll)
 
 
-async def turn(web: Web, request: Request, session: Session) -> Response:
+def turn(web: Web, session: Session, path: dict[str, str], after: int, last: int | None) -> Poll:
     """A running turn's events as they come, its summary as it changes; ends with the turn."""
-    turn_id = request.path_params["turn_id"]
+    turn_id = path["turn_id"]
     start = web.store.get_turn(turn_id)
-    # The page shows the events before `from`; a reconnecting browser has up to its last id.
-    next_index = int_query(request, "from") or 0
-    last = request.headers.get("last-event-id", "").strip()
-    if last.isascii() and last.isdigit() and len(last) <= 15:
-        next_index = max(next_index, int(last) + 1)
+    # The page shows the events before `from` (`after` here); the tab has up to `last`.
+    next_index = after if last is None else max(after, last + 1)
     # The cost of a running turn is summed from its steps: keep them all.
     steps = [e for e in start["events"] if e["type"] == "step_finish"]
     changed = Changed()
@@ -245,9 +301,18 @@ async def turn(web: Web, request: Request, session: Session) -> Response:
             updates.append(Update("turn-events", "end"))
         return updates
 
-    return stream_of(web, poll)
+    return poll
 
 
 def summary_context(shown: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, Any]:
     """What the turn's summary shows: its recorded usage, or the sum of its steps so far."""
     return {"turn": shown, "cost": turn_cost({**shown, "events": steps})}
+
+
+TOPICS: list[tuple[re.Pattern[str], Topic]] = [
+    (re.compile(r"/live/rooms"), rooms),
+    (re.compile(rf"/live/rooms/(?P<room_id>{_UUID})"), room),
+    (re.compile(r"/live/agents"), roster),
+    (re.compile(rf"/live/agents/(?P<agent_id>{_UUID})"), agent),
+    (re.compile(rf"/live/turns/(?P<turn_id>{_UUID})"), turn),
+]

@@ -3,13 +3,17 @@
 The user signs in with the user token (the one `crew-server` printed at first start);
 the server answers with a random session id in an HttpOnly, SameSite=Strict cookie
 and keeps the session (with its CSRF token) in memory, so a restart signs everyone
-out. Every form post must carry the session's CSRF token; the sign-in form carries a
-one-time token bound to a short-lived pre-session cookie. Agents share the loopback,
-so there is no mode without sign-in.
+out. Every form post must carry the session's CSRF token. The sign-in form's token is
+a signed double submit: the same value in the form and in a short-lived pre-session
+cookie, signed with a key of this process, so the server keeps nothing per form (an
+anonymous `GET /login` costs no memory). Agents share the loopback, so there is no
+mode without sign-in.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import secrets
 import threading
 import time
@@ -38,8 +42,10 @@ class Sessions:
 
     def __init__(self) -> None:
         self._sessions: dict[str, Session] = {}
-        self._sign_ins: dict[str, float] = {}
         self._lock = threading.Lock()
+        # Signs the sign-in forms' tokens; a restart makes the open forms stale (as it
+        # ends the sessions).
+        self._key = secrets.token_bytes(32)
 
     def start(self) -> Session:
         """A new session (after the user token was checked)."""
@@ -60,39 +66,57 @@ class Sessions:
             return None
         return session
 
+    def alive(self, session: Session) -> bool:
+        """Whether `session` is still signed in (a live stream asks on each poll)."""
+        with self._lock:
+            return self._sessions.get(session.session_id) is session and (
+                session.expires_at >= time.monotonic()
+            )
+
     def end(self, session: Session) -> None:
         """Sign out: the cookie no longer works, even if a copy of it survives."""
         with self._lock:
             self._sessions.pop(session.session_id, None)
 
     def new_sign_in(self) -> str:
-        """A one-time token for a sign-in form (also set as the pre-session cookie)."""
-        token = secrets.token_urlsafe(32)
-        with self._lock:
-            self._forget_expired()
-            self._sign_ins[token] = time.monotonic() + SIGN_IN_SECONDS
-        return token
+        """A sign-in form's token (also set as the pre-session cookie): when it was made,
+        a nonce, and their signature. Nothing is stored."""
+        signed = f"{int(time.monotonic())}.{secrets.token_urlsafe(12)}"
+        return f"{signed}.{self._signature(signed)}"
 
     def use_sign_in(self, form_token: str, cookie_token: str) -> bool:
-        """Whether a sign-in post carries a token this server gave out, matching its cookie
-        (used once)."""
-        if not form_token or not secrets.compare_digest(form_token, cookie_token):
+        """Whether a sign-in post carries a token this server signed less than
+        `SIGN_IN_SECONDS` ago, matching its cookie."""
+        if not form_token or not same_secret(form_token, cookie_token):
             return False
-        with self._lock:
-            expires = self._sign_ins.pop(form_token, None)
-        return expires is not None and expires >= time.monotonic()
+        signed, _, signature = form_token.rpartition(".")
+        made, _, _nonce = signed.partition(".")
+        if not (made.isascii() and made.isdigit() and len(made) <= 15):
+            return False
+        if not same_secret(signature, self._signature(signed)):
+            return False
+        return 0 <= time.monotonic() - int(made) <= SIGN_IN_SECONDS
+
+    def _signature(self, signed: str) -> str:
+        return hmac.new(self._key, signed.encode(), hashlib.sha256).hexdigest()
 
     def _forget_expired(self) -> None:
         now = time.monotonic()
         for key in [k for k, s in self._sessions.items() if s.expires_at < now]:
             del self._sessions[key]
-        for key in [k for k, t in self._sign_ins.items() if t < now]:
-            del self._sign_ins[key]
+
+
+def same_secret(given: str, expected: str) -> bool:
+    """Constant-time equality of two secrets as text; any text is fine (compare_digest
+    refuses non-ASCII `str`, which made a non-ASCII token a 500)."""
+    return secrets.compare_digest(
+        given.encode("utf-8", "surrogatepass"), expected.encode("utf-8", "surrogatepass")
+    )
 
 
 def csrf_ok(session: Session, form_token: str) -> bool:
     """Whether a form post carries this session's CSRF token."""
-    return bool(form_token) and secrets.compare_digest(form_token, session.csrf)
+    return bool(form_token) and same_secret(form_token, session.csrf)
 
 
 def set_cookie(response: Response, name: str, value: str, max_age: int) -> None:

@@ -12,6 +12,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import pytest
 
 from tests.e2e.chain import Chain, running_chain
 from tests.support.ci import required_in_ci
+from tests.web.site import anyio_backend, site  # noqa: F401  (fixtures of the in-process tests)
 
 ROOT = Path(__file__).resolve().parents[2]
 # scripts/setup installs axe-core from the npm registry here (tests only).
@@ -34,10 +36,27 @@ def chromium_path() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
+@dataclass(frozen=True)
+class Chromium:
+    """Playwright's sync API and the system chromium it launches."""
+
+    playwright: Any
+    executable: str
+    # --no-sandbox: the tests run as root, where Chromium's own sandbox refuses to start.
+    args: tuple[str, ...] = ("--no-sandbox",)
+
+    def persistent(self, profile: Path, **options: Any) -> Any:
+        """A browser with a profile on disk (history and all), as a person's is."""
+        return self.playwright.chromium.launch_persistent_context(
+            str(profile), executable_path=self.executable, args=list(self.args), **options
+        )
+
+
 @pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    """A headless system chromium, one per test module (Playwright's sync API runs an
-    event loop while it is open, which the anyio tests of other modules cannot share)."""
+def chromium() -> Iterator[Chromium]:
+    """Playwright driving the system chromium, one per test module (Playwright's sync API
+    runs an event loop while it is open, which the anyio tests of other modules cannot
+    share)."""
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
@@ -45,11 +64,19 @@ def browser() -> Iterator[Any]:
     executable = chromium_path()
     if executable is None:
         required_in_ci("chromium (scripts/setup installs Debian's chromium)")
+    assert executable is not None  # required_in_ci skipped or failed otherwise
     with sync_playwright() as playwright:
-        # --no-sandbox: the tests run as root, where Chromium's own sandbox refuses to start.
-        launched = playwright.chromium.launch(executable_path=executable, args=["--no-sandbox"])
-        yield launched
-        launched.close()
+        yield Chromium(playwright, executable)
+
+
+@pytest.fixture(scope="module")
+def browser(chromium: Chromium) -> Iterator[Any]:
+    """A headless system chromium (its contexts keep nothing on disk)."""
+    launched = chromium.playwright.chromium.launch(
+        executable_path=chromium.executable, args=list(chromium.args)
+    )
+    yield launched
+    launched.close()
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,6 @@
 """`scripts/demo --web`: the whole system keeps running with one agent; its sign-in link
-opens a signed-in browser, the agent answers there, and Ctrl+C stops everything."""
+(a one-time code, not the user token) opens a signed-in browser, the agent answers
+there, and Ctrl+C stops everything."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,7 +27,7 @@ def read_until_link(proc: subprocess.Popen[str]) -> tuple[str, str]:
     seen = ""
     for line in proc.stdout:
         seen += line
-        found = re.search(r"(http://127\.0\.0\.1:\d+/login#token=\S+)", line)
+        found = re.search(r"(http://127\.0\.0\.1:\d+/login#code=\S+)", line)
         if found:
             return seen, found.group(1)
     raise AssertionError(f"no sign-in link; the demo exited {proc.wait()}:\n{seen}")
@@ -44,11 +46,17 @@ def test_the_web_demo_signs_in_from_its_link_and_stops_on_ctrl_c(browser: Any) -
     try:
         said, link = read_until_link(proc)
         assert "@ada" in said
+        assert proc.stdout is not None
+        said += proc.stdout.readline()  # the line naming the token file
+        # The link carries a one-time code, never the user token (browsers keep URLs).
+        token_file = re.search(r"with the token in (\S+)\)", said)
+        assert token_file, said
+        assert Path(token_file.group(1)).read_text().strip() not in link
         context = browser.new_context(viewport=DESKTOP)
         page = context.new_page()
         page.goto(link)
         page.wait_for_url("**/rooms")
-        assert "#token" not in page.url
+        assert "#code" not in page.url
         page.get_by_role("link", name=re.compile("Ada")).first.click()
         page.get_by_label("Message", exact=True).fill("Hello Ada!")
         page.get_by_role("button", name="Send").first.click()

@@ -7,87 +7,22 @@ whole chain; these pin the rules quickly and name what broke.
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from datetime import UTC, datetime
+import time
 
 import httpx
 import pytest
-from asgi_lifespan import LifespanManager
 
-from crew_server.app import create_app
-from crew_server.clock import Clock
-from crew_server.store import USER, AgentIdentity, Store
+from crew_server.api import sign_in
+from crew_server.store import USER, AgentIdentity
+from tests.web.site import Site, hidden
 
 pytestmark = pytest.mark.anyio
 
 HOSTILE = '<script>alert(1)</script><img src=x onerror="alert(2)">'
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@dataclass
-class Site:
-    """A signed-out browser and the user token, on an in-process server."""
-
-    browser: httpx.AsyncClient
-    api: httpx.AsyncClient
-    store: Store
-    token: str
-
-    async def sign_in(self) -> str:
-        """Sign in through the form; the CSRF token of the session."""
-        form = await self.browser.get("/login")
-        sign_in = hidden(form.text, "sign_in")
-        answer = await self.browser.post(
-            "/login", data={"sign_in": sign_in, "token": self.token, "next": "/rooms"}
-        )
-        assert answer.status_code == 303, answer.text
-        rooms = await self.browser.get("/rooms")
-        return hidden(rooms.text, "csrf")
-
-    async def agent(self, handle: str, computer_id: str | None = None) -> dict[str, str]:
-        body = {"handle": handle, "name": handle.title(), "model": "local/scripted"}
-        if computer_id:
-            body["computer_id"] = computer_id
-        answer = await self.api.post("/api/agents", json=body)
-        assert answer.status_code == 201, answer.text
-        agent: dict[str, str] = answer.json()
-        return agent
-
-
-def hidden(page: str, name: str) -> str:
-    found = re.search(rf'name="{name}" value="([^"]*)"', page)
-    assert found, f"no hidden {name} field in the page"
-    return found.group(1)
-
-
-@pytest.fixture
-async def site() -> AsyncIterator[Site]:
-    clock = Clock(datetime(2026, 10, 5, 9, 0, tzinfo=UTC))
-    store = Store(":memory:", clock)
-    token = store.ensure_user_token()
-    assert token is not None
-    app = create_app(store, clock)
-    async with LifespanManager(app) as manager:
-        transport = httpx.ASGITransport(app=manager.app)
-        async with (
-            httpx.AsyncClient(transport=transport, base_url="http://testserver") as browser,
-            httpx.AsyncClient(
-                transport=transport,
-                base_url="http://testserver",
-                headers={"Authorization": f"Bearer {token}"},
-            ) as api,
-        ):
-            yield Site(browser, api, store, token)
-    store.close()
-
-
 async def test_pages_need_a_session(site: Site) -> None:
-    for path in ("/", "/rooms", "/agents", "/tasks", "/computers", "/live/agents"):
+    for path in ("/", "/rooms", "/agents", "/tasks", "/computers", "/live"):
         answer = await site.browser.get(path)
         assert answer.status_code == 303, path
         assert answer.headers["location"].startswith("/login?next=")
@@ -154,7 +89,9 @@ async def test_every_page_has_a_strict_csp(site: Site) -> None:
     assert "script-src 'self'" in csp and "default-src 'none'" in csp
     assert "unsafe-inline" not in csp
     assert answer.headers["x-content-type-options"] == "nosniff"
-    assert "<script>" not in answer.text.replace('<script src="/static/app.js" defer></script>', "")
+    assert "<script>" not in re.sub(
+        r'<script src="/static/[a-z-]+\.js" defer></script>', "", answer.text
+    )
 
 
 async def test_what_agents_write_is_escaped(site: Site) -> None:
@@ -294,3 +231,43 @@ async def test_mute_unmute_and_tasks_through_the_forms(site: Site) -> None:
     # A refused change comes back to the page as a message above its form.
     await send("/tasks/1/assign", assignee="nobody")
     assert "there is no agent @nobody" in (await site.browser.get(here)).text
+
+
+async def test_a_sign_in_link_carries_a_one_time_code_not_the_user_token(site: Site) -> None:
+    minted = await site.api.post("/api/sign-in-codes")
+    assert minted.status_code == 201, minted.text
+    link = minted.json()
+    assert link["path"] == f"/login#code={link['code']}" and site.token not in link["path"]
+    assert link["expires_in_s"] == 600
+    anonymous = await site.browser.post("/api/sign-in-codes")
+    assert anonymous.status_code == 401
+
+    async def post_code(code: str) -> httpx.Response:
+        form = await site.browser.get("/login")
+        assert 'id="code-form"' in form.text
+        return await site.browser.post(
+            "/login",
+            data={"sign_in": hidden(form.text, "sign_in"), "code": code, "next": "/agents"},
+        )
+
+    answer = await post_code(link["code"])
+    assert answer.status_code == 303 and answer.headers["location"] == "/agents"
+    assert (await site.browser.get("/rooms")).status_code == 200
+    # Spent: the same link, from another browser (or from this one's history), fails.
+    site.browser.cookies.clear()
+    again = await post_code(link["code"])
+    assert again.status_code == 401 and "used already" in again.text
+    assert "crew_session" not in again.headers.get("set-cookie", "")
+    assert (await post_code("csi_made-up")).status_code == 401
+    assert (await post_code("é")).status_code == 401
+
+
+async def test_a_sign_in_code_expires(site: Site, monkeypatch: pytest.MonkeyPatch) -> None:
+    link = (await site.api.post("/api/sign-in-codes")).json()
+    started = time.monotonic()
+    monkeypatch.setattr(sign_in, "monotonic", lambda: started + 601)
+    form = await site.browser.get("/login")
+    answer = await site.browser.post(
+        "/login", data={"sign_in": hidden(form.text, "sign_in"), "code": link["code"]}
+    )
+    assert answer.status_code == 401 and "over 10 minutes old" in answer.text

@@ -1,18 +1,20 @@
-// The web app's one script (ours, no library). It only:
-//  - opens the live stream of every element with data-live and applies its updates
-//    (server-rendered, escaped fragments: {target, mode, html});
+// The web app's page script (ours, no library). It only:
+//  - subscribes every element with data-live to the browser's one live stream (held by
+//    the SharedWorker live-worker.js, shared by all tabs; live-hub.js in the page when
+//    there is no SharedWorker) and applies its updates (server-rendered, escaped
+//    fragments: {target, mode, html});
 //  - sends a composer's message without a reload (the stream shows it);
 //  - completes @handles in a composer.
 // Without it every page still works: forms post and the page reloads.
 "use strict";
 
-function applyUpdate(update, source) {
-  const target = document.getElementById(update.target);
-  if (update.mode === "end") {
-    source.close();
+function applyUpdate(update) {
+  if (update.mode === "signed-out") {
+    window.location.reload(); // the page's own check sends the tab to the sign-in form
     return;
   }
-  if (!target) return;
+  const target = document.getElementById(update.target);
+  if (!target || update.mode === "end") return;
   if (update.mode === "append") {
     const empty = target.querySelector(".empty");
     if (empty) empty.remove();
@@ -26,11 +28,41 @@ function applyUpdate(update, source) {
   }
 }
 
-function openLiveStreams() {
-  for (const element of document.querySelectorAll("[data-live]")) {
-    const source = new EventSource(element.dataset.live);
-    source.addEventListener("update", (event) => applyUpdate(JSON.parse(event.data), source));
+// The browser's live hub: the SharedWorker's, or (without SharedWorker) this page's own.
+function liveHub() {
+  if (typeof SharedWorker === "function") {
+    try {
+      const worker = new SharedWorker("/static/live-worker.js", { name: "crew-live" });
+      worker.port.start();
+      return {
+        join: (topics, csrf, deliver) => {
+          worker.port.onmessage = (event) => deliver(event.data);
+          worker.port.postMessage({ type: "join", topics, csrf });
+        },
+        leave: (keys, csrf) => worker.port.postMessage({ type: "leave", keys, csrf }),
+      };
+    } catch (error) {
+      // a browser that refuses workers here: the page holds its own stream
+    }
   }
+  return createLiveHub();
+}
+
+function openLiveStreams() {
+  const elements = [...document.querySelectorAll("[data-live]")];
+  const csrfField = document.querySelector("input[name=csrf]");
+  if (!elements.length || !csrfField) return;
+  const csrf = csrfField.value;
+  // Keys name this tab's topics on the shared stream (not a secret).
+  const tab = Date.now().toString(36) + Math.random().toString(36).slice(2);
+  const topics = elements.map((element) => ({ key: tab + ":" + element.id, topic: element.dataset.live }));
+  const keys = topics.map((topic) => topic.key);
+  const hub = liveHub();
+  hub.join(topics, csrf, applyUpdate);
+  window.addEventListener("pagehide", () => hub.leave(keys, csrf));
+  window.addEventListener("pageshow", (event) => {
+    if (event.persisted) hub.join(topics, csrf, applyUpdate); // back from the back/forward cache
+  });
 }
 
 function sendWithoutReload(form) {

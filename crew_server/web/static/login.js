@@ -1,11 +1,13 @@
-// A sign-in link (scripts/demo --web) carries the token in the fragment, which the
-// browser never sends to the server: fill the form with it, forget it, sign in.
+// A sign-in link (POST /api/sign-in-codes, scripts/demo --web) carries a one-time code
+// in the fragment, which the browser never sends to the server: drop it from the
+// address (and so from this history entry), then post it. The code is spent by that
+// post, so a copy left in the browser's history signs nobody in.
 "use strict";
 document.addEventListener("DOMContentLoaded", () => {
-  const found = /^#token=([A-Za-z0-9_-]+)$/.exec(window.location.hash);
+  const found = /^#code=([A-Za-z0-9_-]+)$/.exec(window.location.hash);
   if (!found) return;
   history.replaceState(null, "", window.location.pathname + window.location.search);
-  const field = document.getElementById("token");
-  field.value = found[1];
-  field.form.requestSubmit();
+  const form = document.getElementById("code-form");
+  form.elements.code.value = found[1];
+  form.requestSubmit();
 });
