@@ -31,6 +31,7 @@ from pathlib import Path
 
 from sandbox_launcher.backend import Backend
 from sandbox_launcher.engine_run import group_alive, reap_group
+from sandbox_launcher.ownership import HandOverFailed, hand_over
 from sandbox_launcher.network import NetworkPlan, NetworkUnavailable, sandbox_failure
 from sandbox_launcher.paths import is_inside
 from sandbox_launcher.policy import SandboxPolicy
@@ -118,6 +119,8 @@ def self_test(backend: Backend, home: Path, crew_home: Path) -> str | None:
     try:
         with ExitStack() as listeners:
             policy = _scratch_policy(scratch, home, crew_home)
+            if backend.engine_ids is not None:  # a root launcher: as a run's (issue 20)
+                hand_over(policy, backend.engine_ids)
             canary = scratch / "canary"
             canary.write_text("canary\n")
             if home_canary is not None:
@@ -131,7 +134,7 @@ def self_test(backend: Backend, home: Path, crew_home: Path) -> str | None:
             command += [sysctl, _PYTHON if sockets else "", *map(str, sockets)]
             denied = [home_file, outside]
             return _judge(backend, policy, command, nonce, ok_file, denied, port)
-    except OSError as exc:
+    except (OSError, HandOverFailed) as exc:
         return f"the self-test could not prepare its files: {exc}"
     finally:
         for path in (home_file, outside, home_canary):

@@ -72,6 +72,8 @@ def write_tool_shells(base: Path, python: str, helper: str) -> Path:
         except OSError:
             pass
         path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        for level in (shells, path.parent):  # `parents=True` made `shells` by the umask
+            level.chmod(0o755)
         part = path.with_name(f".{SHELL_NAME}.{os.getpid()}")
         part.write_text(text)
         part.chmod(0o755)
