@@ -19,10 +19,10 @@ from typing import Literal, Protocol
 from crew_common.engine_user import EngineIdentity, EngineUserMissing, engine_identity
 from sandbox_launcher import landlock
 from sandbox_launcher.bwrap import (
+    SETPRIV_CANDIDATES,
     BwrapTools,
     LinuxMode,
     SandboxUnavailable,
-    SETPRIV_CANDIDATES,
     bwrap_argv,
     choose_mode,
     find_program,
@@ -196,9 +196,7 @@ def _engine_user() -> EngineIdentity | None:
         raise SandboxUnavailable(str(exc)) from exc
 
 
-def health_note(
-    mode: LinuxMode, abi: int, engine_user: EngineIdentity | None = None
-) -> str | None:
+def health_note(mode: LinuxMode, abi: int, engine_user: EngineIdentity | None = None) -> str | None:
     """What a working Linux sandbox does not do here: tmpfs hides more, no Landlock nests
     tools; and as root, which user engines run as."""
     notes = [TMPFS_NOTE] if mode is LinuxMode.TMPFS else []

@@ -16,11 +16,11 @@ from pathlib import Path
 from types import FrameType
 
 from sandbox_launcher.backend import open_backend
-from sandbox_launcher.ownership import HandOverFailed, hand_over
 from sandbox_launcher.bwrap import LinuxMode
 from sandbox_launcher.engine_run import become_subreaper, group_alive
 from sandbox_launcher.git_guard import guarded_git_dirs
 from sandbox_launcher.network import NetworkPlan, NetworkUnavailable
+from sandbox_launcher.ownership import HandOverFailed, hand_over
 from sandbox_launcher.paths import PathRefused, resolved_dir
 from sandbox_launcher.policy import SandboxPolicy, check_read_dir
 from sandbox_launcher.selftest import self_test

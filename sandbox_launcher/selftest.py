@@ -31,8 +31,8 @@ from pathlib import Path
 
 from sandbox_launcher.backend import Backend
 from sandbox_launcher.engine_run import group_alive, reap_group
-from sandbox_launcher.ownership import HandOverFailed, hand_over
 from sandbox_launcher.network import NetworkPlan, NetworkUnavailable, sandbox_failure
+from sandbox_launcher.ownership import HandOverFailed, hand_over
 from sandbox_launcher.paths import is_inside
 from sandbox_launcher.policy import SandboxPolicy
 
