@@ -252,7 +252,7 @@ def bwrap_argv(
     argv += ["--ro-bind", "/", "/", "--dev", "/dev"]
     if tools.tmpfs_size:
         argv += ["--size", str(tools.shm_bytes)]
-    argv += ["--tmpfs", "/dev/shm"]
+    argv += ["--perms", "1777", "--tmpfs", "/dev/shm"]  # as /dev/shm is: for any uid
     argv += ["--unshare-pid", "--proc", "/proc"]
     for entry in PROC_READ_ONLY:
         argv += ["--ro-bind-try", entry, entry]

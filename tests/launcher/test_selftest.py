@@ -33,6 +33,10 @@ class Rewired:
     name: Literal["bwrap", "seatbelt"] = "bwrap"
     mode: Literal["hybrid", "tmpfs"] | None = "tmpfs"
 
+    @property
+    def engine_ids(self) -> tuple[int, int] | None:
+        return self.inner.engine_ids if self.inner is not None else None
+
     def argv(self, policy: SandboxPolicy, command: list[str]) -> list[str]:
         if self.edit == "unsandboxed":
             return command
