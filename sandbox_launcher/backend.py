@@ -31,7 +31,7 @@ from sandbox_launcher.bwrap import (
     reachable_needed,
     unreachable_levels,
 )
-from sandbox_launcher.limits import TurnLimits
+from sandbox_launcher.limits import DISK_NOTE, MIB, TurnLimits
 from sandbox_launcher.mounts import alias_masks
 from sandbox_launcher.network import (
     NetworkPlan,
@@ -159,7 +159,12 @@ def open_backend(
     try:
         tools = find_tools()
         limits = limits or TurnLimits()
-        tools = dataclasses.replace(tools, nproc=limits.max_processes, shm_bytes=limits.shm_bytes)
+        tools = dataclasses.replace(
+            tools,
+            nproc=limits.max_processes,
+            shm_bytes=limits.shm_bytes,
+            fsize=limits.disk_bytes,
+        )
         engine_user = _engine_user()
         if engine_user is not None:
             setpriv = find_program(SETPRIV_CANDIDATES, "setpriv", "install util-linux")
@@ -184,7 +189,7 @@ def open_backend(
         ok=True,
         backend="bwrap",
         mode=backend.mode,
-        reason=health_note(mode, abi, engine_user),
+        reason=health_note(mode, abi, engine_user, limits),
         network="namespace",
     )
 
@@ -196,7 +201,12 @@ def _engine_user() -> EngineIdentity | None:
         raise SandboxUnavailable(str(exc)) from exc
 
 
-def health_note(mode: LinuxMode, abi: int, engine_user: EngineIdentity | None = None) -> str | None:
+def health_note(
+    mode: LinuxMode,
+    abi: int,
+    engine_user: EngineIdentity | None = None,
+    limits: TurnLimits | None = None,
+) -> str | None:
     """What a working Linux sandbox does not do here: tmpfs hides more, no Landlock nests
     tools; and as root, which user engines run as."""
     notes = [TMPFS_NOTE] if mode is LinuxMode.TMPFS else []
@@ -207,4 +217,6 @@ def health_note(mode: LinuxMode, abi: int, engine_user: EngineIdentity | None = 
             f"the launcher runs as root: engines run as the system user {engine_user.name} "
             f"(uid {engine_user.uid}), which owns the agents' directories"
         )
+    if limits is not None:
+        notes.append(DISK_NOTE.format(mib=limits.disk_bytes // MIB))
     return "; ".join(notes) or None

@@ -139,6 +139,7 @@ class BwrapTools:
     # A root caller's engine user (uid, gid): bwrap runs as root, setpriv drops to it.
     engine_ids: tuple[int, int] | None = None
     setpriv: str = "/usr/bin/setpriv"
+    fsize: int | None = None  # RLIMIT_FSIZE of every process: the agent's disk (limits.py)
 
 
 def find_program(candidates: tuple[str, ...], what: str, hint: str) -> str:
@@ -316,6 +317,8 @@ def bwrap_argv(
     argv += [tools.python, "-I", "-S", tools.helper, "--seccomp"]
     if not as_engine:
         argv += ["--nproc", str(tools.nproc)]
+    if tools.fsize is not None:
+        argv += ["--fsize", str(tools.fsize)]
     if mode is LinuxMode.HYBRID:
         for root in deny:
             argv += ["--deny", str(root)]

@@ -234,7 +234,7 @@ def apply(deny: list[str], ro: list[str], rw: list[str]) -> None:
 class HelperPlan:
     """What the helper does before exec: Landlock (when `deny` is given), rlimits, seccomp."""
 
-    __slots__ = ("command", "deny", "nproc", "ro", "rw", "seccomp")
+    __slots__ = ("command", "deny", "fsize", "nproc", "ro", "rw", "seccomp")
 
     def __init__(self) -> None:
         self.deny: list[str] = []
@@ -242,11 +242,12 @@ class HelperPlan:
         self.rw: list[str] = []
         self.seccomp = False
         self.nproc: int | None = None
+        self.fsize: int | None = None  # RLIMIT_FSIZE: no one file bigger than the agent's disk
         self.command: list[str] = []
 
 
 def parse_args(argv: list[str]) -> HelperPlan:
-    """`[--deny P --ro P --rw P …] [--seccomp] [--nproc N] -- CMD…` → the plan."""
+    """`[--deny P --ro P --rw P …] [--seccomp] [--nproc N] [--fsize B] -- CMD…` → the plan."""
     plan = HelperPlan()
     lists = {"--deny": plan.deny, "--ro": plan.ro, "--rw": plan.rw}
     i = 0
@@ -263,13 +264,16 @@ def parse_args(argv: list[str]) -> HelperPlan:
             plan.seccomp = True
             i += 1
             continue
-        if flag not in (*lists, "--nproc") or i + 1 >= len(argv):
+        if flag not in (*lists, "--nproc", "--fsize") or i + 1 >= len(argv):
             raise SetupError(f"unexpected argument {flag!r}")
         value = argv[i + 1]
-        if flag == "--nproc":
+        if flag in ("--nproc", "--fsize"):
             if not value.isdigit() or int(value) < 1:
-                raise SetupError(f"--nproc needs a positive number, got {value!r}")
-            plan.nproc = int(value)
+                raise SetupError(f"{flag} needs a positive number, got {value!r}")
+            if flag == "--nproc":
+                plan.nproc = int(value)
+            else:
+                plan.fsize = int(value)
         elif not value.startswith("/"):
             raise LandlockError(f"{flag} needs an absolute path, got {value!r}")
         else:
@@ -280,6 +284,7 @@ def parse_args(argv: list[str]) -> HelperPlan:
 
 _RLIMIT_CORE = 4  # the same numbers on x86-64 and arm64
 _RLIMIT_NPROC = 6
+_RLIMIT_FSIZE = 1
 
 
 def set_limit(resource: int, value: int) -> None:
@@ -410,6 +415,8 @@ def main(argv: list[str]) -> int:
         set_limit(_RLIMIT_CORE, 0)
         if plan.nproc is not None:
             set_limit(_RLIMIT_NPROC, plan.nproc)
+        if plan.fsize is not None:
+            set_limit(_RLIMIT_FSIZE, plan.fsize)
         if plan.deny:
             apply(plan.deny, plan.ro, plan.rw)
         elif scoped := scopes(abi()):

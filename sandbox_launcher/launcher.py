@@ -205,6 +205,7 @@ class Launcher:
             limits=self.limits,
             cgroup=cgroup,
             network=network,
+            disk_dirs=(policy.agent_dir, policy.runtime_dir),
         )
 
     def run_ended(self, run_id: str) -> None:
@@ -252,7 +253,15 @@ class Launcher:
         # leaves the new server without one.
         cgroup = self._cgroup(f"warm-{request.agent_id}-{secrets.token_hex(4)}")
         argv = (cgroup.join_prefix() if cgroup else []) + backend.argv(policy, command)
-        return WarmServer(request.agent_id, argv, env, network, cgroup, limits=self.limits)
+        return WarmServer(
+            request.agent_id,
+            argv,
+            env,
+            network,
+            cgroup,
+            limits=self.limits,
+            disk_dirs=(policy.agent_dir, policy.runtime_dir),
+        )
 
     def _hand_over(self, backend: Backend, policy: SandboxPolicy) -> None:
         """A root launcher's engine user gets the agent's directories and the run's `bin/`."""

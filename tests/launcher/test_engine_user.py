@@ -16,6 +16,7 @@ import pytest
 
 from crew_common.engine_user import EngineUserMissing, engine_identity
 from sandbox_launcher.bwrap import LinuxMode, bwrap_argv, can_search, hidden_roots
+from sandbox_launcher.limits import disk_usage
 from sandbox_launcher.ownership import hand_over
 from sandbox_launcher.policy import SandboxPolicy
 from tests.launcher.test_argv import CMD, TOOLS, policy
@@ -125,3 +126,16 @@ def test_the_hand_over_changes_links_never_their_targets(tmp_path: Path) -> None
     assert hand_over(p, ids) == 1
     assert (agent / "work" / "MEMORY.md").stat().st_uid == ids[0]
     assert (agent / "work" / "old" / "deep" / "f").stat().st_uid == 0
+
+
+def test_disk_usage_counts_blocks_below_the_dirs_and_follows_no_link(tmp_path: Path) -> None:
+    agent, outside = tmp_path / "agent", tmp_path / "outside"
+    (agent / "work" / "deep").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "big").write_bytes(b"x" * (4 << 20))
+    (agent / "work" / "deep" / "f").write_bytes(b"y" * (1 << 20))
+    (agent / "work" / "link").symlink_to(outside)
+    used = disk_usage((agent,), 1 << 40)
+    assert 1 << 20 <= used < 2 << 20  # the 1 MiB file, not the 4 MiB one behind the link
+    assert disk_usage((agent, outside), 1 << 40) >= 5 << 20
+    assert disk_usage((tmp_path / "gone",), 1 << 40) == 0
