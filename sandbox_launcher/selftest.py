@@ -102,6 +102,7 @@ _FAILURES = {
     17: "a host loopback port that is not forwarded was reachable (no network namespace)",
     18: "the tool shell ($SHELL) could not run a command (sandbox_launcher.tool_shell)",
     19: "a tool could open the memory of the process that started it (no nested Landlock domain)",
+    20: "the sandbox did not run as the engine user (a root launcher's engines never run as root)",
 }
 SYSCTL = Path("/proc/sys/kernel/core_pattern")
 MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes
@@ -129,7 +130,8 @@ def self_test(backend: Backend, home: Path, crew_home: Path) -> str | None:
             sockets = _live_sockets(listeners, home, nonce) if linux else []
             port = _loopback_listener(listeners) if linux else None
             sysctl = str(SYSCTL) if linux and SYSCTL.exists() else ""
-            command = ["/bin/sh", "-c", _SCRIPT, "sh", nonce, str(ok_file)]
+            script = _SCRIPT.replace("\nexit 0\n", f"\n{_uid_check(backend)}exit 0\n")
+            command = ["/bin/sh", "-c", script, "sh", nonce, str(ok_file)]
             command += [str(home_file), str(outside or ""), str(canary), str(home_canary or "")]
             command += [sysctl, _PYTHON if sockets else "", *map(str, sockets)]
             denied = [home_file, outside]
@@ -145,6 +147,12 @@ def self_test(backend: Backend, home: Path, crew_home: Path) -> str | None:
 
 _PYTHON = os.path.realpath(sys.executable)
 _PREFIX = Path(os.path.realpath(sys.base_prefix))
+
+
+def _uid_check(backend: Backend) -> str:
+    """As root: the script's last check, that it ran as the engine user (issue 20)."""
+    ids = backend.engine_ids
+    return "" if ids is None else f'[ "$(id -u)" = {ids[0]} ] || exit 20\n'
 
 
 def _live_sockets(listeners: ExitStack, home: Path, nonce: str) -> list[Path]:
