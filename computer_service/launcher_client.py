@@ -131,7 +131,7 @@ class ServerInfo(BaseModel):
 
 
 # The exit frame's reasons for a run (or a warm server) ended at a resource limit.
-LIMIT_HITS = ("process_limit", "memory_limit", "shm_full")
+LIMIT_HITS = ("process_limit", "memory_limit", "shm_full", "disk_limit")
 
 
 class StartedFrame(BaseModel):

@@ -72,13 +72,21 @@ def _limit_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--shm-mb", type=int, default=default.shm_bytes // MIB, help="size of /dev/shm, MiB"
     )
+    parser.add_argument(
+        "--disk-mb",
+        type=int,
+        default=default.disk_bytes // MIB,
+        help="disk one agent's directories may use, in MiB (a watch; limits.py)",
+    )
 
 
 def _limits(args: argparse.Namespace) -> TurnLimits:
-    for name in ("max_processes", "memory_mb", "shm_mb"):
+    for name in ("max_processes", "memory_mb", "shm_mb", "disk_mb"):
         if getattr(args, name) < 1:
             raise SystemExit(f"crew-launcher: --{name.replace('_', '-')} must be at least 1")
-    return TurnLimits(args.max_processes, args.memory_mb * MIB, args.shm_mb * MIB)
+    return TurnLimits(
+        args.max_processes, args.memory_mb * MIB, args.shm_mb * MIB, args.disk_mb * MIB
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,6 +20,7 @@ import subprocess
 import sys
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Literal
 
 import anyio
@@ -163,6 +164,7 @@ class EngineRun:
         limits: TurnLimits | None = None,
         cgroup: RunCgroup | None = None,
         network: SandboxNetwork | None = None,
+        disk_dirs: tuple[Path, ...] = (),
     ) -> None:
         self.run_id = run_id
         self.agent_id = agent_id
@@ -173,6 +175,7 @@ class EngineRun:
         self.limits = limits  # None: not watched (tests of the process rules)
         self.cgroup = cgroup
         self.network = network  # its own network namespace (Linux), attached before it starts
+        self.disk_dirs = disk_dirs  # the agent's directories: their size is watched
         self.started_at = datetime.now(UTC).isoformat(timespec="milliseconds")
         self.pid: int | None = None
         self.bytes_out = 0
@@ -360,7 +363,7 @@ class EngineRun:
     def _watch(self, leader: int) -> ResourceWatch | None:
         if self.limits is None:
             return None
-        return ResourceWatch(self.limits, self.cgroup, leader)
+        return ResourceWatch(self.limits, self.cgroup, leader, disk_dirs=self.disk_dirs)
 
     async def _end_at_limit(self, watch: ResourceWatch, pgid: int) -> None:
         """End the run once it hits a resource limit (a fork bomb spins at the cap otherwise)."""

@@ -21,6 +21,7 @@ from sandbox_launcher.engine_run import EngineRun
 from sandbox_launcher.git_guard import commondir_absent, guarded_git_dirs, remove_new_commondirs
 from sandbox_launcher.limits import CgroupParents, RunCgroup, TurnLimits
 from sandbox_launcher.network import NetworkPlan, free_loopback_port
+from sandbox_launcher.ownership import HandOverFailed, hand_over, shared_dir_readable
 from sandbox_launcher.paths import PathRefused, dir_below, is_inside
 from sandbox_launcher.policy import SandboxPolicy, check_read_dir
 from sandbox_launcher.schema import (
@@ -179,6 +180,7 @@ class Launcher:
             policy = self._policy(request)
         except PathRefused as exc:
             raise RequestRefused(400, "path_refused", str(exc)) from exc
+        self._hand_over(backend, policy)
         command = self._command(request, policy)
         env = self._env(request, policy)
         publish = None
@@ -203,6 +205,7 @@ class Launcher:
             limits=self.limits,
             cgroup=cgroup,
             network=network,
+            disk_dirs=(policy.agent_dir, policy.runtime_dir),
         )
 
     def run_ended(self, run_id: str) -> None:
@@ -236,6 +239,7 @@ class Launcher:
             policy = self._policy(request)
         except PathRefused as exc:
             raise RequestRefused(400, "path_refused", str(exc)) from exc
+        self._hand_over(backend, policy)
         assert self.config.opencode is not None
         # In its own network namespace the server's port is reached only through the
         # host port pasta publishes (ours); without one (macOS) the kernel picks a port.
@@ -249,7 +253,33 @@ class Launcher:
         # leaves the new server without one.
         cgroup = self._cgroup(f"warm-{request.agent_id}-{secrets.token_hex(4)}")
         argv = (cgroup.join_prefix() if cgroup else []) + backend.argv(policy, command)
-        return WarmServer(request.agent_id, argv, env, network, cgroup, limits=self.limits)
+        return WarmServer(
+            request.agent_id,
+            argv,
+            env,
+            network,
+            cgroup,
+            limits=self.limits,
+            disk_dirs=(policy.agent_dir, policy.runtime_dir),
+        )
+
+    def _hand_over(self, backend: Backend, policy: SandboxPolicy) -> None:
+        """A root launcher's engine user gets the agent's directories and the run's `bin/`."""
+        ids = backend.engine_ids
+        if ids is None:
+            return
+        try:
+            changed = hand_over(policy, ids)
+            shared_dir_readable(policy.read_dirs[0])  # bin/ (`_policy` puts it first)
+        except (HandOverFailed, OSError) as exc:
+            raise RequestRefused(
+                500,
+                "hand_over_failed",
+                f"cannot give agent {policy.agent_dir.name}'s directories to the engine user: "
+                f"{exc}; check the crew home's ownership (the Computer runs as root)",
+            ) from exc
+        if changed:
+            log.info("gave %d entries of %s to the engine user", changed, policy.agent_dir.name)
 
     def _usable_backend(self) -> Backend:
         if self.backend is None or not self.sandbox.ok:

@@ -144,9 +144,13 @@ def _port_spec(ports: Sequence[int]) -> str:
 
 
 def pasta_argv(
-    tools: PastaTools, ns_fds: tuple[int, int], plan: NetworkPlan, as_root: bool
+    tools: PastaTools, ns_fds: tuple[int | None, int], plan: NetworkPlan, as_root: bool
 ) -> list[str]:
-    """The argv that attaches pasta to a sandbox's namespaces, given as fds (user, net). Pure."""
+    """The argv that attaches pasta to a sandbox's namespaces, given as fds (user, net). Pure.
+
+    No user fd: the network namespace is owned by pasta's own user namespace (a
+    root launcher's sandboxes have none of their own), which pasta cannot re-enter.
+    """
     address4, prefix4, gateway4 = SANDBOX_IPV4
     address6, gateway6 = SANDBOX_IPV6
     argv = [tools.setpriv, "--pdeathsig", "KILL", "--", tools.pasta, "-f", "-q"]
@@ -161,7 +165,9 @@ def pasta_argv(
         argv += ["--runas", "0"]
     user_fd, net_fd = ns_fds
     # We stop pasta ourselves: it need not watch the namespace (its path is an fd of its own).
-    argv += ["--no-netns-quit", "--userns", f"/proc/self/fd/{user_fd}"]
+    argv += ["--no-netns-quit"]
+    if user_fd is not None:
+        argv += ["--userns", f"/proc/self/fd/{user_fd}"]
     return [*argv, "--netns", f"/proc/self/fd/{net_fd}"]
 
 
@@ -396,7 +402,10 @@ class SandboxNetwork:
         except OSError:
             os.close(net_fd)
             raise
-        argv = pasta_argv(self.tools, (user_fd, net_fd), self.plan, os.geteuid() == 0)
+        own = _same_namespace(user_fd, "/proc/self/ns/user")
+        argv = pasta_argv(
+            self.tools, (None if own else user_fd, net_fd), self.plan, os.geteuid() == 0
+        )
         # A file, not a pipe: nobody reads pasta's stderr while the run goes on.
         self._pasta_log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
         try:
@@ -524,6 +533,12 @@ class SandboxNetwork:
         if self._pasta_log is not None:
             self._pasta_log.close()
             self._pasta_log = None
+
+
+def _same_namespace(fd: int, path: str) -> bool:
+    """Is the namespace `fd` the one at `path` (same inode on nsfs)?"""
+    mine, theirs = os.stat(path), os.fstat(fd)
+    return (mine.st_dev, mine.st_ino) == (theirs.st_dev, theirs.st_ino)
 
 
 def _close(fd: int) -> None:

@@ -20,6 +20,7 @@ from sandbox_launcher.bwrap import LinuxMode
 from sandbox_launcher.engine_run import become_subreaper, group_alive
 from sandbox_launcher.git_guard import guarded_git_dirs
 from sandbox_launcher.network import NetworkPlan, NetworkUnavailable
+from sandbox_launcher.ownership import HandOverFailed, hand_over
 from sandbox_launcher.paths import PathRefused, resolved_dir
 from sandbox_launcher.policy import SandboxPolicy, check_read_dir
 from sandbox_launcher.selftest import self_test
@@ -117,6 +118,12 @@ def run_sandboxed(
         sys.stderr.write(f"crew-launcher sandbox: sandbox unavailable: {reason}\n")
         return 125
     become_subreaper()
+    if backend.engine_ids is not None:  # as root: the engine user's, as a run's (issue 20)
+        try:
+            hand_over(policy, backend.engine_ids)
+        except HandOverFailed as exc:
+            sys.stderr.write(f"crew-launcher sandbox: {exc}\n")
+            return 2
     network = backend.network(NetworkPlan(tuple(loopback_ports)))
     argv = backend.argv(policy, command)
     process = subprocess.Popen(

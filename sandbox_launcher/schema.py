@@ -199,7 +199,10 @@ class ExitFrame(BaseModel):
     stderr_tail: str
     # process_limit, memory_limit, shm_full: the run hit a resource limit (limits.py).
     reason: (
-        Literal["stopped", "output_too_large", "process_limit", "memory_limit", "shm_full"] | None
+        Literal[
+            "stopped", "output_too_large", "process_limit", "memory_limit", "shm_full", "disk_limit"
+        ]
+        | None
     )
 
 
@@ -326,7 +329,7 @@ class ServerLimitHit(BaseModel):
     """
 
     agent_id: str
-    limit_hit: Literal["process_limit", "memory_limit", "shm_full"] | None
+    limit_hit: Literal["process_limit", "memory_limit", "shm_full", "disk_limit"] | None
 
 
 class ServerStopped(BaseModel):

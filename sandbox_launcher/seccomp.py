@@ -21,6 +21,12 @@ deny on Linux):
 - `ptrace`, `process_vm_readv`, `process_vm_writev`: an agent's tools share
   the sandbox with the agent's warm `opencode serve` (docs/warm-engine.md)
   and must not read or rewrite its memory; nothing an agent runs needs them.
+- Reading extended attributes (`getxattr`, `listxattr` and their `l`, `f` and
+  `…at` forms) answers EOPNOTSUPP, "this filesystem keeps none" (issue 20,
+  R18): Landlock does not govern them, so in hybrid mode every file below
+  `$HOME` told its xattrs (user.*, ACLs, security labels) though its content
+  stayed denied. A filter cannot tell paths apart, so the family goes for all
+  files; tools treat EOPNOTSUPP as "none" (ls, cp -a, Python's copy2, tar, git).
 - Any other architecture (i386 or x32 calls from an x86-64 process would
   reach `socketcall` and friends unchecked): the process is killed.
 
@@ -47,6 +53,7 @@ RET_KILL_PROCESS = 0x80000000
 _RET_ERRNO = 0x00050000
 EPERM = 1
 ENOSYS = 38
+EOPNOTSUPP = 95
 
 AF_UNIX = 1
 AF_VSOCK = 40
@@ -74,6 +81,14 @@ _ARCHES: dict[str, tuple[int, dict[str, int]]] = {
             "ptrace": 101,
             "process_vm_readv": 310,
             "process_vm_writev": 311,
+            "getxattr": 191,
+            "lgetxattr": 192,
+            "fgetxattr": 193,
+            "listxattr": 194,
+            "llistxattr": 195,
+            "flistxattr": 196,
+            "getxattrat": 464,
+            "listxattrat": 465,
         },
     ),
     "aarch64": (
@@ -92,6 +107,14 @@ _ARCHES: dict[str, tuple[int, dict[str, int]]] = {
             "ptrace": 117,
             "process_vm_readv": 270,
             "process_vm_writev": 271,
+            "getxattr": 8,
+            "lgetxattr": 9,
+            "fgetxattr": 10,
+            "listxattr": 11,
+            "llistxattr": 12,
+            "flistxattr": 13,
+            "getxattrat": 464,
+            "listxattrat": 465,
         },
     ),
 }
@@ -107,6 +130,16 @@ DENIED_OUTRIGHT = (
     "process_vm_writev",
 )
 DENIED_SOCKET_FAMILIES = (AF_UNIX, AF_VSOCK)
+XATTR_READS = (
+    "getxattr",
+    "lgetxattr",
+    "fgetxattr",
+    "listxattr",
+    "llistxattr",
+    "flistxattr",
+    "getxattrat",
+    "listxattrat",
+)
 
 
 class SeccompUnsupported(SetupError):
@@ -135,6 +168,7 @@ def program(machine: str) -> bytes:
     if machine == "x86_64":
         code.append((_JGE_K, "kill", None, _X32_SYSCALL_BIT))
     code += [(_JEQ_K, "eperm", None, nr[name]) for name in DENIED_OUTRIGHT]
+    code += [(_JEQ_K, "enotsup", None, nr[name]) for name in XATTR_READS]
     code += [
         (_JEQ_K, "enosys", None, nr["clone3"]),
         (_JEQ_K, "socket", None, nr["socket"]),
@@ -155,6 +189,7 @@ def program(machine: str) -> bytes:
     for label, k in (
         ("eperm", _RET_ERRNO | EPERM),
         ("enosys", _RET_ERRNO | ENOSYS),
+        ("enotsup", _RET_ERRNO | EOPNOTSUPP),
         ("kill", RET_KILL_PROCESS),
     ):
         labels[label] = len(code)

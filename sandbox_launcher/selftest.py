@@ -32,6 +32,7 @@ from pathlib import Path
 from sandbox_launcher.backend import Backend
 from sandbox_launcher.engine_run import group_alive, reap_group
 from sandbox_launcher.network import NetworkPlan, NetworkUnavailable, sandbox_failure
+from sandbox_launcher.ownership import HandOverFailed, hand_over
 from sandbox_launcher.paths import is_inside
 from sandbox_launcher.policy import SandboxPolicy
 
@@ -101,6 +102,7 @@ _FAILURES = {
     17: "a host loopback port that is not forwarded was reachable (no network namespace)",
     18: "the tool shell ($SHELL) could not run a command (sandbox_launcher.tool_shell)",
     19: "a tool could open the memory of the process that started it (no nested Landlock domain)",
+    20: "the sandbox did not run as the engine user (a root launcher's engines never run as root)",
 }
 SYSCTL = Path("/proc/sys/kernel/core_pattern")
 MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes
@@ -118,6 +120,8 @@ def self_test(backend: Backend, home: Path, crew_home: Path) -> str | None:
     try:
         with ExitStack() as listeners:
             policy = _scratch_policy(scratch, home, crew_home)
+            if backend.engine_ids is not None:  # a root launcher: as a run's (issue 20)
+                hand_over(policy, backend.engine_ids)
             canary = scratch / "canary"
             canary.write_text("canary\n")
             if home_canary is not None:
@@ -126,12 +130,13 @@ def self_test(backend: Backend, home: Path, crew_home: Path) -> str | None:
             sockets = _live_sockets(listeners, home, nonce) if linux else []
             port = _loopback_listener(listeners) if linux else None
             sysctl = str(SYSCTL) if linux and SYSCTL.exists() else ""
-            command = ["/bin/sh", "-c", _SCRIPT, "sh", nonce, str(ok_file)]
+            script = _SCRIPT.replace("\nexit 0\n", f"\n{_uid_check(backend)}exit 0\n")
+            command = ["/bin/sh", "-c", script, "sh", nonce, str(ok_file)]
             command += [str(home_file), str(outside or ""), str(canary), str(home_canary or "")]
             command += [sysctl, _PYTHON if sockets else "", *map(str, sockets)]
             denied = [home_file, outside]
             return _judge(backend, policy, command, nonce, ok_file, denied, port)
-    except OSError as exc:
+    except (OSError, HandOverFailed) as exc:
         return f"the self-test could not prepare its files: {exc}"
     finally:
         for path in (home_file, outside, home_canary):
@@ -142,6 +147,12 @@ def self_test(backend: Backend, home: Path, crew_home: Path) -> str | None:
 
 _PYTHON = os.path.realpath(sys.executable)
 _PREFIX = Path(os.path.realpath(sys.base_prefix))
+
+
+def _uid_check(backend: Backend) -> str:
+    """As root: the script's last check, that it ran as the engine user (issue 20)."""
+    ids = backend.engine_ids
+    return "" if ids is None else f'[ "$(id -u)" = {ids[0]} ] || exit 20\n'
 
 
 def _live_sockets(listeners: ExitStack, home: Path, nonce: str) -> list[Path]:

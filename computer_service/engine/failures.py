@@ -33,6 +33,9 @@ _LIMIT_HITS = {
     "memory_limit": "used more memory than a turn may have "
     "(turn_limits.memory_mb in the Computer's bootstrap)",
     "shm_full": "filled its /dev/shm (turn_limits.shm_mb in the Computer's bootstrap)",
+    "disk_limit": "filled its disk allowance: its directories (work/ and the rest) reached "
+    "turn_limits.disk_mb of the Computer's bootstrap; delete what it no longer needs "
+    "from work/, or raise the limit",
 }
 
 

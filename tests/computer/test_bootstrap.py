@@ -195,12 +195,16 @@ def test_turn_limits_default_and_become_launcher_flags() -> None:
         "4096",
         "--shm-mb",
         "64",
+        "--disk-mb",
+        "10240",
     ]
-    line = {**base, "turn_limits": {"max_processes": 500, "memory_mb": 1024, "shm_mb": 8}}
+    limits = {"max_processes": 500, "memory_mb": 1024, "shm_mb": 8, "disk_mb": 100}
+    line = {**base, "turn_limits": limits}
     assert parse_bootstrap(orjson.dumps(line)).turn_limits.launcher_args()[1::2] == [
         "500",
         "1024",
         "8",
+        "100",
     ]
     for bad in ({"max_processes": 1}, {"shm_mb": "64"}, {"cpus": 2}):
         with pytest.raises(BootstrapError, match="turn_limits"):

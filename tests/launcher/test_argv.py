@@ -58,7 +58,7 @@ HEAD = [
     "/usr/bin/env", "--ignore-signal=INT", "/usr/bin/bwrap",
     "--unshare-user", "--unshare-ipc",
     "--ro-bind", "/", "/", "--dev", "/dev",
-    "--size", str(DEV_SHM_BYTES), "--tmpfs", "/dev/shm",
+    "--size", str(DEV_SHM_BYTES), "--perms", "1777", "--tmpfs", "/dev/shm",
     "--unshare-pid", "--proc", "/proc", *PROC_RO, "--die-with-parent", "--cap-drop", "ALL",
     "--bind", f"{R}/tmp", "/tmp",
     "--tmpfs", "/run/user", "--tmpfs", "/run/dbus", "--ro-bind", "/dev/null", "/run/docker.sock",

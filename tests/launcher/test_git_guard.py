@@ -38,7 +38,8 @@ from tests.launcher.helpers import (
 )
 from tests.support.ci import required_in_ci
 
-GIT = ["git", "-c", "user.email=agent@crew", "-c", "user.name=agent"]
+# safe.directory: a root launcher hands the repositories to the engine user (issue 20).
+GIT = ["git", "-c", "user.email=agent@crew", "-c", "user.name=agent", "-c", "safe.directory=*"]
 
 
 def _git(repo: Path, *args: str, uid: int | None = None) -> str:
