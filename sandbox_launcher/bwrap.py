@@ -9,7 +9,9 @@ measurements behind every flag are in research/sandbox.md §3.1:
   processes' environ invisible; every process of the turn dies with it),
   `--die-with-parent`, and `--cap-drop ALL` (as root, without it the sandbox
   can unmount and remount its way out).
-- The agent's temp dir is bound at `/tmp`: agents never share a `/tmp`.
+- The agent's temp dir is bound at `/tmp`: agents never share a `/tmp`. A
+  `$HOME` or crew home below the host's `/tmp` (the demo, tests) is then not
+  visible in the sandbox beyond what the run needs, in both modes.
 - hybrid: `landlock_exec.py` applies Landlock (READ_FILE + REFER) inside
   bwrap just before exec; `stat` keeps working below `$HOME`.
 - tmpfs: an empty tmpfs over each deny root with the allowlist bound back,
@@ -227,6 +229,7 @@ def bwrap_argv(
     each with "is a directory"; masked in both modes.
     """
     deny = policy.deny_roots
+    tmp_roots = [r for r in deny if _under_host_tmp(r)]
     reads = [*policy.read_dirs, *policy.read_files]
     argv = [tools.env, "--ignore-signal=INT", tools.bwrap]
     argv += ["--unshare-user", "--unshare-ipc"]
@@ -262,10 +265,15 @@ def bwrap_argv(
         shown = [p for p in reads if any(is_inside(p, r) for r in deny) or _under_host_tmp(p)]
         shown += [p for p in support if any(is_inside(p, r) for r in deny) or _under_host_tmp(p)]
     else:
-        back = [r for r in deny if _under_host_tmp(r)]
-        for root in back:
-            argv += ["--ro-bind", str(root), str(root)]
-        shown = [p for p in reads if _under_host_tmp(p) and not any(is_inside(p, r) for r in back)]
+        # A deny root below the host's /tmp is not bound back whole (issue 20): the
+        # private /tmp needs a Landlock grant of its own (what a tool writes there is
+        # unreadable otherwise: it is an ancestor of the deny root, not a sibling), and
+        # that grant would reach everything mounted below it. So, as in tmpfs mode,
+        # only what the run needs from there is bound back (`stat` sees no more of it),
+        # on a read-only tmpfs: the private /tmp below it is writable.
+        for root in tmp_roots:
+            argv += ["--tmpfs", str(root)]
+        shown = [p for p in reads if _under_host_tmp(p)]
         shown += [p for p in support if _under_host_tmp(p)]
     for path in shown:
         argv += ["--ro-bind", str(path), str(path)]
@@ -273,11 +281,11 @@ def bwrap_argv(
         argv += ["--bind", str(path), str(path)]
     argv += git_guard_args(policy)
     # Writes to a tmpfs of ours would be lost, or fill memory: make them EROFS.
-    if mode is LinuxMode.TMPFS:
-        for root in deny:
-            argv += ["--remount-ro", str(root)]
-    else:
-        # Landlock does not mediate connect() on Unix sockets: hide them.
+    for root in deny if mode is LinuxMode.TMPFS else tmp_roots:
+        argv += ["--remount-ro", str(root)]
+    if mode is LinuxMode.HYBRID and not any(is_inside(policy.sockets_dir, r) for r in tmp_roots):
+        # Landlock does not mediate connect() on Unix sockets: hide them (below a
+        # deny root in /tmp they are hidden with it).
         argv += ["--tmpfs", str(policy.sockets_dir), "--remount-ro", str(policy.sockets_dir)]
     for place in [*socket_dirs, *alias_dirs]:
         argv += ["--remount-ro", str(place)]
@@ -293,6 +301,8 @@ def bwrap_argv(
                 argv += ["--ro", str(path)]
         for path in policy.writable_dirs:
             argv += ["--rw", str(path)]
+        if tmp_roots:
+            argv += ["--rw", str(HOST_TMP)]  # the private one: nothing of the host's is there
         if tools.tool_shells is not None:
             # The tool shell runs inside the engine's domain: its interpreter must be readable.
             for path in support:

@@ -8,6 +8,9 @@ control proves the probe itself can see the escape.
 - item 2: a host Unix datagram socket (a stand-in for journald's
   `/run/systemd/journal/socket`, made by the test in /var/tmp) reached
   through a `socketpair(AF_UNIX, SOCK_DGRAM)` end (sendto, or connect again).
+- item 6b: `$HOME` (and with it the crew home) below the host's /tmp, as in
+  the demo and the tests: the private /tmp must be readable back, and the
+  secrets of `$HOME` must stay unreadable.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Any
 import pytest
 
 from sandbox_launcher.bwrap import LinuxMode
-from tests.launcher.test_escapes import Sandbox, sandbox  # noqa: F401 (the fixture)
+from tests.launcher.test_escapes import Sandbox, make_sandbox, sandbox  # noqa: F401 (fixture)
 
 DGRAM_PROBE = r"""
 import json, socket, sys
@@ -154,3 +157,82 @@ def test_host_datagram_sockets_are_not_reachable_through_a_socketpair(
     assert dgram_listener.received() == []
     for name in ("stream_pair", "stream_cloexec_pair", "seqpacket_pair"):
         assert results[name]["worked"] and results[name]["result"] == "'ping'", results[name]
+
+
+TMP_PROBE = r"""
+import json, os, subprocess, sys
+
+cfg = json.loads(sys.argv[1])
+
+
+def emit(name, worked, **more):
+    print(json.dumps({"check": name, "worked": worked, **more}), flush=True)
+
+
+def attempt(name, action):
+    try:
+        result = action()
+    except OSError as exc:
+        emit(name, False, errno=exc.errno, error=str(exc))
+        return
+    emit(name, True, result=repr(result)[:300])
+
+
+def write_read(path):
+    with open(path, "w") as f:
+        f.write("tmp-ok")
+    with open(path) as f:
+        return f.read()
+
+
+def shell(command):
+    done = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise OSError(0, f"exit {done.returncode}: {done.stderr.strip()[:200]}")
+    return done.stdout.strip()
+
+
+attempt("tmp_write_read", lambda: write_read("/tmp/a"))
+attempt("tmp_mkdir_read", lambda: (os.makedirs("/tmp/d/e"), write_read("/tmp/d/e/f"))[1])
+attempt("tmp_shell", lambda: shell("echo shell-ok > /tmp/b && cat /tmp/b"))
+attempt("tmpdir_write_read", lambda: write_read(os.path.join(os.environ["TMPDIR"], "c")))
+attempt("work_write_read", lambda: write_read(os.path.join(cfg["work"], "w")))
+for name, path in cfg["secrets"].items():
+    attempt(name, lambda: open(path).read())
+"""
+
+
+@pytest.fixture(params=["caller", "unprivileged"])
+def tmp_sandbox(request: pytest.FixtureRequest, needs_bwrap: None) -> Iterator[Sandbox]:
+    """A sandbox whose $HOME and crew home lie below the host's /tmp."""
+    yield from make_sandbox(request.param, "/tmp")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", list(LinuxMode))
+def test_the_private_tmp_is_readable_back_when_home_is_below_tmp(
+    mode: LinuxMode, tmp_sandbox: Sandbox
+) -> None:
+    box = tmp_sandbox
+    p = box.policy
+    assert str(p.home).startswith("/tmp/") and str(p.tmp_dir).startswith("/tmp/")
+    secrets = {"read_ssh_key": box.home / ".ssh" / "id_rsa", "read_crew": p.crew_home / "token"}
+    secrets["read_other_tmp"] = box.home.parent / "host-tmp-file"  # the host's /tmp
+    for path in secrets.values():
+        path.parent.mkdir(exist_ok=True)
+        path.write_text("secret\n")
+        path.chmod(0o644)  # only the sandbox may stand between it and the probe
+    cfg = {"work": str(p.work_dir), "secrets": {k: str(v) for k, v in secrets.items()}}
+
+    results = _probe(box, TMP_PROBE, mode, cfg)
+
+    assert results["tmp_write_read"].get("result") == "'tmp-ok'", results["tmp_write_read"]
+    assert results["tmp_mkdir_read"].get("result") == "'tmp-ok'", results["tmp_mkdir_read"]
+    assert results["tmp_shell"].get("result") == "'shell-ok'", results["tmp_shell"]
+    assert results["tmpdir_write_read"].get("result") == "'tmp-ok'", results["tmpdir_write_read"]
+    assert results["work_write_read"].get("result") == "'tmp-ok'", results["work_write_read"]
+    # what the sandbox wrote in its /tmp is the agent's own temp dir on the host
+    assert (p.tmp_dir / "a").read_text() == "tmp-ok"
+    for name in secrets:
+        r = results[name]
+        assert not r["worked"] and r["errno"] in (errno.EACCES, errno.ENOENT), (name, r)
