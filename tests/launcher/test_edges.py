@@ -8,6 +8,10 @@ control proves the probe itself can see the escape.
 - item 2: a host Unix datagram socket (a stand-in for journald's
   `/run/systemd/journal/socket`, made by the test in /var/tmp) reached
   through a `socketpair(AF_UNIX, SOCK_DGRAM)` end (sendto, or connect again).
+- item 3: an overlay of `$HOME`, an overlay of its parent and a FUSE mount
+  (bindfs) of `$HOME`, made by the test (as root) in /var/tmp: `~/.ssh/id_rsa`
+  and another agent's token must not be readable through them; a FUSE mount
+  of unknown origin (an sshfs-like source) is named in the launcher's /health.
 - item 6b: `$HOME` (and with it the crew home) below the host's /tmp, as in
   the demo and the tests: the private /tmp must be readable back, and the
   secrets of `$HOME` must stay unreadable.
@@ -15,10 +19,12 @@ control proves the probe itself can see the escape.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import shutil
 import socket
+import subprocess
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -28,7 +34,9 @@ from typing import Any
 import pytest
 
 from sandbox_launcher.bwrap import LinuxMode
+from tests.launcher.helpers import LauncherProcess, make_layout, write_fake_opencode
 from tests.launcher.test_escapes import Sandbox, make_sandbox, sandbox  # noqa: F401 (fixture)
+from tests.support.ci import required_in_ci
 
 DGRAM_PROBE = r"""
 import json, socket, sys
@@ -236,3 +244,147 @@ def test_the_private_tmp_is_readable_back_when_home_is_below_tmp(
     for name in secrets:
         r = results[name]
         assert not r["worked"] and r["errno"] in (errno.EACCES, errno.ENOENT), (name, r)
+
+
+READ_PROBE = r"""
+import json, sys
+
+cfg = json.loads(sys.argv[1])
+for name, path in cfg["reads"].items():
+    try:
+        with open(path) as f:
+            print(json.dumps({"check": name, "worked": True, "result": f.read()}), flush=True)
+    except OSError as exc:
+        print(json.dumps({"check": name, "worked": False, "errno": exc.errno}), flush=True)
+"""
+SSH_KEY = "-----BEGIN OPENSSH PRIVATE KEY----- (the user's)\n"
+OTHER_TOKEN = "token-of-bob\n"
+
+
+class LayeredAliases:
+    """Mounts of `$HOME` on devices of their own: two overlays and a bindfs (FUSE)."""
+
+    def __init__(self, box: Sandbox) -> None:
+        if os.getuid() != 0:
+            required_in_ci("root (to mount overlays and FUSE file systems)")
+        if shutil.which("bindfs") is None:
+            required_in_ci("bindfs (Debian package bindfs; scripts/setup installs it)")
+        home = box.home
+        ssh = home / ".ssh"
+        ssh.mkdir()
+        (ssh / "id_rsa").write_text(SSH_KEY)
+        bob = box.policy.crew_home / "runtime" / "r1" / "agents" / "bob"
+        bob.mkdir(parents=True)
+        (bob / "token").write_text(OTHER_TOKEN)
+        for path in [ssh, ssh / "id_rsa", *(p for p in bob.parents if home in p.parents), bob]:
+            os.lchown(path, box.uid, box.uid)
+        os.lchown(bob / "token", box.uid, box.uid)
+        self.base = Path(tempfile.mkdtemp(prefix="crew-layered-", dir="/var/tmp"))
+        self.base.chmod(0o755)
+        self.mounted: list[Path] = []
+        rel_key = Path(".ssh/id_rsa")
+        rel_token = bob.relative_to(home) / "token"
+        self.reads = {"read_key_real": str(home / rel_key), "read_token_real": str(bob / "token")}
+        for name, lower, below in (
+            ("overlay_home", home, Path()),
+            ("overlay_parent", home.parent, Path(home.name)),
+        ):
+            point = self._dir(name)
+            upper, work = self._dir(f"{name}-upper"), self._dir(f"{name}-work")
+            options = f"lowerdir={lower},upperdir={upper},workdir={work}"
+            self._mount(["mount", "-t", "overlay", "overlay", "-o", options, str(point)], point)
+            self.reads[f"read_key_{name}"] = str(point / below / rel_key)
+            self.reads[f"read_token_{name}"] = str(point / below / rel_token)
+        point = self._dir("bindfs_home")
+        self._mount(["bindfs", "-o", "allow_other", str(home), str(point)], point)
+        self.reads["read_key_bindfs"] = str(point / rel_key)
+        self.reads["read_token_bindfs"] = str(point / rel_token)
+
+    def _dir(self, name: str) -> Path:
+        path = self.base / name
+        path.mkdir(mode=0o755)
+        return path
+
+    def _mount(self, argv: list[str], point: Path) -> None:
+        subprocess.run(argv, check=True, capture_output=True)
+        self.mounted.append(point)
+
+    def close(self) -> None:
+        for point in reversed(self.mounted):
+            subprocess.run(["umount", str(point)], check=False, capture_output=True)
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+@pytest.fixture
+def layered(sandbox: Sandbox) -> Iterator[LayeredAliases]:  # noqa: F811 (the fixture)
+    found = LayeredAliases(sandbox)
+    try:
+        yield found
+    finally:
+        found.close()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", list(LinuxMode))
+def test_overlay_and_fuse_mounts_of_home_are_masked(
+    mode: LinuxMode,
+    sandbox: Sandbox,  # noqa: F811 (the fixture)
+    layered: LayeredAliases,
+) -> None:
+    cfg = {"reads": layered.reads}
+    control = _probe(sandbox, READ_PROBE, None, cfg)
+    for name in layered.reads:
+        assert control[name]["worked"], f"control: {name} must work unsandboxed: {control[name]}"
+        assert control[name]["result"] in (SSH_KEY, OTHER_TOKEN)
+
+    results = _probe(sandbox, READ_PROBE, mode, cfg)
+
+    for name in layered.reads:
+        r = results[name]
+        assert not r["worked"], f"{name} was NOT denied: {r}"
+        assert r["errno"] in (errno.EACCES, errno.ENOENT), (name, r)
+
+
+MS_NOSUID, MS_NODEV = 2, 4
+
+
+@pytest.fixture
+def unknown_fuse_mount() -> Iterator[Path]:
+    """A FUSE mount whose source names no local path (as sshfs's `me@nas:/home`).
+
+    Mounted straight on a /dev/fuse descriptor that is then closed: the mount
+    stays listed in mountinfo, and every access to it fails (ENOTCONN) at once.
+    """
+    if os.getuid() != 0:
+        required_in_ci("root (to mount a FUSE file system)")
+    point = Path(tempfile.mkdtemp(prefix="crew-nas-", dir="/var/tmp"))
+    fd = os.open("/dev/fuse", os.O_RDWR)
+    libc = ctypes.CDLL(None, use_errno=True)
+    data = f"fd={fd},rootmode=40000,user_id=0,group_id=0".encode()
+    rc = libc.mount(b"me@nas:/home", str(point).encode(), b"fuse.sshfs", MS_NOSUID | MS_NODEV, data)
+    os.close(fd)
+    if rc != 0:
+        point.rmdir()
+        pytest.fail(f"mounting a FUSE file system failed: {os.strerror(ctypes.get_errno())}")
+    try:
+        yield point
+    finally:
+        subprocess.run(["umount", str(point)], check=False, capture_output=True)
+        point.rmdir()
+
+
+@pytest.mark.timeout(120)
+def test_a_mount_that_cannot_be_judged_is_named_in_the_health(
+    needs_bwrap: None, isolated_home: Path, tmp_path: Path, unknown_fuse_mount: Path
+) -> None:
+    layout = make_layout(isolated_home)
+    launcher = LauncherProcess(layout, write_fake_opencode(tmp_path / "engine-bin"), mode="tmpfs")
+    try:
+        with launcher.client() as client:
+            sandbox_health = client.get("/health").json()["sandbox"]
+    finally:
+        launcher.stop()
+    assert sandbox_health["ok"], sandbox_health
+    named = [n for n in sandbox_health["not_granted"] if str(unknown_fuse_mount) in n]
+    assert len(named) == 1, sandbox_health["not_granted"]
+    assert "fuse.sshfs mount of me@nas:/home whose origin cannot be judged" in named[0]
