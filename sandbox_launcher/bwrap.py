@@ -279,7 +279,6 @@ def bwrap_argv(
         argv += ["--ro-bind", str(path), str(path)]
     for path in policy.writable_dirs:
         argv += ["--bind", str(path), str(path)]
-    argv += git_guard_args(policy)
     # Writes to a tmpfs of ours would be lost, or fill memory: make them EROFS.
     for root in deny if mode is LinuxMode.TMPFS else tmp_roots:
         argv += ["--remount-ro", str(root)]
@@ -327,17 +326,6 @@ def tool_shell_args(tools: BwrapTools, mode: LinuxMode) -> list[str]:
         return []
     shell = tool_shell_path(tools.tool_shells, mode.value)
     return ["--unsetenv", TOOL_DOMAIN_MARKER.decode(), "--setenv", "SHELL", str(shell)]
-
-
-def git_guard_args(policy: SandboxPolicy) -> list[str]:
-    """Each guarded `.git` pinned (bound onto itself: a mount point cannot be renamed
-    away), its `hooks/` and `config` bound read-only on top (`sandbox_launcher.git_guard`)."""
-    args: list[str] = []
-    for git_dir in policy.guarded_git:
-        args += ["--bind", str(git_dir), str(git_dir)]
-        for name in ("hooks", "config"):
-            args += ["--ro-bind", str(git_dir / name), str(git_dir / name)]
-    return args
 
 
 _USERNS_MARKERS = (
