@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from sandbox_launcher.backend import BwrapBackend
@@ -38,8 +39,10 @@ from sandbox_launcher.git_guard import (
     restore,
 )
 from sandbox_launcher.policy import SandboxPolicy
+from sandbox_launcher.schema import ServerRequest
 from sandbox_launcher.seatbelt import profile_text, seatbelt_params
 from tests.launcher.helpers import (
+    CrewLayout,
     LauncherProcess,
     engine_lines,
     make_layout,
@@ -49,6 +52,8 @@ from tests.launcher.helpers import (
     tools_for,
     write_fake_opencode,
 )
+from tests.launcher.inprocess import SECRET, inprocess_app, inprocess_launcher
+from tests.launcher.test_warm_requests import PASSWORD, server_body
 from tests.support.ci import required_in_ci
 
 GIT = ["git", "-c", "user.email=agent@crew", "-c", "user.name=agent"]
@@ -381,3 +386,36 @@ def test_through_the_launcher_what_a_run_plants_is_undone_after_it(
     assert "fsmonitor" not in states[0]["fresh_config"]
     assert runs[1] == {"rm_old_repo": 0, "rm_fresh": 0}
     assert not (work / "old").exists() and not (work / "fresh").exists()
+
+
+@pytest.mark.anyio
+async def test_a_warm_servers_turns_are_undone_at_each_sweep_and_at_its_stop(
+    layout: CrewLayout, fake_opencode: Path
+) -> None:
+    # A warm server spans turns: the launcher learns a turn ended from its sweep.
+    if shutil.which("git") is None:
+        required_in_ci("git")
+    layout.add_agent("alice")
+    work = layout.agent_dir("alice") / "work"
+    make_repo(work / "repo")
+    launcher = inprocess_launcher(layout, fake_opencode)
+    body = server_body(layout, "alice", OPENCODE_SERVER_PASSWORD=PASSWORD)
+    server = launcher.prepare_server(ServerRequest.model_validate(body))
+    launcher.servers.by_agent["alice"] = server  # as the app does (never started here)
+    transport = httpx.ASGITransport(app=inprocess_app(launcher))
+    headers = {"Authorization": f"Bearer {SECRET}"}
+    hook = work / "repo" / ".git" / "hooks" / "pre-commit"
+    async with httpx.AsyncClient(transport=transport, base_url="http://l", headers=headers) as c:
+        # turn 1 plants a hook in the repository and makes a new one with a hook
+        hook.write_text("#!/bin/sh\necho pwned\n")
+        make_repo(work / "fresh")
+        (work / "fresh" / ".git" / "hooks" / "post-commit").write_text("#!/bin/sh\necho pwned\n")
+        assert (await c.post("/servers/alice/sweep")).status_code == 200
+        assert (
+            not hook.exists() and not (work / "fresh" / ".git" / "hooks" / "post-commit").exists()
+        )
+        # turn 2 (the last) sets fsmonitor in the repository made by turn 1
+        _git(work / "fresh", "config", "core.fsmonitor", "echo pwned")
+        assert (await c.post("/servers/alice/stop")).status_code == 200
+    assert "fsmonitor" not in (work / "fresh" / ".git" / "config").read_text()
+    assert "alice" not in launcher.server_git_baselines
