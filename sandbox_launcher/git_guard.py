@@ -175,10 +175,10 @@ class Baseline:
     repos: dict[Path, RepoState] = field(default_factory=dict)
 
 
-def _hooks_of(git_dir: Path) -> dict[str, Hook]:
+def _hooks_of(git_fd: int) -> dict[str, Hook]:
     hooks: dict[str, Hook] = {}
     try:
-        fd = os.open(git_dir / "hooks", _DIR_FLAGS)
+        fd = os.open("hooks", _DIR_FLAGS, dir_fd=git_fd)
     except OSError:
         return hooks  # missing, or a link: nothing of it is kept
     try:
@@ -194,6 +194,22 @@ def _hooks_of(git_dir: Path) -> dict[str, Hook]:
     finally:
         os.close(fd)
     return hooks
+
+
+def open_below(work_dir: Path, git_dir: Path) -> int:
+    """A descriptor of `git_dir`, reached from `work_dir` one directory at a time without
+    following a link: a path swapped for a link to the user's own repository since it
+    was found is never touched (the launcher may be root)."""
+    fd = os.open(work_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in git_dir.relative_to(work_dir).parts:
+            below = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = below
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _read_file(dir_fd: int, name: str) -> bytes | None:
@@ -215,17 +231,6 @@ def _read_file(dir_fd: int, name: str) -> bytes | None:
         os.close(fd)
 
 
-def _config_bytes(git_dir: Path) -> bytes | None:
-    try:
-        fd = os.open(git_dir, _DIR_FLAGS)
-    except OSError:
-        return None
-    try:
-        return _read_file(fd, "config")
-    finally:
-        os.close(fd)
-
-
 def find_git() -> str | None:
     """git at a fixed place (the one on PATH could be a tool's)."""
     return next((g for g in GIT_CANDIDATES if os.access(g, os.X_OK)), None)
@@ -242,15 +247,17 @@ def parse_config_list(output: bytes) -> list[ConfigEntry]:
     return entries
 
 
-def config_entries(git_dir: Path) -> list[ConfigEntry] | None:
-    """The entries of `git_dir/config` as git reads them (no includes); None: unreadable."""
+def config_entries(config: bytes) -> list[ConfigEntry] | None:
+    """The entries of a config file's bytes as git reads them (no includes: git gets the
+    bytes on stdin, never a path); None: git refuses them, or there is no git."""
     git = find_git()
-    if git is None or _config_bytes(git_dir) is None:
+    if git is None:
         return None
     env = {"PATH": "/usr/bin:/bin", "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null"}
     try:
         done = subprocess.run(
-            [git, "config", "--file", str(git_dir / "config"), "--no-includes", "--list", "-z"],
+            [git, "config", "--file", "-", "--no-includes", "--list", "-z"],
+            input=config,
             capture_output=True,
             env=env,
             cwd="/",
@@ -258,7 +265,7 @@ def config_entries(git_dir: Path) -> list[ConfigEntry] | None:
             check=False,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
-        log.warning("cannot read the config of %s: %s", git_dir, exc)
+        log.warning("git could not read a repository's config: %s", exc)
         return None
     return parse_config_list(done.stdout) if done.returncode == 0 else None
 
@@ -289,20 +296,39 @@ def kept_entries(entries: list[ConfigEntry], before: frozenset[ConfigEntry]) -> 
     return [e for e in entries if e in before or SAFE_CONFIG_KEYS.fullmatch(e[0])]
 
 
-def repo_state(git_dir: Path) -> RepoState:
-    config = _config_bytes(git_dir)
-    entries = config_entries(git_dir) if config is not None else None
+def repo_state(git_fd: int) -> RepoState:
+    config = _read_file(git_fd, "config")
+    entries = config_entries(config) if config is not None else None
     return RepoState(
-        hooks=_hooks_of(git_dir),
+        hooks=_hooks_of(git_fd),
         config=config,
         config_entries=frozenset(entries or ()),
-        has_commondir=os.path.lexists(git_dir / "commondir"),
+        has_commondir=_exists(git_fd, "commondir"),
     )
+
+
+def _exists(dir_fd: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def baseline(work_dir: Path) -> Baseline:
     """The repositories of `work_dir` now: what `restore` goes back to after the turn."""
-    return Baseline(work_dir, {g: repo_state(g) for g in find_git_dirs(work_dir)})
+    repos = {}
+    for git_dir in find_git_dirs(work_dir):
+        try:
+            fd = open_below(work_dir, git_dir)
+        except OSError as exc:
+            log.warning("git guard: cannot look at %s: %s", git_dir, exc)
+            continue
+        try:
+            repos[git_dir] = repo_state(fd)
+        finally:
+            os.close(fd)
+    return Baseline(work_dir, repos)
 
 
 def restore(before: Baseline) -> list[str]:
@@ -314,26 +340,28 @@ def restore(before: Baseline) -> list[str]:
     undone: list[str] = []
     for git_dir in find_git_dirs(before.work_dir):
         try:
-            undone += _restore_repo(git_dir, before.repos.get(git_dir))
+            fd = open_below(before.work_dir, git_dir)
         except OSError as exc:
             undone.append(f"{git_dir}: could not be checked ({exc})")
+            continue
+        try:
+            undone += _restore_repo(git_dir, fd, before.repos.get(git_dir))
+        except OSError as exc:
+            undone.append(f"{git_dir}: could not be checked ({exc})")
+        finally:
+            os.close(fd)
     for line in undone:
         log.warning("git guard: %s", line)
     return undone
 
 
-def _restore_repo(git_dir: Path, was: RepoState | None) -> list[str]:
-    undone: list[str] = []
-    fd = os.open(git_dir, _DIR_FLAGS)
-    try:
-        undone += [f"{git_dir}/hooks: {u}" for u in _restore_hooks(fd, was.hooks if was else {})]
-        if (was is None or not was.has_commondir) and _remove(fd, "commondir"):
-            undone.append(f"{git_dir}: removed the commondir the turn planted")
-        why = _restore_config(git_dir, fd, was)
-        if why:
-            undone.append(f"{git_dir}/config: {why}")
-    finally:
-        os.close(fd)
+def _restore_repo(git_dir: Path, fd: int, was: RepoState | None) -> list[str]:
+    undone = [f"{git_dir}/hooks: {u}" for u in _restore_hooks(fd, was.hooks if was else {})]
+    if (was is None or not was.has_commondir) and _remove(fd, "commondir"):
+        undone.append(f"{git_dir}: removed the commondir the turn planted")
+    why = _restore_config(fd, was)
+    if why:
+        undone.append(f"{git_dir}/config: {why}")
     return undone
 
 
@@ -400,7 +428,7 @@ def _restore_hooks(git_fd: int, hooks: dict[str, Hook]) -> list[str]:
     return undone
 
 
-def _restore_config(git_dir: Path, git_fd: int, was: RepoState | None) -> str | None:
+def _restore_config(git_fd: int, was: RepoState | None) -> str | None:
     now = _read_file(git_fd, "config")
     if was is not None and now == was.config:
         return None
@@ -415,7 +443,7 @@ def _restore_config(git_dir: Path, git_fd: int, was: RepoState | None) -> str | 
         _remove(git_fd, "config")
         _write_file(git_fd, "config", fallback, 0o644, ids)
         return "not a regular file (a link?): replaced"
-    entries = config_entries(git_dir)
+    entries = config_entries(now)
     if entries is None:
         _write_file(git_fd, "config", fallback, stat.S_IMODE(mode), ids)
         return "unreadable for git, or no git to read it: restored"

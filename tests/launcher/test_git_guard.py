@@ -34,6 +34,7 @@ from sandbox_launcher.git_guard import (
     find_git_dirs,
     guarded_git_dirs,
     kept_entries,
+    open_below,
     parse_config_list,
     prepare_guard,
     restore,
@@ -137,6 +138,19 @@ def test_seatbelt_renders_the_guard(tmp_path: Path) -> None:
     assert text.index('(deny file-write* (literal (param "GIT_DIR_0"))') > text.index(
         '(allow file-write*\n  (subpath (param "AGENT_DIR"))'
     )
+
+
+def test_a_repository_reached_through_a_link_is_never_touched(tmp_path: Path) -> None:
+    # A path swapped for a link (to the user's own repository) after it was found.
+    work = tmp_path / "work"
+    work.mkdir()
+    users = make_repo(tmp_path / "dotfiles")
+    (users / "hooks" / "pre-commit").write_text("#!/bin/sh\n# the user's\n")
+    (work / "a").symlink_to(users.parent)
+    with pytest.raises(OSError):
+        open_below(work, work / "a" / ".git")
+    assert restore(baseline(work)) == []
+    assert (users / "hooks" / "pre-commit").exists()
 
 
 # ---- the config filter (pure) ----
