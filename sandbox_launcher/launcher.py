@@ -214,6 +214,12 @@ class Launcher:
         if before is not None:
             restore(before)
 
+    def stop_servers(self) -> None:
+        """Stop every warm server (launcher shutdown); undo their last turns as a stop does."""
+        self.servers.stop_all()
+        for agent_id in list(self.server_git_baselines):
+            self.server_turn_ended(agent_id, stopped=True)
+
     def server_turn_ended(self, agent_id: str, stopped: bool) -> None:
         """A warm server's turn ended (swept) or the server stopped: as `run_ended`."""
         before = self.server_git_baselines.pop(agent_id, None)

@@ -85,7 +85,7 @@ class LauncherServer(uvicorn.Server):
         # Stop every run first: their response streams end when their engines do.
         for run in list(self.launcher.runs.values()):
             run.request_stop()
-        await asyncio.to_thread(self.launcher.servers.stop_all)
+        await asyncio.to_thread(self.launcher.stop_servers)
         await super().shutdown(sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
