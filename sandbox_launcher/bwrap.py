@@ -9,7 +9,9 @@ measurements behind every flag are in research/sandbox.md §3.1:
   processes' environ invisible; every process of the turn dies with it),
   `--die-with-parent`, and `--cap-drop ALL` (as root, without it the sandbox
   can unmount and remount its way out).
-- The agent's temp dir is bound at `/tmp`: agents never share a `/tmp`.
+- The agent's temp dir is bound at `/tmp`: agents never share a `/tmp`. A
+  `$HOME` or crew home below the host's `/tmp` (the demo, tests) is then not
+  visible in the sandbox beyond what the run needs, in both modes.
 - hybrid: `landlock_exec.py` applies Landlock (READ_FILE + REFER) inside
   bwrap just before exec; `stat` keeps working below `$HOME`.
 - tmpfs: an empty tmpfs over each deny root with the allowlist bound back,
@@ -247,6 +249,8 @@ def bwrap_argv(
     deny = policy.deny_roots
     # Hidden by a tmpfs, the allowlist bound back: in tmpfs mode, and for the engine user.
     hidden = hidden_roots(deny, unreachable) if as_engine or mode is LinuxMode.TMPFS else ()
+    # Hybrid without them: a deny root below the host's /tmp is hidden the same way.
+    tmp_roots = [] if hidden else [r for r in deny if _under_host_tmp(r)]
     reads = [*policy.read_dirs, *policy.read_files]
     argv = [tools.env, "--ignore-signal=INT", tools.bwrap]
     argv += ["--unshare-ipc"] if as_engine else ["--unshare-user", "--unshare-ipc"]
@@ -289,10 +293,15 @@ def bwrap_argv(
         shown = [p for p in reads if any(is_inside(p, r) for r in hidden) or _under_host_tmp(p)]
         shown += [p for p in support if any(is_inside(p, r) for r in hidden) or _under_host_tmp(p)]
     else:
-        back = [r for r in deny if _under_host_tmp(r)]
-        for root in back:
-            argv += ["--ro-bind", str(root), str(root)]
-        shown = [p for p in reads if _under_host_tmp(p) and not any(is_inside(p, r) for r in back)]
+        # A deny root below the host's /tmp is not bound back whole (issue 20): the
+        # private /tmp needs a Landlock grant of its own (what a tool writes there is
+        # unreadable otherwise: it is an ancestor of the deny root, not a sibling), and
+        # that grant would reach everything mounted below it. So, as in tmpfs mode,
+        # only what the run needs from there is bound back (`stat` sees no more of it),
+        # on a read-only tmpfs: the private /tmp below it is writable.
+        for root in tmp_roots:
+            argv += ["--tmpfs", str(root)]
+        shown = [p for p in reads if _under_host_tmp(p)]
         shown += [p for p in support if _under_host_tmp(p)]
     for path in shown:
         argv += _levels_to(path, containers, made)
@@ -300,13 +309,13 @@ def bwrap_argv(
     for path in policy.writable_dirs:
         argv += _levels_to(path, containers, made)
         argv += ["--bind", str(path), str(path)]
-    argv += git_guard_args(policy)
     # Writes to a tmpfs of ours would be lost, or fill memory: make them EROFS.
-    if hidden:
-        for root in hidden:
-            argv += ["--remount-ro", str(root)]
-    if not hidden or not any(is_inside(policy.sockets_dir, r) for r in hidden):
-        # Landlock does not mediate connect() on Unix sockets: hide them.
+    covering = hidden or tmp_roots
+    for root in covering:
+        argv += ["--remount-ro", str(root)]
+    if not any(is_inside(policy.sockets_dir, r) for r in covering):
+        # Landlock does not mediate connect() on Unix sockets: hide them (below a
+        # hidden root they are hidden with it).
         argv += ["--tmpfs", str(policy.sockets_dir), "--remount-ro", str(policy.sockets_dir)]
     for place in [*socket_dirs, *alias_dirs]:
         argv += ["--remount-ro", str(place)]
@@ -330,6 +339,10 @@ def bwrap_argv(
                 argv += ["--ro", str(path)]
         for path in policy.writable_dirs:
             argv += ["--rw", str(path)]
+        if any(_under_host_tmp(r) for r in deny):
+            # The private /tmp: nothing of the host's is there (the deny roots below it
+            # are hidden on read-only tmpfs, by `tmp_roots` or `hidden`).
+            argv += ["--rw", str(HOST_TMP)]
         if tools.tool_shells is not None:
             # The tool shell runs inside the engine's domain: its interpreter must be readable.
             for path in support:
@@ -430,17 +443,6 @@ def tool_shell_args(tools: BwrapTools, mode: LinuxMode) -> list[str]:
         return []
     shell = tool_shell_path(tools.tool_shells, mode.value)
     return ["--unsetenv", TOOL_DOMAIN_MARKER.decode(), "--setenv", "SHELL", str(shell)]
-
-
-def git_guard_args(policy: SandboxPolicy) -> list[str]:
-    """Each guarded `.git` pinned (bound onto itself: a mount point cannot be renamed
-    away), its `hooks/` and `config` bound read-only on top (`sandbox_launcher.git_guard`)."""
-    args: list[str] = []
-    for git_dir in policy.guarded_git:
-        args += ["--bind", str(git_dir), str(git_dir)]
-        for name in ("hooks", "config"):
-            args += ["--ro-bind", str(git_dir / name), str(git_dir / name)]
-    return args
 
 
 _USERNS_MARKERS = (

@@ -18,7 +18,7 @@ from pathlib import Path
 from crew_common.layout import AgentPaths
 from sandbox_launcher.backend import Backend
 from sandbox_launcher.engine_run import EngineRun
-from sandbox_launcher.git_guard import commondir_absent, guarded_git_dirs, remove_new_commondirs
+from sandbox_launcher.git_guard import Baseline, baseline, guarded_git_dirs, restore
 from sandbox_launcher.limits import CgroupParents, RunCgroup, TurnLimits
 from sandbox_launcher.network import NetworkPlan, free_loopback_port
 from sandbox_launcher.ownership import HandOverFailed, hand_over, shared_dir_readable
@@ -154,8 +154,10 @@ class Launcher:
     sandbox: SandboxHealth
     engine: EngineHealth | None
     runs: dict[str, EngineRun] = field(default_factory=dict)
-    # Per run: the guarded repositories that had no `commondir` when it started.
-    commondir_watch: dict[str, tuple[Path, ...]] = field(default_factory=dict)
+    # Per run, and per warm server's turn: the work dir's repositories when it started
+    # (`git_guard`: what a turn planted in hooks and config is undone after it).
+    git_baselines: dict[str, Baseline] = field(default_factory=dict)
+    server_git_baselines: dict[str, Baseline] = field(default_factory=dict)
     limits: TurnLimits = field(default_factory=TurnLimits)
     cgroups: CgroupParents | None = None  # where run cgroups go; None: rlimits only
     servers: WarmServers = field(default_factory=WarmServers)
@@ -192,7 +194,7 @@ class Launcher:
             raise RequestRefused(
                 400, "publish_unsupported", "publish_port needs the sandbox's own network (Linux)"
             )
-        self.commondir_watch[request.run_id] = commondir_absent(policy.guarded_git)
+        self.git_baselines[request.run_id] = baseline(policy.work_dir)
         argv = backend.argv(policy, command)
         cgroup = self._cgroup(request.run_id)
         return EngineRun(
@@ -209,9 +211,26 @@ class Launcher:
         )
 
     def run_ended(self, run_id: str) -> None:
-        """Forget a run that ended; undo a `commondir` it planted (`git_guard`)."""
+        """Forget a run that ended; undo what it planted in git hooks and config (`git_guard`)."""
         self.runs.pop(run_id, None)
-        remove_new_commondirs(self.commondir_watch.pop(run_id, ()))
+        before = self.git_baselines.pop(run_id, None)
+        if before is not None:
+            restore(before)
+
+    def stop_servers(self) -> None:
+        """Stop every warm server (launcher shutdown); undo their last turns as a stop does."""
+        self.servers.stop_all()
+        for agent_id in list(self.server_git_baselines):
+            self.server_turn_ended(agent_id, stopped=True)
+
+    def server_turn_ended(self, agent_id: str, stopped: bool) -> None:
+        """A warm server's turn ended (swept) or the server stopped: as `run_ended`."""
+        before = self.server_git_baselines.pop(agent_id, None)
+        if before is None:
+            return
+        restore(before)
+        if not stopped:
+            self.server_git_baselines[agent_id] = baseline(before.work_dir)
 
     def _cgroup(self, run_id: str) -> RunCgroup | None:
         """The run's own cgroup (process and memory caps), when this machine gives us one."""
@@ -253,6 +272,7 @@ class Launcher:
         # leaves the new server without one.
         cgroup = self._cgroup(f"warm-{request.agent_id}-{secrets.token_hex(4)}")
         argv = (cgroup.join_prefix() if cgroup else []) + backend.argv(policy, command)
+        self.server_git_baselines[request.agent_id] = baseline(policy.work_dir)
         return WarmServer(
             request.agent_id,
             argv,

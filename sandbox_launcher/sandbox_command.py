@@ -18,7 +18,7 @@ from types import FrameType
 from sandbox_launcher.backend import open_backend
 from sandbox_launcher.bwrap import LinuxMode
 from sandbox_launcher.engine_run import become_subreaper, group_alive
-from sandbox_launcher.git_guard import guarded_git_dirs
+from sandbox_launcher.git_guard import baseline, guarded_git_dirs, restore
 from sandbox_launcher.network import NetworkPlan, NetworkUnavailable
 from sandbox_launcher.ownership import HandOverFailed, hand_over
 from sandbox_launcher.paths import PathRefused, resolved_dir
@@ -126,6 +126,7 @@ def run_sandboxed(
             return 2
     network = backend.network(NetworkPlan(tuple(loopback_ports)))
     argv = backend.argv(policy, command)
+    repos = baseline(policy.work_dir)  # what it plants in git hooks and config is undone
     process = subprocess.Popen(
         network.argv(argv) if network else argv,
         env=agent_env(policy),
@@ -145,6 +146,7 @@ def run_sandboxed(
     finally:
         if network:
             network.close()
+        restore(repos)
 
 
 def _wait(process: subprocess.Popen[bytes]) -> int:

@@ -211,7 +211,8 @@ class SandboxHealth(BaseModel):
     backend: Literal["bwrap", "seatbelt"]
     mode: Literal["hybrid", "tmpfs"] | None = None
     reason: str | None = None
-    # PATH entries, toolchain roots and read_only_roots refused as secret places.
+    # PATH entries, toolchain roots and read_only_roots refused as secret places, and
+    # mounts hidden in every sandbox because their origin cannot be judged (mounts.py).
     not_granted: list[str] = Field(default_factory=list)
     # "namespace": each sandbox has its own network namespace (Linux, pasta);
     # "shared": the host's network, its loopback services included (macOS).

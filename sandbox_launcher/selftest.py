@@ -10,8 +10,10 @@ On Linux also: a tool started through the sandbox's `$SHELL` (the tool
 shell) runs, and cannot open `/proc/<its parent>/mem`; (issue 12) writing a
 sysctl with its own value fails, and
 live Unix sockets of the host (one in `$HOME`, one in `/run/user/<uid>`
-when it exists) cannot be connected to, and neither can a port listening on
-the host's 127.0.0.1 that the run did not forward (its own network namespace).
+when it exists) cannot be connected to, a datagram socket of the host (in
+`/var/tmp`) cannot be sent to through a `socketpair()` end (issue 20: journald's
+socket was reachable so), and a port listening on the host's 127.0.0.1 that
+the run did not forward cannot be connected to (its own network namespace).
 Afterwards the host is checked: no denied file may exist.
 """
 
@@ -66,13 +68,15 @@ shift 6
 if [ -n "$python" ] && [ "$#" -gt 0 ]; then
   "$python" -I -S -c "$PROBE" "$@"
   probe=$?
-  [ "$probe" -eq 0 ] || [ "$probe" -eq 14 ] || [ "$probe" -eq 17 ] || exit 16
+  case "$probe" in 0|14|17|21) ;; *) exit 16 ;; esac
   [ "$probe" -eq 0 ] || exit "$probe"
 fi
 exit 0
 """
-# Exit 0 when no socket given could be connected to, 14 when one could, 17
-# when the host-loopback port in $LOOPBACK_PORT (not forwarded) could.
+# Exit 0 when no socket given could be connected to, 14 when one could, 21 when
+# the datagram socket in $DGRAM_SOCKET could be sent to (from either end of a
+# datagram socketpair, by sendto or by connect), 17 when the host-loopback port
+# in $LOOPBACK_PORT (not forwarded) could be connected to.
 _SOCKET_PROBE = """
 import os, socket, sys
 for path in sys.argv[1:]:
@@ -82,6 +86,19 @@ for path in sys.argv[1:]:
     except OSError:
         continue
     sys.exit(14)
+dgram = os.environ.get("DGRAM_SOCKET")
+if dgram:
+    try:
+        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    except OSError:
+        pass
+    else:
+        for send in (lambda: a.sendto(b"x", dgram), lambda: (b.connect(dgram), b.send(b"x"))):
+            try:
+                send()
+            except OSError:
+                continue
+            sys.exit(21)
 port = os.environ.get("LOOPBACK_PORT")
 if port:
     try:
@@ -103,6 +120,7 @@ _FAILURES = {
     18: "the tool shell ($SHELL) could not run a command (sandbox_launcher.tool_shell)",
     19: "a tool could open the memory of the process that started it (no nested Landlock domain)",
     20: "the sandbox did not run as the engine user (a root launcher's engines never run as root)",
+    21: "sending to a host Unix datagram socket (socketpair + sendto) was NOT denied",
 }
 SYSCTL = Path("/proc/sys/kernel/core_pattern")
 MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes
@@ -128,6 +146,7 @@ def self_test(backend: Backend, home: Path, crew_home: Path) -> str | None:
                 home_canary.write_text("canary\n")
             ok_file = policy.agent_dir / "ok"
             sockets = _live_sockets(listeners, home, nonce) if linux else []
+            dgram = _datagram_listener(listeners, home, nonce) if sockets else None
             port = _loopback_listener(listeners) if linux else None
             sysctl = str(SYSCTL) if linux and SYSCTL.exists() else ""
             script = _SCRIPT.replace("\nexit 0\n", f"\n{_uid_check(backend)}exit 0\n")
@@ -135,7 +154,10 @@ def self_test(backend: Backend, home: Path, crew_home: Path) -> str | None:
             command += [str(home_file), str(outside or ""), str(canary), str(home_canary or "")]
             command += [sysctl, _PYTHON if sockets else "", *map(str, sockets)]
             denied = [home_file, outside]
-            return _judge(backend, policy, command, nonce, ok_file, denied, port)
+            reason = _judge(backend, policy, command, nonce, ok_file, denied, port, dgram)
+            if reason is None and dgram is not None and _received(dgram[1]):
+                return f"sandbox self-test failed: {_FAILURES[21]} (the host socket received it)"
+            return reason
     except (OSError, HandOverFailed) as exc:
         return f"the self-test could not prepare its files: {exc}"
     finally:
@@ -172,6 +194,32 @@ def _live_sockets(listeners: ExitStack, home: Path, nonce: str) -> list[Path]:
         listener.listen(1)
         made.append(path)
     return made
+
+
+def _datagram_listener(
+    listeners: ExitStack, home: Path, nonce: str
+) -> tuple[Path, socket.socket] | None:
+    """A bound Unix datagram socket of the host, as journald's is in `/run/systemd`: in
+    `/var/tmp` (visible in both modes, so seccomp alone must stop it), else in `$HOME`."""
+    var_tmp = Path("/var/tmp")
+    place = var_tmp if var_tmp.is_dir() and os.access(var_tmp, os.W_OK) else home
+    path = place / f"crew-selftest-dgram-{nonce}.sock"
+    if len(str(path)) > MAX_SOCKET_PATH:
+        log.warning("self-test: %s is too long for a Unix socket; not probing it", path)
+        return None
+    listener = listeners.enter_context(socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM))
+    listener.bind(str(path))
+    listeners.callback(path.unlink, missing_ok=True)
+    listener.setblocking(False)
+    return path, listener
+
+
+def _received(listener: socket.socket) -> bool:
+    try:
+        listener.recv(16)
+    except BlockingIOError:
+        return False
+    return True
 
 
 def _loopback_listener(listeners: ExitStack) -> int:
@@ -219,11 +267,14 @@ def _judge(
     ok_file: Path,
     denied: list[Path | None],
     port: int | None,
+    dgram: tuple[Path, socket.socket] | None = None,
 ) -> str | None:
     env = {"PATH": "/usr/bin:/bin", "HOME": str(policy.agent_dir), "TMPDIR": str(policy.tmp_dir)}
     env["PROBE"] = _SOCKET_PROBE
     if port is not None:
         env["LOOPBACK_PORT"] = str(port)
+    if dgram is not None:
+        env["DGRAM_SOCKET"] = str(dgram[0])
     network = backend.network(NetworkPlan())
     argv = backend.argv(policy, command)
     try:

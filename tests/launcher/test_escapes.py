@@ -256,10 +256,15 @@ def _unprivileged_tools(tools: BwrapTools) -> BwrapTools:
 
 @pytest.fixture(params=["caller", "unprivileged"])
 def sandbox(request: pytest.FixtureRequest, needs_bwrap: None) -> Iterator[Sandbox]:
+    yield from make_sandbox(request.param, "/var/tmp")
+
+
+def make_sandbox(who: str, parent: str) -> Iterator[Sandbox]:
+    """A `Sandbox` for `who` ("caller" or "unprivileged") whose $HOME lies below `parent`."""
     if not os.path.exists(SYSTEM_PYTHON):
         required_in_ci(f"{SYSTEM_PYTHON} (Debian package python3)")
     uid = os.getuid()
-    if request.param == "unprivileged" and uid == 0:
+    if who == "unprivileged" and uid == 0:
         uid = unprivileged_uid()
     tools = find_tools()
     tools = dataclasses.replace(tools, nproc=NPROC)
@@ -267,7 +272,7 @@ def sandbox(request: pytest.FixtureRequest, needs_bwrap: None) -> Iterator[Sandb
         tools = _unprivileged_tools(tools)
     elif (engine := engine_identity()) is not None:
         tools = dataclasses.replace(tools, engine_ids=(engine.uid, engine.gid))
-    base = Path(tempfile.mkdtemp(prefix="crew-escape-", dir="/var/tmp"))
+    base = Path(tempfile.mkdtemp(prefix="crew-escape-", dir=parent))
     base.chmod(0o755)
     box = Sandbox(uid=uid, home=base / "home", tools=tools)
     p = box.policy

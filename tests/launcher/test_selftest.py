@@ -59,6 +59,10 @@ class Rewired:
             return argv[: i - 1] + argv[i + 2 :]
         if self.edit == "unix_sockets_open":
             return [a for a in argv if a != "--seccomp"]
+        if self.edit == "datagram_pairs_open":
+            # The filter of before issue 20: socket(AF_UNIX) refused, any socketpair allowed.
+            helper = old_filter_helper(Path(argv[argv.index("--seccomp") - 1]))
+            return [str(helper) if a.endswith("landlock_exec.py") else a for a in argv]
         if self.edit == "root_writable":
             i = argv.index("--chdir")
             return [*argv[:i], "--bind", "/var/tmp", "/var/tmp", *argv[i:]]
@@ -78,6 +82,31 @@ class Rewired:
             return None
         assert self.inner is not None
         return self.inner.network(plan)
+
+
+def old_filter_helper(helper: Path) -> Path:
+    """A copy of the helper's package in /var/tmp (visible in every sandbox) whose
+    seccomp filter allows datagram socketpairs; removed with the test's /var/tmp home."""
+    copy = Path(tempfile.mkdtemp(prefix="crew-selftest-old-filter-", dir="/var/tmp"))
+    copy.chmod(0o755)
+    package = copy / "sandbox_launcher"
+    shutil.copytree(helper.parent, package, ignore=shutil.ignore_patterns("__pycache__"))
+    seccomp_py = package / "seccomp.py"
+    text = seccomp_py.read_text()
+    assert "ALLOWED_PAIR_TYPES = (SOCK_STREAM, SOCK_SEQPACKET)" in text
+    seccomp_py.write_text(text.replace("(SOCK_STREAM, SOCK_SEQPACKET)", "tuple(range(1, 6))"))
+    _copies.append(copy)
+    return package / "landlock_exec.py"
+
+
+_copies: list[Path] = []
+
+
+@pytest.fixture(autouse=True)
+def _remove_copies() -> Iterator[None]:
+    yield
+    while _copies:
+        shutil.rmtree(_copies.pop(), ignore_errors=True)
 
 
 @pytest.fixture
@@ -179,6 +208,18 @@ def test_open_unix_sockets_fail_the_self_test(hybrid_backend: BwrapBackend, var_
     reason = self_test(broken, var_home, var_home / ".crew")
     assert reason is not None and "connecting to a host Unix socket was NOT denied" in reason
     assert not list(var_home.glob(".crew-st-*"))
+
+
+@pytest.mark.parametrize("mode", ["tmpfs", "hybrid"])
+def test_datagram_socketpairs_fail_the_self_test(
+    mode: str, tmpfs_backend: BwrapBackend, hybrid_backend: BwrapBackend, var_home: Path
+) -> None:
+    # issue 20: socket(AF_UNIX) refused, but a socketpair's datagram end reached host sockets.
+    inner = tmpfs_backend if mode == "tmpfs" else hybrid_backend
+    broken = Rewired(inner, "datagram_pairs_open", mode=mode)  # type: ignore[arg-type]
+    reason = self_test(broken, var_home, var_home / ".crew")
+    assert reason is not None and "Unix datagram socket" in reason, reason
+    assert not list(Path("/var/tmp").glob("crew-selftest-dgram-*"))
 
 
 @pytest.mark.parametrize("mode", ["tmpfs", "hybrid"])
