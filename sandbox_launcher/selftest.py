@@ -210,6 +210,7 @@ def _datagram_listener(
     listener = listeners.enter_context(socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM))
     listener.bind(str(path))
     listeners.callback(path.unlink, missing_ok=True)
+    path.chmod(0o666)  # as journald's: any uid may send (a root launcher's engine user too)
     listener.setblocking(False)
     return path, listener
 
