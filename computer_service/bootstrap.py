@@ -33,7 +33,8 @@ class BootstrapError(Exception):
 
 
 class TurnLimits(BaseModel):
-    """What one turn's sandbox may use (the launcher's --max-processes, --memory-mb, --shm-mb).
+    """What one turn's sandbox may use (the launcher's --max-processes, --memory-mb, --shm-mb,
+    --max-connections).
 
     `memory_mb` holds only where the launcher gets a cgroup (README, "Resource limits").
     """
@@ -43,6 +44,8 @@ class TurnLimits(BaseModel):
     max_processes: Annotated[int, Strict()] = Field(default=4096, ge=64, le=1_000_000)
     memory_mb: Annotated[int, Strict()] = Field(default=4096, ge=256, le=16 * 1024 * 1024)
     shm_mb: Annotated[int, Strict()] = Field(default=64, ge=1, le=1024 * 1024)
+    # TCP connections one sandbox holds at a time (Linux; past it a connect is refused).
+    max_connections: Annotated[int, Strict()] = Field(default=256, ge=8, le=65536)
 
     def launcher_args(self) -> list[str]:
         """The launcher's command-line flags for these limits."""
@@ -53,6 +56,8 @@ class TurnLimits(BaseModel):
             str(self.memory_mb),
             "--shm-mb",
             str(self.shm_mb),
+            "--max-connections",
+            str(self.max_connections),
         ]
 
 

@@ -29,6 +29,7 @@ from sandbox_launcher.bwrap import (
 from sandbox_launcher.limits import TurnLimits
 from sandbox_launcher.mounts import alias_masks
 from sandbox_launcher.network import (
+    NO_FIREWALL_NOTE,
     NetworkPlan,
     PastaTools,
     SandboxNetwork,
@@ -162,14 +163,17 @@ def open_backend(
         ok=True,
         backend="bwrap",
         mode=backend.mode,
-        reason=health_note(mode, abi),
+        reason=health_note(mode, abi, pasta.nftables is not None),
         network="namespace",
     )
 
 
-def health_note(mode: LinuxMode, abi: int) -> str | None:
-    """What a working Linux sandbox does not do here: tmpfs hides more, no Landlock nests tools."""
+def health_note(mode: LinuxMode, abi: int, firewall: bool = True) -> str | None:
+    """What a working Linux sandbox does not do here: tmpfs hides more, no Landlock nests tools,
+    no firewall in its network (no libnftables: host addresses reachable, no connection cap)."""
     notes = [TMPFS_NOTE] if mode is LinuxMode.TMPFS else []
     if abi == 0:
         notes.append(NO_TOOL_DOMAIN_NOTE)
+    if not firewall:
+        notes.append(NO_FIREWALL_NOTE)
     return "; ".join(notes) or None

@@ -48,6 +48,7 @@ _JOIN_SCRIPT = (
     'shift; done; shift; exec "$@"'
 )
 SHELL = "/bin/sh"
+DEFAULT_MAX_CONNECTIONS = 256  # TCP connections of one sandbox at a time (network.py)
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,8 @@ class TurnLimits:
     max_processes: int = 4096  # processes and threads together
     memory_bytes: int = 4096 * MIB  # only where a cgroup is available
     shm_bytes: int = 64 * MIB  # as Docker's default
+    # TCP connections at a time, in the sandbox's own network (network.py's firewall).
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
 
     def process_threshold(self) -> int:
         """How many tasks count as "the process limit was hit" where no cgroup counts for us."""

@@ -102,6 +102,8 @@ from typing import IO
 
 import anyio
 
+from sandbox_launcher.limits import DEFAULT_MAX_CONNECTIONS
+
 log = logging.getLogger(__name__)
 
 PASTA_CANDIDATES = ("/usr/bin/pasta", "/usr/local/bin/pasta")
@@ -113,7 +115,6 @@ NS_GET_USERNS = 0xB701  # ioctl on a namespace fd: the user namespace that owns 
 READY_TIMEOUT_S = 10.0
 READY_POLL_S = 0.002
 MAX_FORWARDED_PORTS = 32
-DEFAULT_MAX_CONNECTIONS = 256  # TCP connections of one sandbox at a time (`ct count`)
 FIREWALL_TIMEOUT_S = 10.0
 NFT_TABLE = "crew_sandbox"
 NO_FIREWALL_NOTE = (
