@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 
 from sandbox_launcher.network import find_pasta
+from tests.launcher.helpers import LauncherProcess, engine_lines, make_layout, write_fake_opencode
 from tests.launcher.test_network import SYSTEM_PYTHON, Box, _free_port, _read_checks
 from tests.support.ci import required_in_ci
 from tests.support.users import unprivileged_uid
@@ -326,3 +327,42 @@ def test_connections_past_the_cap_are_refused_and_closed_ones_free_it(
     # Positive control: once closed, a new connection works (and the first `cap` did).
     assert checks["again"]["result"] == "crew-server", checks["again"]
     assert counts["accepted"] == cap + 1, counts
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("mode", ["hybrid", "tmpfs"])
+def test_a_launcher_run_gets_the_cap_of_its_max_connections(
+    mode: str, needs_bwrap: None, isolated_home: Path, tmp_path: Path
+) -> None:
+    """`POST /runs` (the async attach, as a warm server's): the launcher's --max-connections."""
+    if find_pasta() is None:
+        required_in_ci("pasta (Debian package passt)")
+    cap, tries = 8, 20
+    layout = make_layout(isolated_home)
+    layout.add_agent("alice")
+    server_port = _free_port()
+    crew = Holder("127.0.0.1", server_port, "crew-server")
+    launcher = LauncherProcess(
+        layout,
+        write_fake_opencode(tmp_path / "bin"),
+        mode=mode,
+        extra_args=("--max-connections", str(cap)),
+    )
+    try:
+        probe = [SYSTEM_PYTHON, "-I", "-c", CAP_PROBE, str(server_port), str(tries)]
+        body = layout.run_request(
+            "alice",
+            {"scenario": "commands", "commands": {"cap": probe}},
+            loopback_ports=[server_port],
+        )
+        lines = engine_lines(launcher.run(body))
+        counts = crew.counts()
+    finally:
+        crew.close()
+        code, err = launcher.stop()
+    assert code == 0, err
+    (cap_line,) = [line for line in lines if line.get("check") == "cap"]
+    checks = {row["check"]: row for row in map(json.loads, cap_line["out"].splitlines())}
+    assert checks["held"]["result"] == cap, checks
+    assert checks["again"]["result"] == "crew-server", checks
+    assert counts == {"accepted": cap + 1, "most": cap}, counts
