@@ -34,7 +34,7 @@ import pytest
 from crew_testkit.waiting import wait_until
 from sandbox_launcher.backend import BwrapBackend, open_backend
 from sandbox_launcher.bwrap import LinuxMode
-from sandbox_launcher.network import NetworkPlan, SandboxNetwork, find_pasta
+from sandbox_launcher.network import NetworkPlan, SandboxNetwork, find_nftables, find_pasta
 from sandbox_launcher.policy import SandboxPolicy
 from tests.launcher.helpers import children_of
 from tests.support.ci import required_in_ci
@@ -215,6 +215,8 @@ class Box:
 def box(request: pytest.FixtureRequest, needs_bwrap: None) -> Iterator[Box]:
     if find_pasta() is None:
         required_in_ci("pasta (Debian package passt)")
+    if find_nftables() is None:
+        required_in_ci("libnftables (Debian package nftables): the host-address check")
     if not os.path.exists(SYSTEM_PYTHON):
         required_in_ci(f"{SYSTEM_PYTHON} (Debian package python3)")
     uid = os.getuid()

@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from sandbox_launcher.network import find_pasta
+from sandbox_launcher.network import find_nftables, find_pasta
 from tests.launcher.helpers import LauncherProcess, engine_lines, make_layout, write_fake_opencode
 from tests.launcher.test_network import SYSTEM_PYTHON, Box, _free_port, _read_checks
 from tests.support.ci import required_in_ci
@@ -206,6 +206,8 @@ def netbox(request: pytest.FixtureRequest, needs_bwrap: None) -> Iterator[Box]:
     """A home for `crew-launcher sandbox` (as `test_network.box`), owned by its user."""
     if find_pasta() is None:
         required_in_ci("pasta (Debian package passt)")
+    if find_nftables() is None:
+        required_in_ci("libnftables (Debian package nftables)")
     if not os.path.exists(SYSTEM_PYTHON):
         required_in_ci(f"{SYSTEM_PYTHON} (Debian package python3)")
     uid = os.getuid()
@@ -337,6 +339,8 @@ def test_a_launcher_run_gets_the_cap_of_its_max_connections(
     """`POST /runs` (the async attach, as a warm server's): the launcher's --max-connections."""
     if find_pasta() is None:
         required_in_ci("pasta (Debian package passt)")
+    if find_nftables() is None:
+        required_in_ci("libnftables (Debian package nftables)")
     cap, tries = 8, 20
     layout = make_layout(isolated_home)
     layout.add_agent("alice")
