@@ -395,37 +395,62 @@ def firewall_ruleset(
     host4: Sequence[ipaddress.IPv4Network],
     host6: Sequence[ipaddress.IPv6Address],
     max_connections: int,
+    resolvers: Sequence[str] = (),
 ) -> str:
     """The nftables table of a sandbox's namespace: no host address, a TCP connection cap. Pure.
 
     pasta's gateway addresses are refused too: with `--no-map-gw` they lead
     nowhere, and a host that has one of them as its own would be reached.
+    TCP and UDP only (all pasta carries to a host socket besides pings): ICMPv6
+    must pass, the kernel's neighbour probes go to the gateway's own address.
+    `resolvers`: the nameservers of the sandbox's resolv.conf; their port 53
+    stays reachable when one is the host's own (a dnsmasq on its LAN address).
     """
     v4 = {*host4, ipaddress.IPv4Network(f"{SANDBOX_IPV4[2]}/32")}
     v6 = {ipaddress.IPv6Network(a) for a in [*host6, ipaddress.IPv6Address(SANDBOX_IPV6[1])]}
     set4 = ", ".join(str(n) for n in ipaddress.collapse_addresses(v4))
     set6 = ", ".join(str(n) for n in ipaddress.collapse_addresses(v6))
+    dns = ""
+    for address in sorted(
+        {a for a in map(_address, resolvers) if a and not a.is_loopback}, key=str
+    ):
+        family = "ip" if address.version == 4 else "ip6"
+        dns += f"    {family} daddr {address} meta l4proto {{ tcp, udp }} th dport 53 accept\n"
     return (
         f"table inet {NFT_TABLE} {{\n"
         "  chain output {\n"
         "    type filter hook output priority 0; policy accept;\n"
+        f"{dns}"
         f"    ip daddr {{ {set4} }} meta l4proto tcp reject with tcp reset\n"
-        f"    ip daddr {{ {set4} }} reject with icmpx type admin-prohibited\n"
+        f"    ip daddr {{ {set4} }} meta l4proto udp reject\n"
         f"    ip6 daddr {{ {set6} }} meta l4proto tcp reject with tcp reset\n"
-        f"    ip6 daddr {{ {set6} }} reject with icmpx type admin-prohibited\n"
-        f"    meta l4proto tcp ct state new ct count over {max_connections} "
-        "reject with tcp reset\n"
+        f"    ip6 daddr {{ {set6} }} meta l4proto udp reject\n"
+        # Only a connection's first SYN (its conntrack entry not confirmed yet) is counted:
+        # on a retransmitted one (pasta answers once its host connect is done) this
+        # kernel's `ct count` fails, and a failing `ct count` drops the packet.
+        "    meta l4proto tcp ct state new ct status & confirmed == 0 "
+        f"ct count over {max_connections} reject with tcp reset\n"
         "  }\n"
         "}\n"
     )
 
 
-def host_ruleset(max_connections: int) -> str:
-    """`firewall_ruleset` for this host's addresses now."""
+def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return None  # a malformed nameserver: no exception for it
+    # A link-local one (fe80::1%eth0) is no host address that pasta would reach.
+    return None if address.is_link_local else address
+
+
+def host_ruleset(max_connections: int, resolv_conf: str) -> str:
+    """`firewall_ruleset` for this host's addresses now and the sandbox's resolv.conf path."""
     return firewall_ruleset(
         local_networks(_read("/proc/self/net/fib_trie")),
         inet6_addresses(_read("/proc/self/net/if_inet6")),
         max_connections,
+        nameservers(_read(resolv_conf)),
     )
 
 
@@ -575,7 +600,8 @@ class SandboxNetwork:
         if self.tools.nftables is None:
             return  # the backend's health says so (NO_FIREWALL_NOTE)
         self._waiting_for = "the sandbox's firewall"
-        ruleset = host_ruleset(self.plan.max_connections)
+        shown = self.resolver[0] if self.resolver is not None else HOST_RESOLV_CONF
+        ruleset = host_ruleset(self.plan.max_connections, shown)
         user_fd, net_fd = self._namespace_fds(pid)
         try:
             # setns refuses the user namespace one is in already (EINVAL): enter none then.

@@ -254,14 +254,30 @@ def test_firewall_ruleset_refuses_the_host_and_the_gateways_and_caps_tcp() -> No
     v4 = "{ 10.0.2.2/32, 172.17.0.1/32, 192.0.2.2/32, 198.51.100.0/24 }"
     v6 = "{ fd00::2/128, fd63:7265:7700::2/128, fe80::fc:ff:fe00:1/128 }"
     assert f"ip daddr {v4} meta l4proto tcp reject with tcp reset" in ruleset
-    assert f"ip daddr {v4} reject with icmpx type admin-prohibited" in ruleset
+    assert f"ip daddr {v4} meta l4proto udp reject" in ruleset
+    assert f"ip6 daddr {v6} meta l4proto udp reject" in ruleset
+    # ICMPv6 passes: neighbour probes go to the gateway's address (IPv6 stalled without).
+    assert "icmp" not in ruleset
     assert f"ip6 daddr {v6} meta l4proto tcp reject with tcp reset" in ruleset
-    assert "meta l4proto tcp ct state new ct count over 256 reject with tcp reset" in ruleset
+    assert "ct status & confirmed == 0 ct count over 256 reject with tcp reset" in ruleset
     assert "127.0.0" not in ruleset and "::1/" not in ruleset  # the sandbox's own loopback
     # No host address at all (a machine with loopback only): the gateways still go in.
     bare = firewall_ruleset([], [], 8)
     assert "ip daddr { 10.0.2.2/32 }" in bare and "ip6 daddr { fd63:7265:7700::2/128 }" in bare
     assert "ct count over 8 " in bare
+    assert "dport 53" not in ruleset
+
+
+def test_a_resolver_on_a_host_address_keeps_its_port_53() -> None:
+    """A dnsmasq on the host's LAN address named in resolv.conf: DNS works, nothing else there."""
+    resolvers = ["192.0.2.2", "fd00::2", "127.0.0.53", "fe80::1%eth0", "bogus"]
+    ruleset = firewall_ruleset(local_networks(HOST_FIB_TRIE), [], 256, resolvers)
+    lines = ruleset.splitlines()
+    allow4 = "    ip daddr 192.0.2.2 meta l4proto { tcp, udp } th dport 53 accept"
+    allow6 = "    ip6 daddr fd00::2 meta l4proto { tcp, udp } th dport 53 accept"
+    assert allow4 in lines and allow6 in lines
+    assert lines.index(allow4) < next(i for i, x in enumerate(lines) if "reject" in x)
+    assert ruleset.count("dport 53") == 2  # not for loopback, scoped or malformed entries
 
 
 def test_firewall_argv_passes_the_namespaces_and_the_library() -> None:
