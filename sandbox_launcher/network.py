@@ -396,8 +396,15 @@ def firewall_ruleset(
     host6: Sequence[ipaddress.IPv6Address],
     max_connections: int,
     resolvers: Sequence[str] = (),
+    forwarded: Sequence[int] = (),
 ) -> str:
     """The nftables table of a sandbox's namespace: no host address, a TCP connection cap. Pure.
+
+    The cap counts what goes through pasta: connections out of the sandbox's
+    interface and those to the `forwarded` loopback ports (pasta's listeners).
+    The sandbox's own loopback otherwise (a test server of the agent's, pasta's
+    inbound connections to a published port: the Computer's to a warm server)
+    is not counted.
 
     pasta's gateway addresses are refused too: with `--no-map-gw` they lead
     nowhere, and a host that has one of them as its own would be reached.
@@ -416,10 +423,13 @@ def firewall_ruleset(
     ):
         family = "ip" if address.version == 4 else "ip6"
         dns += f"    {family} daddr {address} meta l4proto {{ tcp, udp }} th dport 53 accept\n"
+    ports = ", ".join(str(p) for p in sorted(set(forwarded)))
+    own_loopback = f'oifname "lo" tcp dport != {{ {ports} }}' if ports else 'oifname "lo"'
     return (
         f"table inet {NFT_TABLE} {{\n"
         "  chain output {\n"
         "    type filter hook output priority 0; policy accept;\n"
+        f"    {own_loopback} accept\n"
         f"{dns}"
         f"    ip daddr {{ {set4} }} meta l4proto tcp reject with tcp reset\n"
         f"    ip daddr {{ {set4} }} meta l4proto udp reject\n"
@@ -444,13 +454,14 @@ def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     return None if address.is_link_local else address
 
 
-def host_ruleset(max_connections: int, resolv_conf: str) -> str:
+def host_ruleset(plan: NetworkPlan, resolv_conf: str) -> str:
     """`firewall_ruleset` for this host's addresses now and the sandbox's resolv.conf path."""
     return firewall_ruleset(
         local_networks(_read("/proc/self/net/fib_trie")),
         inet6_addresses(_read("/proc/self/net/if_inet6")),
-        max_connections,
+        plan.max_connections,
         nameservers(_read(resolv_conf)),
+        plan.loopback_ports,
     )
 
 
@@ -601,7 +612,7 @@ class SandboxNetwork:
             return  # the backend's health says so (NO_FIREWALL_NOTE)
         self._waiting_for = "the sandbox's firewall"
         shown = self.resolver[0] if self.resolver is not None else HOST_RESOLV_CONF
-        ruleset = host_ruleset(self.plan.max_connections, shown)
+        ruleset = host_ruleset(self.plan, shown)
         user_fd, net_fd = self._namespace_fds(pid)
         try:
             # setns refuses the user namespace one is in already (EINVAL): enter none then.

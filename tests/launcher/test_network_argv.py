@@ -266,6 +266,14 @@ def test_firewall_ruleset_refuses_the_host_and_the_gateways_and_caps_tcp() -> No
     assert "ip daddr { 10.0.2.2/32 }" in bare and "ip6 daddr { fd63:7265:7700::2/128 }" in bare
     assert "ct count over 8 " in bare
     assert "dport 53" not in ruleset
+    # Without forwarded ports the whole own loopback is not counted, first thing.
+    assert ruleset.splitlines()[3] == '    oifname "lo" accept'
+
+
+def test_the_cap_counts_the_forwarded_ports_on_loopback() -> None:
+    """The own loopback is uncounted (an agent's test server) except pasta's listeners."""
+    ruleset = firewall_ruleset([], [], 64, forwarded=[11434, 8080, 8080])
+    assert ruleset.splitlines()[3] == '    oifname "lo" tcp dport != { 8080, 11434 } accept'
 
 
 def test_a_resolver_on_a_host_address_keeps_its_port_53() -> None:

@@ -105,12 +105,24 @@ for name, host, port in json.loads(sys.argv[1]):
 print(json.dumps({"check": "done", "worked": True}), flush=True)
 """
 
-# Inside the sandbox: open `tries` connections and hold them; close them; then
+# Inside the sandbox: `tries` connections to a listener of its own (not through pasta:
+# not counted) held open, then `tries` to the forwarded port; close those; then
 # connect again until one works (closed connections leave the count at once,
 # but the kernel frees them lazily, within a jiffy).
 CAP_PROBE = r"""
 import json, socket, sys, time
 port, tries = int(sys.argv[1]), int(sys.argv[2])
+own = socket.socket()
+own.bind(("127.0.0.1", 0))
+own.listen(512)
+mine = []
+try:
+    for _ in range(tries):
+        mine.append(socket.create_connection(own.getsockname(), timeout=10))
+        mine.append(own.accept()[0])
+except OSError as exc:
+    print(json.dumps({"check": "own_loopback", "worked": False, "error": str(exc)}), flush=True)
+print(json.dumps({"check": "own_loopback", "worked": True, "result": len(mine) // 2}), flush=True)
 held, refused = [], None
 for i in range(tries):
     try:
@@ -342,6 +354,8 @@ def test_connections_past_the_cap_are_refused_and_closed_ones_free_it(
     assert checks["held"]["result"] == cap, checks["held"]
     assert "refused" in (checks["held"]["error"] or ""), checks["held"]
     assert counts["most"] == cap, counts
+    # Positive control: the agent's own loopback (a test server of its) is not capped.
+    assert checks["own_loopback"]["result"] == tries, checks["own_loopback"]
     # Positive control: once closed, a new connection works (and the first `cap` did).
     assert checks["again"]["result"] == "crew-server", checks["again"]
     assert counts["accepted"] == cap + 1, counts
@@ -384,5 +398,6 @@ def test_a_launcher_run_gets_the_cap_of_its_max_connections(
     (cap_line,) = [line for line in lines if line.get("check") == "cap"]
     checks = {row["check"]: row for row in map(json.loads, cap_line["out"].splitlines())}
     assert checks["held"]["result"] == cap, checks
+    assert checks["own_loopback"]["result"] == tries, checks
     assert checks["again"]["result"] == "crew-server", checks
     assert counts == {"accepted": cap + 1, "most": cap}, counts
