@@ -34,7 +34,8 @@ class BootstrapError(Exception):
 
 class TurnLimits(BaseModel):
     """What one turn's sandbox may use (the launcher's --max-processes, --memory-mb, --shm-mb,
-    --disk-mb: the agent's directories together, watched, not a filesystem quota).
+    --disk-mb: the agent's directories together, watched, not a filesystem quota;
+    --max-connections).
 
     `memory_mb` holds only where the launcher gets a cgroup (README, "Resource limits").
     """
@@ -45,6 +46,8 @@ class TurnLimits(BaseModel):
     memory_mb: Annotated[int, Strict()] = Field(default=4096, ge=256, le=16 * 1024 * 1024)
     shm_mb: Annotated[int, Strict()] = Field(default=64, ge=1, le=1024 * 1024)
     disk_mb: Annotated[int, Strict()] = Field(default=10 * 1024, ge=1, le=1024 * 1024 * 1024)
+    # TCP connections one sandbox holds at a time (Linux; past it a connect is refused).
+    max_connections: Annotated[int, Strict()] = Field(default=256, ge=8, le=65536)
 
     def launcher_args(self) -> list[str]:
         """The launcher's command-line flags for these limits."""
@@ -57,6 +60,8 @@ class TurnLimits(BaseModel):
             str(self.shm_mb),
             "--disk-mb",
             str(self.disk_mb),
+            "--max-connections",
+            str(self.max_connections),
         ]
 
 

@@ -34,6 +34,7 @@ from sandbox_launcher.bwrap import (
 from sandbox_launcher.limits import DISK_NOTE, MIB, TurnLimits
 from sandbox_launcher.mounts import alias_masks
 from sandbox_launcher.network import (
+    NO_FIREWALL_NOTE,
     NetworkPlan,
     PastaTools,
     SandboxNetwork,
@@ -196,7 +197,9 @@ def open_backend(
         ok=True,
         backend="bwrap",
         mode=backend.mode,
-        reason=health_note(mode, abi, engine_user, limits, no_rg=no_rg),
+        reason=health_note(
+            mode, abi, engine_user, limits, no_rg=no_rg, firewall=pasta.nftables is not None
+        ),
         network="namespace",
     )
 
@@ -215,13 +218,17 @@ def health_note(
     limits: TurnLimits | None = None,
     *,
     no_rg: bool = False,
+    firewall: bool = True,
 ) -> str | None:
     """What a working Linux sandbox does not do here: tmpfs hides more, no Landlock nests
     tools, no ripgrep for the engine (`tool_shell.ENGINE_PROGRAMS`); and as root, which
-    user engines run as."""
+    user engines run as; no firewall in its network (no libnftables: host addresses
+    reachable, no connection cap)."""
     notes = [TMPFS_NOTE] if mode is LinuxMode.TMPFS else []
     if abi == 0:
         notes.append(NO_TOOL_DOMAIN_NOTE)
+    if not firewall:
+        notes.append(NO_FIREWALL_NOTE)
     if no_rg:
         notes.append(NO_RG_NOTE)
     if engine_user is not None:

@@ -188,7 +188,7 @@ class Launcher:
         publish = None
         if request.publish_port is not None:
             publish = (request.publish_port, free_loopback_port())
-        plan = NetworkPlan(tuple(request.loopback_ports), publish)
+        plan = NetworkPlan(tuple(request.loopback_ports), publish, self.limits.max_connections)
         network = backend.network(plan)
         if network is None and publish is not None:
             raise RequestRefused(
@@ -262,7 +262,8 @@ class Launcher:
         assert self.config.opencode is not None
         # In its own network namespace the server's port is reached only through the
         # host port pasta publishes (ours); without one (macOS) the kernel picks a port.
-        plan = NetworkPlan(tuple(request.loopback_ports), (NAMESPACE_PORT, free_loopback_port()))
+        publish = (NAMESPACE_PORT, free_loopback_port())
+        plan = NetworkPlan(tuple(request.loopback_ports), publish, self.limits.max_connections)
         network = backend.network(plan)
         port = NAMESPACE_PORT if network is not None else 0
         command = server_command(os.path.realpath(self.config.opencode), port)

@@ -66,6 +66,7 @@ _JOIN_SCRIPT = (
     'shift; done; shift; exec "$@"'
 )
 SHELL = "/bin/sh"
+DEFAULT_MAX_CONNECTIONS = 256  # TCP connections of one sandbox at a time (network.py)
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,8 @@ class TurnLimits:
     memory_bytes: int = 4096 * MIB  # only where a cgroup is available
     shm_bytes: int = 64 * MIB  # as Docker's default
     disk_bytes: int = 10 * 1024 * MIB  # the agent's directories together (the watch)
+    # TCP connections at a time, in the sandbox's own network (network.py's firewall).
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
 
     def process_threshold(self) -> int:
         """How many tasks count as "the process limit was hit" where no cgroup counts for us."""

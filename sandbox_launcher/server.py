@@ -182,8 +182,9 @@ def build_launcher(
     )
     cgroups = find_cgroup_parents() if sys.platform.startswith("linux") else None
     log.info(
-        "run limits: %d processes, /dev/shm %d MiB, memory %s",
+        "run limits: %d processes, %d TCP connections, /dev/shm %d MiB, memory %s",
         limits.max_processes,
+        limits.max_connections,
         limits.shm_bytes // MIB,
         f"{limits.memory_bytes // MIB} MiB (cgroup v{cgroups.version})"
         if cgroups

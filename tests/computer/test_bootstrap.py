@@ -197,15 +197,24 @@ def test_turn_limits_default_and_become_launcher_flags() -> None:
         "64",
         "--disk-mb",
         "10240",
+        "--max-connections",
+        "256",
     ]
-    limits = {"max_processes": 500, "memory_mb": 1024, "shm_mb": 8, "disk_mb": 100}
+    limits = {
+        "max_processes": 500,
+        "memory_mb": 1024,
+        "shm_mb": 8,
+        "disk_mb": 100,
+        "max_connections": 32,
+    }
     line = {**base, "turn_limits": limits}
     assert parse_bootstrap(orjson.dumps(line)).turn_limits.launcher_args()[1::2] == [
         "500",
         "1024",
         "8",
         "100",
+        "32",
     ]
-    for bad in ({"max_processes": 1}, {"shm_mb": "64"}, {"cpus": 2}):
+    for bad in ({"max_processes": 1}, {"shm_mb": "64"}, {"cpus": 2}, {"max_connections": 0}):
         with pytest.raises(BootstrapError, match="turn_limits"):
             parse_bootstrap(orjson.dumps({**base, "turn_limits": bad}))
