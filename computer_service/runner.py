@@ -32,7 +32,7 @@ from computer_service.engine.base import (
     TurnResult,
     Usage,
 )
-from computer_service.engine.failures import ReplyAttempts
+from computer_service.engine.failures import ReplyAttempts, set_aside_reason
 from computer_service.gate import TurnGate
 from computer_service.metrics import Metrics
 from computer_service.reporter import RunReporter
@@ -524,7 +524,7 @@ class Runner:
 
     async def _set_aside(self, turn: RegisteredTurn, failure: Failure) -> None:
         """Mark the claim read unanswered; the server tells the room why."""
-        reason = f"{failure.cls.value}: {failure.reason}"[:500]
+        reason = set_aside_reason(failure)
         log.warning(
             "agent %s: turns failed %d times on the same message; setting it aside (%s)",
             self.agent.handle,
