@@ -53,8 +53,9 @@ log = logging.getLogger(__name__)
 
 # The last report of a stopped turn may still go out, but never hold up a stop for long.
 FINISH_TIMEOUT_S = 8.0
-# A server that restarts is back within seconds: the ack and the finish wait that long for it.
-RETRY_WINDOW_S = 6.0
+# A server that restarts, crashes or is upgraded may be away a while: the turn's last
+# events, the ack and the finish wait that long for it (a stop does not wait).
+RETRY_WINDOW_S = 60.0
 RECENT_TURNS = 20
 # The wall-clock limit of one turn unless the bootstrap says otherwise (computer.md §3).
 DEFAULT_TURN_TIME_LIMIT_S = 30 * 60
@@ -178,6 +179,7 @@ class Runner:
         self.recent: deque[TurnRecord] = deque(maxlen=RECENT_TURNS)
         self._woken = anyio.Event()
         self._stop: anyio.Event | None = None
+        self._reporter: RunReporter | None = None
         self._closing = False
         self.finished = anyio.Event()
 
@@ -205,6 +207,8 @@ class Runner:
         """End the loop: stop the current turn; `run()` returns once it is recorded."""
         self._closing = True
         self.stop_turn()
+        if self._reporter is not None:
+            self._reporter.abandon()  # a stop does not wait for an unreachable server
         self._woken.set()
 
     # The loop.
@@ -409,7 +413,10 @@ class Runner:
         replies = ReplyAttempts()
         result: TurnResult | None = None
         broken: Exception | None = None
-        reporter = RunReporter(send, self._metrics, on_stale, on_superseded)
+        reporter = RunReporter(
+            send, self._metrics, on_stale, on_superseded, flush_window_s=self._retry_window_s
+        )
+        self._reporter = reporter
         try:
             async with reporter:
 
@@ -428,6 +435,8 @@ class Runner:
                     broken = exc
         except Exception as exc:
             broken = broken or exc
+        finally:
+            self._reporter = None
         count = reporter.event_count
         if broken is not None or result is None:
             log.error("agent %s: the turn broke down", self.agent.handle, exc_info=broken)
@@ -550,7 +559,9 @@ class Runner:
         status, failure, usage = outcome.status, outcome.failure, outcome.usage
         failure_body = failure.as_upstream() if failure is not None else None
         # The last report of a stopped turn must still go out: shield it, but bound it.
-        with anyio.CancelScope(shield=True), anyio.move_on_after(FINISH_TIMEOUT_S):
+        # (`_retrying` gives up at once when the Computer is stopping.)
+        bound = FINISH_TIMEOUT_S + (0.0 if self._closing else self._retry_window_s)
+        with anyio.CancelScope(shield=True), anyio.move_on_after(bound):
             try:
                 await self._retrying(
                     "recording the turn",
