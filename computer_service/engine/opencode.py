@@ -12,6 +12,7 @@ with a new one. `run_turn` never raises.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import uuid
@@ -97,6 +98,7 @@ class Attempt:
     ending: str | None = None  # "stopped", "timeout" or "guard"
     guard_reason: str = ""
     time_limit_s: float = 0.0  # the wall-clock limit that ended it ("timeout")
+    retry_after_s: float | None = None  # the provider's wait that ended it ("rate_limited")
     launcher_failure: Failure | None = None
     check: OutputCheck = field(default_factory=OutputCheck)
 
@@ -432,6 +434,16 @@ def attempt_result(a: Attempt, stop: StopSignal, secrets: list[str]) -> TurnResu
             "a higher turn_time_limit_s: the agent's own (PATCH /api/agents/{id}) or the "
             "Computer's bootstrap",
         )
+    elif a.ending == "rate_limited":
+        wait = a.retry_after_s or 0.0
+        said = f" ({a.guard_reason})" if a.guard_reason else ""
+        failure = Failure(
+            FailureClass.RATE_LIMITED,
+            f"the model provider is rate limiting requests{said} and asked to wait "
+            f"{_duration(round(wait))} before the next one; the turn was ended and the agent "
+            "tries again then. The messages are kept.",
+            retry_after_s=wait,
+        )
     elif a.ending == "guard":
         failure = Failure(FailureClass.ENGINE_ERROR, a.guard_reason)
     elif a.launcher_failure is not None:
@@ -453,7 +465,7 @@ def attempt_result(a: Attempt, stop: StopSignal, secrets: list[str]) -> TurnResu
         if found.cls is FailureClass.STOPPED:
             return stopped_result(a.session_id, a.usage)
         failure = found
-    failure = Failure(failure.cls, redact(failure.reason, secrets))
+    failure = dataclasses.replace(failure, reason=redact(failure.reason, secrets))
     return TurnResult("failed", failure, a.session_id, a.usage)
 
 

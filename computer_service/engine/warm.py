@@ -67,6 +67,7 @@ from computer_service.engine.warm_events import (
     SseFrames,
     TurnEnd,
     permission_request,
+    retry_status,
     run_line,
 )
 from computer_service.home import ENGINE_NAME, SESSION_ID
@@ -86,6 +87,9 @@ HEARTBEAT_TIMEOUT_S = 35.0  # the server beats every 10 s
 CONNECTED_TIMEOUT_S = 15.0
 ERROR_GRACE_S = 1.0  # an error turn without an assistant message: its second idle comes at once
 ABORT_TIMEOUT_S = 5.0
+# OpenCode's own retries wait 2 to 30 s; a provider that asks for longer (a rate limit's
+# Retry-After) ends the turn as `rate_limited`, retried at the provider's time.
+RETRY_PATIENCE_S = 30.0
 END_GRACE_S = 10.0
 MAX_ANSWER_BYTES = 1024 * 1024
 
@@ -357,9 +361,32 @@ class WarmEngine:
 
         async def answer_permission(request_id: str) -> None:
             try:
-                await _post(client, f"/permission/{request_id}/reply", {"reply": "once"})
-            except (httpx.HTTPError, NotTheServer) as exc:
-                log.warning("agent %s: answering a permission failed: %s", request.agent_id, exc)
+                status, _ = await _post(
+                    client, f"/permission/{request_id}/reply", {"reply": "once"}
+                )
+                why = None if status in (200, 204) else f"HTTP {status}"
+            except (httpx.HTTPError, NotTheServer, ServerBroken) as exc:
+                why = type(exc).__name__
+            if why is None:
+                return
+            # The tool would wait for the answer until the wall clock: end the turn now.
+            log.warning("agent %s: answering a permission failed: %s", request.agent_id, why)
+            a.broken = f"it did not take the answer to a permission request ({why})"
+            a.launcher_failure = Failure(
+                FailureClass.PROCESS_CRASHED,
+                f"the warm OpenCode server did not take the answer to a tool's permission "
+                f"request ({why}); the turn was ended and the server is replaced",
+                environment=True,
+            )
+            await end_turn("broken")
+
+        def rate_limited(at_ms: float, message: str) -> None:
+            wait_s = max(0.0, at_ms / 1000 - time.time())
+            if wait_s <= RETRY_PATIENCE_S or a.ending is not None:
+                return
+            a.retry_after_s = wait_s
+            a.guard_reason = message
+            tg.start_soon(end_turn, "rate_limited")
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(watch_stop)
@@ -393,6 +420,8 @@ class WarmEngine:
                         break
                     if (asked := permission_request(event, session_id)) is not None:
                         tg.start_soon(answer_permission, asked)
+                    if (retry := retry_status(event, session_id)) is not None:
+                        rate_limited(*retry)
                     line = run_line(event, session_id, int(time.time() * 1000))
                     if line is not None:
                         await self._line(line, request, a, on_event, tg, end_turn)

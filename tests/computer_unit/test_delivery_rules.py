@@ -233,3 +233,17 @@ def test_the_exit_status_of_a_bash_call_is_kept_as_a_fact_not_sent_upstream() ->
     event = engine_event_of(orjson.dumps(line))
     assert event.facts == {"exit": 1}
     assert "exit" not in orjson.dumps(event.as_upstream()).decode()
+
+
+def test_a_rate_limit_with_the_providers_time_is_retried_then_not_after_5_s() -> None:
+    retries = Retries()
+    limited = Failure(FailureClass.RATE_LIMITED, "quota", retry_after_s=600.0)
+    step = retries.failed(limited, frozenset({"m1"}))
+    assert step.retry_in_s == 600.0 and not step.set_aside
+    assert retries.strikes == 0 and retries.max_messages is None
+    # Without a time of the provider's: the usual backoff (the count went on: 10 s).
+    step = retries.failed(Failure(FailureClass.RATE_LIMITED, "slow down"), frozenset({"m1"}))
+    assert step.retry_in_s == 10
+    # A day at most, whatever a provider says.
+    huge = Failure(FailureClass.RATE_LIMITED, "quota", retry_after_s=1e9)
+    assert Retries().failed(huge, frozenset({"m1"})).retry_in_s == 24 * 3600
