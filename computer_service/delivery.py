@@ -31,6 +31,8 @@ class NextStep:
 
     retry_in_s: float | None
     set_aside: bool = False
+    # The provider's own time (Retry-After): no turn before it, even when woken.
+    firm: bool = False
 
 
 class Retries:
@@ -75,6 +77,7 @@ class Retries:
             if failure.retry_after_s is not None:
                 # The provider named its time (a rate limit's Retry-After): not sooner, not later.
                 delay = min(max(failure.retry_after_s, 0.0), RETRY_AFTER_CAP_S)
+                return NextStep(delay, firm=True)
             return NextStep(delay)
         if not blames_content(failure):
             # Stopped by the user, or a session to renew: not retried by itself.

@@ -174,6 +174,8 @@ class Runner:
         # When the runner wakes itself again (None: only when woken), and that time for the row.
         self._retry_in: float | None = None
         self.retry_at: str | None = None
+        # The retry is the provider's own time (a rate limit's Retry-After): wakes wait for it.
+        self._retry_firm = False
         # The last session could not be saved: the next turn starts a new one.
         self._session_lost = False
         self.recent: deque[TurnRecord] = deque(maxlen=RECENT_TURNS)
@@ -262,14 +264,25 @@ class Runner:
         if self._retry_in is None:
             await self._woken.wait()
             return
-        with anyio.move_on_after(self._retry_in):
-            await self._woken.wait()
+        if self._retry_firm:
+            # No turn before the provider's time: the model would refuse it. A wake now
+            # (a new message) merges into the turn then; only a close ends the wait.
+            until = time.monotonic() + self._retry_in
+            while not self._closing and (left := until - time.monotonic()) > 0:
+                with anyio.move_on_after(left):
+                    await self._woken.wait()
+                self._woken = anyio.Event()
+        else:
+            with anyio.move_on_after(self._retry_in):
+                await self._woken.wait()
         self._retry_in = None
+        self._retry_firm = False
         self.retry_at = None
 
-    def _retry_later(self, delay_s: float | None) -> None:
-        """Wake by itself after `delay_s` (None: only when woken)."""
+    def _retry_later(self, delay_s: float | None, *, firm: bool = False) -> None:
+        """Wake by itself after `delay_s` (None: only when woken; `firm`: not before it)."""
         self._retry_in = delay_s
+        self._retry_firm = firm and delay_s is not None
         if delay_s is None:
             self.retry_at = None
         else:
@@ -391,7 +404,7 @@ class Runner:
                 if self._gone:
                     return
         await self._finish(turn, outcome, time.monotonic() - started)
-        self._retry_later(next_step.retry_in_s)
+        self._retry_later(next_step.retry_in_s, firm=next_step.firm)
 
     async def _run_engine(
         self, turn: RegisteredTurn, request: TurnRequest, stop: anyio.Event, rooms: set[str]

@@ -68,4 +68,4 @@ def test_a_429_with_retry_after_ends_the_turn_as_rate_limited_retried_then(chain
     assert row["last_reason"] and "rate limiting" in row["last_reason"]
     # One model request for the turn (OpenCode was stopped before its own retry).
     quota = [r for r in chain.model.requests() if "QUOTA-1" in r.last_text()]
-    assert len(quota) == 1, len(quota)
+    assert len(quota) == 1, [(r.number, r.at, r.answer, r.session) for r in quota]
