@@ -32,6 +32,7 @@ killed it at a resource limit (`resource_limit`, step 6).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -87,6 +88,8 @@ HEARTBEAT_TIMEOUT_S = 35.0  # the server beats every 10 s
 CONNECTED_TIMEOUT_S = 15.0
 ERROR_GRACE_S = 1.0  # an error turn without an assistant message: its second idle comes at once
 ABORT_TIMEOUT_S = 5.0
+# A cold fallback with less than this left of the turn's limit is not started.
+MIN_COLD_LEFT_S = 5.0
 # OpenCode's own retries wait 2 to 30 s; a provider that asks for longer (a rate limit's
 # Retry-After) ends the turn as `rate_limited`, retried at the provider's time.
 RETRY_PATIENCE_S = 30.0
@@ -165,15 +168,17 @@ class WarmEngine:
         agents_md = await anyio.to_thread.run_sync(_agents_md, paths)
         ports = await self.cold.forwarded_ports()
         directories = await anyio.to_thread.run_sync(_directories, paths)
+        began = time.monotonic()
         server = await self.pool.acquire(
             request.agent_id,
             env,
             lambda password: self._server_request(paths, env, password, ports),
             # new forwarded ports, or directories made anew: a new server
             extra_key=agents_md + repr(ports).encode() + directories,
+            start_timeout_s=request.wall_clock_limit_s,
         )
         if server is None:
-            return await self._cold(request, on_event, stop, paths, env, secrets)
+            return await self._cold(request, on_event, stop, paths, env, secrets, began)
         drop = True  # unless the turn got to its end with the server working
         released = False
         try:
@@ -187,7 +192,7 @@ class WarmEngine:
                 )
                 released = True
                 await self.pool.release(server, broken=True)
-                return await self._cold(request, on_event, stop, paths, env, secrets)
+                return await self._cold(request, on_event, stop, paths, env, secrets, began)
             self.pool.counters.warm_turns += 1
             a, result = await again_if_the_session_vanished(
                 request,
@@ -215,8 +220,24 @@ class WarmEngine:
         paths: AgentPaths,
         env: dict[str, str],
         secrets: list[str],
+        began: float,
     ) -> TurnResult:
+        """The turn run cold, within what the warm attempt left of its limit (issue 20: a
+        server that never started cost the turn's limit plus the launcher's 60 s)."""
+        left = request.wall_clock_limit_s - (time.monotonic() - began)
+        if left < MIN_COLD_LEFT_S:
+            return TurnResult(
+                "failed",
+                Failure(
+                    FailureClass.PROCESS_CRASHED,
+                    "the agent's warm OpenCode server did not start within the turn's "
+                    f"wall-clock limit ({request.wall_clock_limit_s:g} s); the turn is tried "
+                    "again (cold after three failed starts). The messages are kept.",
+                    environment=True,
+                ),
+            )
         self.pool.counters.cold_turns += 1
+        request = dataclasses.replace(request, wall_clock_limit_s=left)
         return await self.cold.run_prepared(request, on_event, stop, paths, env, secrets)
 
     async def _ran_into_limit(self, server: AgentServer, a: WarmAttempt) -> bool:
@@ -403,8 +424,10 @@ class WarmEngine:
                         # A server that dies mid-answer (killed at a resource limit, say)
                         # cuts its chunked stream short: the same as the stream ending.
                         except (StopAsyncIteration, httpx.TransportError) as exc:
-                            a.broken = f"its event stream ended during the turn ({_why(exc)})"
-                            a.launcher_failure = Failure(
+                            a.broken = a.broken or (
+                                f"its event stream ended during the turn ({_why(exc)})"
+                            )
+                            a.launcher_failure = a.launcher_failure or Failure(
                                 FailureClass.PROCESS_CRASHED,
                                 "the warm OpenCode server went away during the turn",
                             )
@@ -412,8 +435,8 @@ class WarmEngine:
                     if waited.cancelled_caught:
                         if grace_until is not None:
                             break  # an error turn with no assistant message: over
-                        a.broken = f"it sent nothing for {self.heartbeat_timeout_s:g} s"
-                        a.launcher_failure = Failure(
+                        a.broken = a.broken or f"it sent nothing for {self.heartbeat_timeout_s:g} s"
+                        a.launcher_failure = a.launcher_failure or Failure(
                             FailureClass.PROCESS_CRASHED,
                             "the warm OpenCode server stopped answering",
                         )
