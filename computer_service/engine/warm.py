@@ -70,6 +70,7 @@ from computer_service.engine.warm_events import (
     permission_request,
     retry_status,
     run_line,
+    session_of,
 )
 from computer_service.home import ENGINE_NAME, SESSION_ID
 from computer_service.launcher_client import ExitFrame, ServerRequest
@@ -93,6 +94,9 @@ MIN_COLD_LEFT_S = 5.0
 # OpenCode's own retries wait 2 to 30 s; a provider that asks for longer (a rate limit's
 # Retry-After) ends the turn as `rate_limited`, retried at the provider's time.
 RETRY_PATIENCE_S = 30.0
+# A prompt the server accepted shows in its session's events at once (busy, the user
+# message); nothing of the session for this long: the prompt was dropped.
+PROGRESS_TIMEOUT_S = 30.0
 END_GRACE_S = 10.0
 MAX_ANSWER_BYTES = 1024 * 1024
 
@@ -124,12 +128,14 @@ class WarmEngine:
         end_grace_s: float = END_GRACE_S,
         connected_timeout_s: float = CONNECTED_TIMEOUT_S,
         heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
+        progress_timeout_s: float = PROGRESS_TIMEOUT_S,
     ) -> None:
         self.cold = cold
         self.pool = pool
         self.end_grace_s = end_grace_s
         self.connected_timeout_s = connected_timeout_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.progress_timeout_s = progress_timeout_s
         self._ids = MessageIds()
 
     def plan_session(self, agent_id: str, model: str, agents_md: str) -> SessionPlan:
@@ -401,6 +407,23 @@ class WarmEngine:
             )
             await end_turn("broken")
 
+        progressed = anyio.Event()
+
+        async def watch_progress() -> None:
+            with anyio.move_on_after(self.progress_timeout_s):
+                await progressed.wait()
+                return
+            if a.ending is not None:
+                return
+            a.broken = f"nothing of the session in {self.progress_timeout_s:g} s after the prompt"
+            a.launcher_failure = Failure(
+                FailureClass.PROCESS_CRASHED,
+                "the warm OpenCode server took the prompt but never started on it "
+                f"({self.progress_timeout_s:g} s); the turn was ended and the server is replaced",
+                environment=True,
+            )
+            await end_turn("broken")
+
         def rate_limited(at_ms: float, message: str) -> None:
             wait_s = max(0.0, at_ms / 1000 - time.time())
             if wait_s <= RETRY_PATIENCE_S or a.ending is not None:
@@ -412,6 +435,7 @@ class WarmEngine:
         async with anyio.create_task_group() as tg:
             tg.start_soon(watch_stop)
             tg.start_soon(watch_clock)
+            tg.start_soon(watch_progress)
             with read_scope:
                 grace_until: float | None = None
                 while not end.over:
@@ -441,6 +465,8 @@ class WarmEngine:
                             "the warm OpenCode server stopped answering",
                         )
                         break
+                    if session_of(event) == session_id:
+                        progressed.set()
                     if (asked := permission_request(event, session_id)) is not None:
                         tg.start_soon(answer_permission, asked)
                     if (retry := retry_status(event, session_id)) is not None:

@@ -69,6 +69,16 @@ def run_line(event: Any, session_id: str, now_ms: int) -> dict[str, Any] | None:
     return None
 
 
+def session_of(event: Any) -> str | None:
+    """The session an event is about (`properties.sessionID`, or its `info`'s or `part`'s)."""
+    props = _dict(_dict(event).get("properties"))
+    for holder in (props, _dict(props.get("info")), _dict(props.get("part"))):
+        found = holder.get("sessionID")
+        if isinstance(found, str):
+            return found
+    return None
+
+
 def retry_status(event: Any, session_id: str) -> tuple[float, str] | None:
     """`(next, message)` of a `session.status` of type `retry` of the session: OpenCode waits
     until `next` (epoch ms) before it asks the model again (a rate limit's Retry-After)."""

@@ -54,6 +54,7 @@ class StandIn:
         self.message_id = ""
         self.aborted = False
         self.permission_status = 200
+        self.beat = b""
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def app(self) -> Starlette:
@@ -66,6 +67,9 @@ class StandIn:
                     await asyncio.sleep(0.01)
                 for chunk in self.script:
                     yield chunk.replace(b"MSG", self.message_id.encode())
+                while self.beat:  # heartbeats (none unless set): the server is alive
+                    await asyncio.sleep(0.3)
+                    yield self.beat
                 await asyncio.sleep(3600)
 
             return StreamingResponse(body(), media_type="text/event-stream")
@@ -192,6 +196,7 @@ def engine(port: int) -> tuple[WarmEngine, Cold, Launcher]:
         end_grace_s=1.0,
         connected_timeout_s=1.0,
         heartbeat_timeout_s=1.0,
+        progress_timeout_s=2.0,
     )
     return warm, cold, launcher
 
@@ -346,3 +351,18 @@ async def test_a_server_that_never_starts_costs_the_turns_own_limit(
     assert result.failure.environment and "did not start" in result.failure.reason
     assert cold.cold_turns == 0  # nothing left of the limit for a cold run
     assert warm.pool.failed_starts == {"a": 1} and launcher.stopped == ["a"]
+
+
+async def test_a_prompt_that_makes_no_progress_ends_the_turn_not_the_wall_clock(
+    standin: tuple[StandIn, int],
+) -> None:
+    # The prompt is accepted, then only heartbeats: nothing of the session ever comes.
+    server, port = standin
+    heartbeat = frame({"type": "server.heartbeat", "properties": {}})
+    server.script = [heartbeat]
+    server.beat = heartbeat
+    warm, _, launcher = engine(port)
+    result, _ = await turn(warm)  # limit 30 min; `turn` gives it 30 s
+    assert result.failure is not None and result.failure.cls is FailureClass.PROCESS_CRASHED
+    assert result.failure.environment and "never started on it" in result.failure.reason
+    assert launcher.stopped == ["a"]
