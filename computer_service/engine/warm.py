@@ -55,6 +55,7 @@ from computer_service.engine.base import (
 )
 from computer_service.engine.events import engine_event_of
 from computer_service.engine.opencode import (
+    RETRY_PATIENCE_S,
     TURN_TITLE,
     Attempt,
     OpenCodeEngine,
@@ -91,9 +92,6 @@ ERROR_GRACE_S = 1.0  # an error turn without an assistant message: its second id
 ABORT_TIMEOUT_S = 5.0
 # A cold fallback with less than this left of the turn's limit is not started.
 MIN_COLD_LEFT_S = 5.0
-# OpenCode's own retries wait 2 to 30 s; a provider that asks for longer (a rate limit's
-# Retry-After) ends the turn as `rate_limited`, retried at the provider's time.
-RETRY_PATIENCE_S = 30.0
 # A prompt the server accepted shows in its session's events at once (busy, the user
 # message); nothing of the session for this long: the prompt was dropped.
 PROGRESS_TIMEOUT_S = 30.0
@@ -429,6 +427,7 @@ class WarmEngine:
             if wait_s <= RETRY_PATIENCE_S or a.ending is not None:
                 return
             a.retry_after_s = wait_s
+            a.provider_time = True
             a.guard_reason = message
             tg.start_soon(end_turn, "rate_limited")
 
