@@ -54,6 +54,16 @@ FAULTS: dict[str, list[str]] = {
         "tests/computer/test_reporter.py::test_at_the_end_the_rest_waits_for_the_server_only_the_flush_window",
         "tests/server/test_delivery_edges.py::test_the_event_count_at_the_end_records_a_lost_tail_as_a_gap",
     ],
+    "a model answering 429 with Retry-After: 600: rate_limited at once, retried at that time": [
+        "tests/e2e/test_rate_limit.py::test_a_429_with_retry_after_ends_the_turn_as_rate_limited_retried_then",
+        "tests/computer_unit/test_warm_untrusted.py::test_a_retry_far_off_ends_the_turn_as_rate_limited_at_once",
+        "tests/computer_unit/test_delivery_rules.py::test_a_rate_limit_with_the_providers_time_is_retried_then_not_after_5_s",
+    ],
+    "a warm server that refuses a permission answer, drops a prompt or never starts": [
+        "tests/computer_unit/test_warm_untrusted.py::test_a_permission_answer_the_server_refuses_ends_the_turn_not_the_wall_clock",
+        "tests/computer_unit/test_warm_untrusted.py::test_a_prompt_that_makes_no_progress_ends_the_turn_not_the_wall_clock",
+        "tests/computer_unit/test_warm_untrusted.py::test_a_server_that_never_starts_costs_the_turns_own_limit",
+    ],
     "HELD then nothing succeeds; a set-aside never marks read what a HELD answer showed": [
         "tests/e2e/test_turn_edges.py::test_held_then_nothing_is_a_succeeded_turn",
         "tests/e2e/test_turn_edges.py::test_a_message_set_aside_leaves_the_one_a_held_answer_showed_unread",
