@@ -146,6 +146,14 @@ class LineFrame(BaseModel):
     data: str
 
 
+class LogFrame(BaseModel):
+    """An OpenCode log line about a model request (`stream`, `stream error`)."""
+
+    model_config = ConfigDict(extra="ignore")
+    t: Literal["log"]
+    line: str
+
+
 class ExitFrame(BaseModel):
     model_config = ConfigDict(extra="ignore")
     t: Literal["exit"]
@@ -155,7 +163,7 @@ class ExitFrame(BaseModel):
     reason: str | None = None
 
 
-Frame = StartedFrame | LineFrame | ExitFrame
+Frame = StartedFrame | LineFrame | LogFrame | ExitFrame
 
 
 class SandboxHealth(BaseModel):
@@ -195,6 +203,8 @@ def frame_of(line: bytes) -> Frame:
             return StartedFrame.model_validate(obj)
         if kind == "exit":
             return ExitFrame.model_validate(obj)
+        if kind == "log":
+            return LogFrame.model_validate(obj)
     except ValidationError as exc:
         raise LauncherError(f"the launcher sent a malformed {kind!r} frame: {exc}") from exc
     raise LauncherError(f"the launcher sent an unknown frame type {kind!r}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -143,6 +144,21 @@ def _tail_text(data: bytes) -> str:
     while start < min(3, len(data)) and 0x80 <= data[start] <= 0xBF:
         start += 1
     return data[start:].decode("utf-8", "replace")
+
+
+# OpenCode's log lines (`--print-logs`) that say how its model requests go: a request
+# starts (`message=stream`), or fails and may be retried (`message="stream error"`). A
+# cold run prints nothing on stdout while OpenCode waits out a provider's Retry-After,
+# so these are passed on as `log` frames (bounded) for the Computer to see it waiting.
+_MODEL_LOG = re.compile(rb'level=\w+ .*\bmessage=(?:stream|"stream error") ')
+MAX_LOG_FRAMES = 200
+MAX_LOG_LINE = 2048
+
+
+def log_frame(line: bytes | bytearray) -> bytes:
+    """One NDJSON `log` frame: an OpenCode log line about a model request (cut to 2 KiB)."""
+    text = bytes(line[:MAX_LOG_LINE]).decode("utf-8", "replace")
+    return orjson.dumps({"t": "log", "line": text}) + b"\n"
 
 
 def line_frame(line: bytes | bytearray) -> bytes:
@@ -326,10 +342,21 @@ class EngineRun:
     async def _collect_stderr(self, process: Process) -> None:
         stream = process.stderr
         assert stream is not None
+        partial = bytearray()
+        sent = 0
         async for chunk in _ChunkIter(stream):
             self._stderr += chunk
             if len(self._stderr) > STDERR_TAIL:
                 del self._stderr[: len(self._stderr) - STDERR_TAIL]
+            if sent >= MAX_LOG_FRAMES:
+                continue
+            partial += chunk
+            *lines, rest = bytes(partial).split(b"\n")
+            partial = bytearray(rest[-MAX_LOG_LINE:])
+            for line in lines:
+                if sent < MAX_LOG_FRAMES and _MODEL_LOG.search(line[:MAX_LOG_LINE]):
+                    sent += 1
+                    await self._send(log_frame(line))
 
     async def _pump_stdout(self, stream: ByteReceiveStream, pgid: int) -> None:
         pending = bytearray()
