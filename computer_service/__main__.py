@@ -8,8 +8,9 @@ Two ways to start it:
   file FILE names or `$CREW_COMPUTER_TOKEN` (for a person, systemd or launchd).
 
 Exit status: 0 after an orderly stop (stdin pipe closed, SIGTERM, SIGINT); 1 when
-the bootstrap is bad, the server refuses the connection, this run cannot be
-prepared, or it cannot go on (`opencode models` gives no list, the server
+the bootstrap is bad, the sandbox launcher cannot start (a broken
+installation: `ready` is never printed), the server refuses the connection, this
+run cannot be prepared, or it cannot go on (`opencode models` gives no list, the server
 refuses the model list or the event stream) — after an orderly stop, with a
 one-line reason on stderr (never the token); 2 for a usage error; 130 for
 Ctrl+C before the Computer started.
@@ -156,8 +157,14 @@ def _run(args: argparse.Namespace) -> int:
         stdin_fd = sys.stdin.fileno()
         bootstrap = _bootstrap_from_stdin(stdin_fd)
     # Imported here: the engine side is only needed once the bootstrap is valid.
+    from computer_service.launcher_client import LauncherUnavailable, check_launcher_starts
     from computer_service.parts import LocalParts
 
+    try:
+        # Before `ready`: a Computer whose launcher cannot start can run no agent.
+        check_launcher_starts()
+    except LauncherUnavailable as exc:
+        _fail(str(exc))
     # Each connection, launcher run and agent file costs a descriptor: take what we may.
     raise_open_file_limit()
     parts = LocalParts(bootstrap)
