@@ -375,7 +375,9 @@ class ComputerService:
                 network=self.launcher.network,
             ),
             engine=EngineHealth(
-                found=self.launcher.engine_found, version=self.launcher.engine_version
+                found=self.launcher.engine_found,
+                version=self.launcher.engine_version,
+                reason=self.launcher.engine_reason(),
             ),
             agents=self.roster.agent_count,
             running_turns=self.gate.running,

@@ -295,3 +295,21 @@ def _tilde(path: Path) -> str:
     if home and text.startswith(home.rstrip("/") + "/"):
         return "~" + text[len(home.rstrip("/")) :]
     return text
+
+
+# The OpenCode generation this Computer speaks: 2.x moved its whole server API (`/api/*`,
+# new events, `/interrupt`), so its turns would all fail.
+SUPPORTED_OPENCODE = "1.18.33"
+_VERSION = re.compile(r"(\d+)\.(\d+)")
+
+
+def unsupported_opencode(version: str | None) -> str | None:
+    """Why this `opencode --version` cannot run agents here, or None (an unreadable one runs)."""
+    found = _VERSION.search(version or "")
+    if found is None or int(found.group(1)) < 2:
+        return None
+    return (
+        f"OpenCode {version} is not supported: OpenCode 2 changed its server API, which this "
+        f"Computer does not speak yet. Install OpenCode 1.x (npm i -g opencode-ai@"
+        f"{SUPPORTED_OPENCODE}) or point opencode_path at one, then restart the Computer."
+    )
