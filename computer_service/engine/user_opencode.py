@@ -41,6 +41,12 @@ NO_KEY_HINT = (
 )
 
 
+# Providers OpenCode 1.18 runs without any login: `opencode` (OpenCode Zen) keeps its free
+# models (cost 0) with the key "public" when there is no key (its provider loader;
+# `opencode models` lists them and `opencode run` calls them with no auth.json).
+KEYLESS_PROVIDERS = frozenset({"opencode"})
+
+
 class NotLoggedIn(Exception):
     """The user's OpenCode credentials cannot be used; the message says why."""
 
