@@ -225,7 +225,7 @@ class OpenCodeEngine:
         except NotLoggedIn as exc:
             # A provider the user configured (its key in the config or none needed) runs
             # without; so does one OpenCode runs keyless (`KEYLESS_PROVIDERS`).
-            configured = bool(providers) and provider in providers
+            configured = providers is not None and provider in providers
             if not configured and provider not in KEYLESS_PROVIDERS:
                 return TurnResult("failed", Failure(FailureClass.NOT_LOGGED_IN, str(exc)))
             auth = "{}"
