@@ -23,6 +23,7 @@ import logging
 import os
 import stat
 import sys
+import textwrap
 from pathlib import Path
 from typing import NoReturn
 
@@ -43,11 +44,20 @@ from crew_common.version import VERSION
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
+
+def _optional_fields() -> str:
+    """Every optional bootstrap field, from the model itself: the help never lags behind."""
+    names = [n for n, f in Bootstrap.model_fields.items() if not f.is_required()]
+    return textwrap.fill(", ".join(names), width=78, break_on_hyphens=False)
+
+
 _EPILOG = f"""\
-The bootstrap is a JSON object: server_url and token (required), crew_home,
-max_concurrent_turns, opencode_path, sandbox_mode. The config of `run --config`
-holds the same fields, but instead of token a token_file (a path; relative
-paths are relative to the config's directory), or the token is in ${TOKEN_ENV}.
+The bootstrap is a JSON object: server_url and token (required), and optional:
+{_optional_fields()}
+(README, "Configuration: the bootstrap line", says what each means). The config of
+`run --config` holds the same fields, but instead of token a token_file (a path,
+mode 0600; relative paths are relative to the config's directory), or the token
+is in ${TOKEN_ENV}.
 
 Environment: CREW_HOME (the crew home when the bootstrap names none; default
 ~/.crew), CREW_LOG_LEVEL ({", ".join(LOG_LEVELS)}; default info).
@@ -73,6 +83,7 @@ def parser() -> argparse.ArgumentParser:
     sub = command_line.add_subparsers(dest="command", metavar="COMMAND")
     run = sub.add_parser(
         "run",
+        prog="crew-computer run",  # else argparse puts the top usage in front
         help="run with the bootstrap in a config file (for systemd, launchd or a terminal)",
         description="Run the Computer with its bootstrap in a JSON config file; "
         f"the token comes from the config's token_file or ${TOKEN_ENV}.",
@@ -81,6 +92,7 @@ def parser() -> argparse.ArgumentParser:
     home_help = "the crew home of the Computer to ask (default: $CREW_HOME, else ~/.crew)"
     status = sub.add_parser(
         "status",
+        prog="crew-computer status",
         help="show the running Computer and its agents (like `docker ps`)",
         description="Show the running Computer (server, connection, version, sandbox) and "
         "each agent: state, current turn and its age, last result, tokens and cost today. "
@@ -90,6 +102,7 @@ def parser() -> argparse.ArgumentParser:
     status.add_argument("--crew-home", type=Path, metavar="DIR", help=home_help)
     follow = sub.add_parser(
         "follow",
+        prog="crew-computer follow",
         help="print the agents' turns as they happen (Ctrl+C to stop)",
         description="Print live turns readably: steps, tool calls with a short input and "
         "output, the agent's text, and tokens and cost when a turn ends. Reconnects (with "

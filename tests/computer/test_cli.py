@@ -213,6 +213,7 @@ def test_a_bad_config_is_one_line_without_the_token(
         path.write_bytes(orjson.dumps({"server_url": "http://127.0.0.1:9", **config}))
         if token_file is not None:
             (m.root / "token").write_text(token_file)
+            (m.root / "token").chmod(0o600)
         done = subprocess.run(
             [crew_computer(), "run", "--config", str(path)],
             stdin=subprocess.DEVNULL,
