@@ -581,15 +581,15 @@ class LauncherProcess:
             if proc.stdin is not None:
                 with contextlib.suppress(anyio.BrokenResourceError, OSError):
                     await proc.stdin.aclose()
-            for sig in (None, signal.SIGTERM, signal.SIGKILL):
+            for sig, then in ((None, "SIGTERM"), (signal.SIGTERM, "SIGKILL"), (signal.SIGKILL, "")):
                 if sig is not None and proc.returncode is None:
                     with contextlib.suppress(ProcessLookupError):
                         proc.send_signal(sig)
                 with anyio.move_on_after(grace_s):
                     await proc.wait()
-                if proc.returncode is not None:
+                if proc.returncode is not None or not then:
                     break
-                log.warning("the launcher did not exit in %.0f s; sending %s", grace_s, sig)
+                log.warning("the launcher did not exit in %.0f s; sending %s", grace_s, then)
             if proc.stdout is not None:
                 with contextlib.suppress(anyio.BrokenResourceError, OSError):
                     await proc.stdout.aclose()

@@ -15,6 +15,8 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import anyio
+
 from crew_common.layout import AgentPaths
 from sandbox_launcher.backend import Backend
 from sandbox_launcher.engine_run import EngineRun
@@ -153,6 +155,8 @@ class Launcher:
     sandbox: SandboxHealth
     engine: EngineHealth | None
     runs: dict[str, EngineRun] = field(default_factory=dict)
+    # The `opencode models` listings in flight: a stop cancels them (server.py).
+    listings: set[anyio.CancelScope] = field(default_factory=set)
     # Per run: the guarded repositories that had no `commondir` when it started.
     commondir_watch: dict[str, tuple[Path, ...]] = field(default_factory=dict)
     limits: TurnLimits = field(default_factory=TurnLimits)

@@ -610,6 +610,31 @@ def test_opencode_2_is_refused_with_its_reason_and_runs_no_turn(crew_server: Any
             assert c.stop() == 0, c.stderr()[-3000:]
 
 
+def test_a_stop_while_opencode_models_runs_is_quiet(crew_server: Any) -> None:
+    """Ctrl+C during the slow first `opencode models`: an orderly stop, no WARNING or ERROR
+    (the launcher used to wait out the listing past the Computer's grace, then cancel it)."""
+    need_sandbox()
+    with machine() as m:
+        m.log_in()
+        comp = crew_server.create_computer()
+        crew_server.create_agent("quietstop1", computer_id=comp["computer_id"])
+        opencode = m.root / "opencode"
+        opencode.write_text(
+            f'#!/bin/sh\n[ "$1" = models ] && exec sleep 120\nexec {FAKE_OPENCODE} "$@"\n'
+        )
+        opencode.chmod(0o755)
+        boot = bootstrap_for(crew_server.url, comp["token"], m)
+        boot["opencode_path"] = str(opencode)
+        c = launch(m, boot)
+        try:
+            usable(c)
+            wait_until("a runner", lambda: [r["state"] for r in c.get("/agents")] == ["idle"])
+        finally:
+            assert c.stop() == 0, c.stderr()[-3000:]
+        noisy = [ln for ln in c.stderr().splitlines() if " WARNING " in ln or " ERROR " in ln]
+        assert noisy == [], c.stderr()[-3000:]
+
+
 def _launchers_of(crew_home: Path) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():
