@@ -5,6 +5,7 @@ or the config file of `crew-computer run --config FILE` with the token kept else
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -229,9 +230,17 @@ def load_config(path: Path, environ: Mapping[str, str]) -> Bootstrap:
 def _read_token_file(path: Path) -> str:
     try:
         with path.open("rb") as file:
+            mode = stat.S_IMODE(os.fstat(file.fileno()).st_mode)
             data = file.read(MAX_BOOTSTRAP_BYTES + 1)
     except OSError as exc:
         raise BootstrapError(f"cannot read the token file {path}: {exc.strerror}") from None
+    if mode & 0o077:
+        # As ssh does with a private key: a token others could read may already be theirs.
+        raise BootstrapError(
+            f"the token file {path} is accessible by others (mode {mode:04o}): make it "
+            f"yours alone with `chmod 600 {path}` (and get a new token from the server if "
+            "someone else may have read it), then start again"
+        )
     try:
         # The newline an editor or `echo` leaves at the end is not part of the token.
         return data.decode().strip()

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import secrets
 import signal
+import subprocess
 import sys
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from pathlib import Path
@@ -429,6 +430,27 @@ def _validate(model: type[LauncherHealth], answer: Any) -> LauncherHealth:
 # ---- the launcher process ----
 
 
+# `python -I` ignores PYTHONPATH, the working directory and the user's site-packages, so
+# nothing in the environment can change the code the launcher runs; but a `pip install
+# --user` Computer lives in the user's site-packages. The launcher therefore imports from
+# exactly the directories this interpreter already imports from (its `sys.path`, passed
+# in its argv), however the package was installed: a venv, pipx or `--user`.
+LAUNCHER_BOOT = (
+    "import json, runpy, sys; module = sys.argv.pop(1); sys.path[:] = json.loads(sys.argv.pop(1)); "
+    "runpy.run_module(module, run_name='__main__', alter_sys=True)"
+)
+
+
+def import_path() -> list[str]:
+    """This interpreter's import directories, absolute (a relative entry would follow the cwd)."""
+    return [entry for entry in sys.path if entry and Path(entry).is_absolute()]
+
+
+def launcher_command(module: str = "sandbox_launcher") -> list[str]:
+    """`python -I` running `module` with this interpreter's import path (`LAUNCHER_BOOT`)."""
+    return [sys.executable, "-I", "-c", LAUNCHER_BOOT, module, orjson.dumps(import_path()).decode()]
+
+
 def launcher_argv(
     crew_home: Path,
     run_id: str,
@@ -444,10 +466,7 @@ def launcher_argv(
     `limit_args`: the turn limits' flags (`bootstrap.TurnLimits.launcher_args`).
     """
     argv = [
-        sys.executable,
-        "-I",
-        "-m",
-        "sandbox_launcher",
+        *launcher_command(),
         "serve",
         "--crew-home",
         str(crew_home),
@@ -463,6 +482,27 @@ def launcher_argv(
     for root in read_only_roots:
         argv += ["--read-only-root", str(root)]
     return argv + (limit_args or [])
+
+
+def check_launcher_starts(timeout_s: float = 30.0) -> None:
+    """Run the launcher's `--version` as the Computer will start it; `LauncherUnavailable` if not.
+
+    Checked before `ready`: an installation whose launcher cannot even start (a
+    package the isolated interpreter cannot import) can run no agent at all.
+    """
+    argv = [*launcher_command(), "--version"]
+    try:
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise LauncherUnavailable(f"the sandbox launcher cannot start: {exc}") from exc
+    if done.returncode != 0 or not done.stdout.startswith("crew-launcher "):
+        said = (done.stderr.strip().splitlines() or [done.stdout.strip() or "nothing"])[-1]
+        raise LauncherUnavailable(
+            f"the sandbox launcher cannot start with {sys.executable} (exit status "
+            f"{done.returncode}: {said[:300]}); reinstall crew-computer (README: Install)"
+        )
 
 
 class LauncherProcess:
@@ -551,15 +591,15 @@ class LauncherProcess:
             if proc.stdin is not None:
                 with contextlib.suppress(anyio.BrokenResourceError, OSError):
                     await proc.stdin.aclose()
-            for sig in (None, signal.SIGTERM, signal.SIGKILL):
+            for sig, then in ((None, "SIGTERM"), (signal.SIGTERM, "SIGKILL"), (signal.SIGKILL, "")):
                 if sig is not None and proc.returncode is None:
                     with contextlib.suppress(ProcessLookupError):
                         proc.send_signal(sig)
                 with anyio.move_on_after(grace_s):
                     await proc.wait()
-                if proc.returncode is not None:
+                if proc.returncode is not None or not then:
                     break
-                log.warning("the launcher did not exit in %.0f s; sending %s", grace_s, sig)
+                log.warning("the launcher did not exit in %.0f s; sending %s", grace_s, then)
             if proc.stdout is not None:
                 with contextlib.suppress(anyio.BrokenResourceError, OSError):
                     await proc.stdout.aclose()

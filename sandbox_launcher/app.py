@@ -184,10 +184,17 @@ def create_app(launcher: Launcher, secret: str) -> ASGIApp:
             return error(400, "invalid_request", _validation_message(exc, "models request"))
         if launcher.config.opencode is None:
             return error(503, "engine_missing", "opencode was not found when the launcher started")
-        try:
-            found = await list_models(str(launcher.config.opencode), models_request)
-        except ModelsFailed as exc:
-            return error(exc.status, exc.code, str(exc))
+        # A stop ends a listing at once (`listings`): it must not hold the shutdown up.
+        with anyio.CancelScope() as listing:
+            launcher.listings.add(listing)
+            try:
+                found = await list_models(str(launcher.config.opencode), models_request)
+            except ModelsFailed as exc:
+                return error(exc.status, exc.code, str(exc))
+            finally:
+                launcher.listings.discard(listing)
+        if listing.cancelled_caught:
+            return error(503, "stopping", "the launcher is stopping; ask the next one")
         return JSONResponse(ModelList(models=found))
 
     # ---- warm servers (sandbox_launcher/warm_server.py) ----

@@ -15,6 +15,8 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import anyio
+
 from crew_common.layout import AgentPaths
 from sandbox_launcher.backend import Backend
 from sandbox_launcher.engine_run import EngineRun
@@ -158,6 +160,8 @@ class Launcher:
     # (`git_guard`: what a turn planted in hooks and config is undone after it).
     git_baselines: dict[str, Baseline] = field(default_factory=dict)
     server_git_baselines: dict[str, Baseline] = field(default_factory=dict)
+    # The `opencode models` listings in flight: a stop cancels them (server.py).
+    listings: set[anyio.CancelScope] = field(default_factory=set)
     limits: TurnLimits = field(default_factory=TurnLimits)
     cgroups: CgroupParents | None = None  # where run cgroups go; None: rlimits only
     servers: WarmServers = field(default_factory=WarmServers)

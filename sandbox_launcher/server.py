@@ -85,6 +85,8 @@ class LauncherServer(uvicorn.Server):
         # Stop every run first: their response streams end when their engines do.
         for run in list(self.launcher.runs.values()):
             run.request_stop()
+        for listing in list(self.launcher.listings):
+            listing.cancel()
         await asyncio.to_thread(self.launcher.stop_servers)
         await super().shutdown(sockets)
 

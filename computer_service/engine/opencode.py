@@ -40,6 +40,7 @@ from computer_service.engine.failures import RunOutcome, classify, model_id_fail
 from computer_service.engine.loopback_ports import sandbox_loopback_ports
 from computer_service.engine.opencode_env import engine_env, opencode_config
 from computer_service.engine.user_opencode import (
+    KEYLESS_PROVIDERS,
     NotLoggedIn,
     UserOpenCode,
     auth_for_provider,
@@ -236,8 +237,10 @@ class OpenCodeEngine:
         try:
             auth = await anyio.to_thread.run_sync(read_auth, self.user.auth_file)
         except NotLoggedIn as exc:
-            # A provider the user configured (its key in the config or none needed) runs without.
-            if not providers or provider not in providers:
+            # A provider the user configured (its key in the config or none needed) runs
+            # without; so does one OpenCode runs keyless (`KEYLESS_PROVIDERS`).
+            configured = providers is not None and provider in providers
+            if not configured and provider not in KEYLESS_PROVIDERS:
                 return TurnResult("failed", Failure(FailureClass.NOT_LOGGED_IN, str(exc)))
             auth = "{}"
         # Only the login of this turn's provider: the agent never sees the others.
