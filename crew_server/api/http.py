@@ -57,6 +57,8 @@ class Context:
     scheduler: ReminderScheduler
     dev: bool
     ping_seconds: float
+    # The URL the server is reached at (crew-server --public-url); None: the request's.
+    public_url: str | None = None
 
     def user(self, request: Request) -> Actor:
         """The user, when the request carries the user token (with --dev too: an agent
