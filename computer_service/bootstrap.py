@@ -21,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from computer_service.delivery import RETRY_BASE_S
+from computer_service.delivery import RETRY_BASE_S, RETRY_WINDOW_S
 from crew_common.secret_places import secret_overlap
 
 MAX_BOOTSTRAP_BYTES = 64 * 1024
@@ -86,6 +86,9 @@ class Bootstrap(BaseModel):
     # The first wait before a failed turn is tried again (doubling to 5 min). Tests
     # shorten it; an app has no reason to set it.
     retry_base_s: float = Field(default=RETRY_BASE_S, gt=0, le=300)
+    # How long a turn's events, ack and finish wait for a crew server that is away before
+    # the runner gives up on them (the messages come back at the next wake). Tests shorten it.
+    upstream_retry_window_s: float = Field(default=RETRY_WINDOW_S, gt=0, le=600)
 
     # The warm engine (docs/warm-engine.md): "warm" keeps one `opencode serve` per agent,
     # "cold" runs one `opencode run` per turn. Default: warm where supported (Linux, bwrap).

@@ -19,6 +19,10 @@ from computer_service.engine.base import Failure
 from computer_service.engine.failures import blames_content, blames_environment
 
 RETRY_BASE_S = 5.0
+# A server that restarts, crashes or is upgraded may be away a while: the turn's last
+# events, the ack and the finish wait that long for it (a stop does not wait; bootstrap
+# `upstream_retry_window_s`).
+RETRY_WINDOW_S = 60.0
 RETRY_CAP_S = 300.0
 SET_ASIDE_AFTER = 3
 # A provider's Retry-After is taken as said, up to a day (a quota window).

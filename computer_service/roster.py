@@ -24,7 +24,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
-from computer_service.delivery import RETRY_BASE_S
+from computer_service.delivery import RETRY_BASE_S, RETRY_WINDOW_S
 from computer_service.engine.base import Engine
 from computer_service.engine.warm import WarmEngine
 from computer_service.gate import TurnGate
@@ -53,6 +53,7 @@ class Roster:
         publish: Callable[[str, dict[str, Any]], None],
         superseded: Callable[[], None] = lambda: None,
         retry_base_s: float = RETRY_BASE_S,
+        retry_window_s: float = RETRY_WINDOW_S,
         turn_time_limit_s: float = DEFAULT_TURN_TIME_LIMIT_S,
     ) -> None:
         self.upstream = upstream
@@ -60,6 +61,7 @@ class Roster:
         self._superseded = superseded
         # The first wait of a runner's retries after a failed turn (bootstrap `retry_base_s`).
         self._retry_base_s = retry_base_s
+        self._retry_window_s = retry_window_s
         self.parts = parts
         self.gate = gate
         self.metrics = metrics
@@ -208,6 +210,7 @@ class Roster:
             wall_clock_limit_s=self._turn_time_limit_s,
             on_superseded=self._superseded,
             retry_base_s=self._retry_base_s,
+            retry_window_s=self._retry_window_s,
         )
         self.runners[agent.id] = runner
         assert self._group is not None, "runners are added only inside `running()`"

@@ -21,7 +21,7 @@ from typing import Any, Literal, Protocol
 
 import anyio
 
-from computer_service.delivery import RETRY_BASE_S, NextStep, Retries
+from computer_service.delivery import RETRY_BASE_S, RETRY_WINDOW_S, NextStep, Retries
 from computer_service.engine.base import (
     Engine,
     EngineEvent,
@@ -53,9 +53,6 @@ log = logging.getLogger(__name__)
 
 # The last report of a stopped turn may still go out, but never hold up a stop for long.
 FINISH_TIMEOUT_S = 8.0
-# A server that restarts, crashes or is upgraded may be away a while: the turn's last
-# events, the ack and the finish wait that long for it (a stop does not wait).
-RETRY_WINDOW_S = 60.0
 RECENT_TURNS = 20
 # The wall-clock limit of one turn unless the bootstrap says otherwise (computer.md §3).
 DEFAULT_TURN_TIME_LIMIT_S = 30 * 60

@@ -83,6 +83,7 @@ class ComputerService:
             publish=self.bus.publish,
             superseded=lambda: self._fail(SUPERSEDED),
             retry_base_s=bootstrap.retry_base_s,
+            retry_window_s=bootstrap.upstream_retry_window_s,
             turn_time_limit_s=bootstrap.turn_time_limit_s,
         )
         self.events = EventStream(self.upstream, self.roster, fail=self._fail)

@@ -197,7 +197,9 @@ def main(argv: list[str] | None = None) -> int:
         listener.close()
         print(f"crew-server: cannot open the database {shown(args.db)}: {exc}", file=sys.stderr)
         return 1
-    keep = write_token_to(args.user_token_file) if args.user_token_file else print_token
+    # What keeping the token says is printed after the "serving" line, which comes first.
+    said: list[str] = []
+    keep = write_token_to(args.user_token_file, said) if args.user_token_file else said.append
     try:
         if args.reset_user_token:
             store.reset_user_token(keep)
@@ -214,6 +216,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     # Only now: "serving" means the database is open and the user token exists.
     print(f"crew-server: serving {served_url(listener)}", flush=True)
+    for line in said:
+        print(line if args.user_token_file else f"user token (shown once, keep it): {line}")
+    sys.stdout.flush()
     public_url = (args.public_url or served_url(listener)).rstrip("/")
     app = create_app(
         store,
@@ -265,17 +270,13 @@ def shown(location: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-def print_token(token: str) -> None:
-    """Show a new user token once: it is stored only as a hash."""
-    print(f"user token (shown once, keep it): {token}", flush=True)
-
-
-def write_token_to(path: Path) -> Callable[[str], None]:
-    """Write a new user token to `path` (0600, atomically) and say where, never what."""
+def write_token_to(path: Path, said: list[str]) -> Callable[[str], None]:
+    """Write a new user token to `path` (0600, atomically); what to say (where, never what)
+    goes into `said`."""
 
     def keep(token: str) -> None:
         write_private_file(path, token + "\n")
-        print(f"user token written to {path}", flush=True)
+        said.append(f"user token written to {path}")
 
     return keep
 

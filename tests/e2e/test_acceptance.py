@@ -253,14 +253,16 @@ def test_task_converted_assigned_claimed_reported_reviewed_done_with_an_unassign
 
 
 def delete_opencode_session(chain: Chain, agent_id: str, session_id: str) -> None:
-    """`opencode session delete`, as the user would, on the agent's own OpenCode data,
-    as the owner of that data (the engine's uid when the Computer runs engines as another)."""
+    """`opencode session delete`, as the user would, on the agent's own OpenCode data.
+
+    Run as the caller (the engine user of a root Computer cannot reach the crew home on
+    the host); what it created there is given back to the data's owner afterwards.
+    """
     agent_dir = chain.crew_home / "agents" / agent_id
     data_dir = agent_dir / "engines" / "opencode" / "data"
     owner = data_dir.stat()
     scratch = chain.root / f"session-delete-{agent_id}"
     scratch.mkdir(exist_ok=True)
-    os.chown(scratch, owner.st_uid, owner.st_gid)
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(scratch),
@@ -271,11 +273,8 @@ def delete_opencode_session(chain: Chain, agent_id: str, session_id: str) -> Non
         "OPENCODE_DISABLE_PROJECT_CONFIG": "1",
         "OPENCODE_DISABLE_MODELS_FETCH": "1",
     }
-    prefix: list[str] = []
-    if owner.st_uid != os.getuid():
-        prefix = ["setpriv", f"--reuid={owner.st_uid}", f"--regid={owner.st_gid}", "--clear-groups"]
     done = subprocess.run(
-        [*prefix, str(OPENCODE), "session", "delete", session_id],
+        [str(OPENCODE), "session", "delete", session_id],
         env=env,
         cwd=agent_dir / "work",
         capture_output=True,
@@ -283,6 +282,9 @@ def delete_opencode_session(chain: Chain, agent_id: str, session_id: str) -> Non
         timeout=60,
     )
     assert done.returncode == 0, (done.stdout, done.stderr)
+    if owner.st_uid != os.getuid():
+        for entry in [data_dir, *data_dir.rglob("*")]:
+            os.lchown(entry, owner.st_uid, owner.st_gid)
 
 
 def session_of(chain: Chain, agent_id: str) -> str:

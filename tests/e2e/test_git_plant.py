@@ -59,6 +59,9 @@ def _user_git(repo: Path, *args: str) -> None:
     # What the user runs later, unsandboxed, with hooks and fsmonitor honoured.
     env = {**os.environ, "GIT_CONFIG_NOSYSTEM": "1"}
     ident = ["-c", "user.email=user@host", "-c", "user.name=user"]
+    # A root Computer's repositories belong to its engine user: git would refuse them
+    # ("dubious ownership"); the worst case is a user who trusts them anyway.
+    ident += ["-c", "safe.directory=*"]
     subprocess.run(["git", *ident, "-C", str(repo), *args], env=env, check=True, timeout=30)
 
 

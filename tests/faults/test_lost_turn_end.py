@@ -34,7 +34,8 @@ def test_a_long_outage_at_the_end_of_a_turn_still_ends_the_turn(tmp_path: Path) 
         dm = server.create_room("dm", [agent["id"]])
         with machine() as m:
             m.log_in()
-            c = launch(m, bootstrap_for(server.url, comp["token"], m))
+            # The ack and the finish each give up after 6 s (the default is 60 s).
+            c = launch(m, bootstrap_for(server.url, comp["token"], m, upstream_retry_window_s=6))
             try:
                 usable(c)
                 work = m.crew_home / "agents" / agent["id"] / "work"

@@ -156,7 +156,7 @@ def test_an_ack_refused_by_a_full_disk_is_made_again_once_space_returns(
         elsewhere = server.create_room("dm", [server.create_agent("bystander2")["id"]])
         with machine() as m:
             m.log_in()
-            c = launch(m, bootstrap_for(server.url, comp["token"], m))
+            c = launch(m, bootstrap_for(server.url, comp["token"], m, upstream_retry_window_s=6))
             try:
                 usable(c)
                 message = server.post(
