@@ -298,6 +298,7 @@ class Messages(StorePart):
                 )
                 # A fresh budget always takes the first unseen message: entry is set.
                 held = [entry] if entry is not None else []
+                tx.effective = False  # nothing posted: the same request may post later
             else:
                 actor = Actor("agent", agent.agent_id, agent.handle)
                 message = post(tx, target, actor, body)
