@@ -8,8 +8,9 @@ Two ways to start it:
   file FILE names or `$CREW_COMPUTER_TOKEN` (for a person, systemd or launchd).
 
 Exit status: 0 after an orderly stop (stdin pipe closed, SIGTERM, SIGINT); 1 when
-the bootstrap is bad, the server refuses the connection, this run cannot be
-prepared, or it cannot go on (`opencode models` gives no list, the server
+the bootstrap is bad, the sandbox launcher cannot start (a broken
+installation: `ready` is never printed), the server refuses the connection, this
+run cannot be prepared, or it cannot go on (`opencode models` gives no list, the server
 refuses the model list or the event stream) — after an orderly stop, with a
 one-line reason on stderr (never the token); 2 for a usage error; 130 for
 Ctrl+C before the Computer started.
@@ -22,6 +23,7 @@ import logging
 import os
 import stat
 import sys
+import textwrap
 from pathlib import Path
 from typing import NoReturn
 
@@ -42,11 +44,20 @@ from crew_common.version import VERSION
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
+
+def _optional_fields() -> str:
+    """Every optional bootstrap field, from the model itself: the help never lags behind."""
+    names = [n for n, f in Bootstrap.model_fields.items() if not f.is_required()]
+    return textwrap.fill(", ".join(names), width=78, break_on_hyphens=False)
+
+
 _EPILOG = f"""\
-The bootstrap is a JSON object: server_url and token (required), crew_home,
-max_concurrent_turns, opencode_path, sandbox_mode. The config of `run --config`
-holds the same fields, but instead of token a token_file (a path; relative
-paths are relative to the config's directory), or the token is in ${TOKEN_ENV}.
+The bootstrap is a JSON object: server_url and token (required), and optional:
+{_optional_fields()}
+(README, "Configuration: the bootstrap line", says what each means). The config of
+`run --config` holds the same fields, but instead of token a token_file (a path,
+mode 0600; relative paths are relative to the config's directory), or the token
+is in ${TOKEN_ENV}.
 
 Environment: CREW_HOME (the crew home when the bootstrap names none; default
 ~/.crew), CREW_LOG_LEVEL ({", ".join(LOG_LEVELS)}; default info).
@@ -72,6 +83,7 @@ def parser() -> argparse.ArgumentParser:
     sub = command_line.add_subparsers(dest="command", metavar="COMMAND")
     run = sub.add_parser(
         "run",
+        prog="crew-computer run",  # else argparse puts the top usage in front
         help="run with the bootstrap in a config file (for systemd, launchd or a terminal)",
         description="Run the Computer with its bootstrap in a JSON config file; "
         f"the token comes from the config's token_file or ${TOKEN_ENV}.",
@@ -80,6 +92,7 @@ def parser() -> argparse.ArgumentParser:
     home_help = "the crew home of the Computer to ask (default: $CREW_HOME, else ~/.crew)"
     status = sub.add_parser(
         "status",
+        prog="crew-computer status",
         help="show the running Computer and its agents (like `docker ps`)",
         description="Show the running Computer (server, connection, version, sandbox) and "
         "each agent: state, current turn and its age, last result, tokens and cost today. "
@@ -89,6 +102,7 @@ def parser() -> argparse.ArgumentParser:
     status.add_argument("--crew-home", type=Path, metavar="DIR", help=home_help)
     follow = sub.add_parser(
         "follow",
+        prog="crew-computer follow",
         help="print the agents' turns as they happen (Ctrl+C to stop)",
         description="Print live turns readably: steps, tool calls with a short input and "
         "output, the agent's text, and tokens and cost when a turn ends. Reconnects (with "
@@ -156,8 +170,14 @@ def _run(args: argparse.Namespace) -> int:
         stdin_fd = sys.stdin.fileno()
         bootstrap = _bootstrap_from_stdin(stdin_fd)
     # Imported here: the engine side is only needed once the bootstrap is valid.
+    from computer_service.launcher_client import LauncherUnavailable, check_launcher_starts
     from computer_service.parts import LocalParts
 
+    try:
+        # Before `ready`: a Computer whose launcher cannot start can run no agent.
+        check_launcher_starts()
+    except LauncherUnavailable as exc:
+        _fail(str(exc))
     # Each connection, launcher run and agent file costs a descriptor: take what we may.
     raise_open_file_limit()
     parts = LocalParts(bootstrap)

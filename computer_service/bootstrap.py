@@ -5,6 +5,7 @@ or the config file of `crew-computer run --config FILE` with the token kept else
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -33,7 +34,9 @@ class BootstrapError(Exception):
 
 
 class TurnLimits(BaseModel):
-    """What one turn's sandbox may use (the launcher's --max-processes, --memory-mb, --shm-mb).
+    """What one turn's sandbox may use (the launcher's --max-processes, --memory-mb, --shm-mb,
+    --disk-mb: the agent's directories together, watched, not a filesystem quota;
+    --max-connections).
 
     `memory_mb` holds only where the launcher gets a cgroup (README, "Resource limits").
     """
@@ -43,6 +46,9 @@ class TurnLimits(BaseModel):
     max_processes: Annotated[int, Strict()] = Field(default=4096, ge=64, le=1_000_000)
     memory_mb: Annotated[int, Strict()] = Field(default=4096, ge=256, le=16 * 1024 * 1024)
     shm_mb: Annotated[int, Strict()] = Field(default=64, ge=1, le=1024 * 1024)
+    disk_mb: Annotated[int, Strict()] = Field(default=10 * 1024, ge=1, le=1024 * 1024 * 1024)
+    # TCP connections one sandbox holds at a time (Linux; past it a connect is refused).
+    max_connections: Annotated[int, Strict()] = Field(default=256, ge=8, le=65536)
 
     def launcher_args(self) -> list[str]:
         """The launcher's command-line flags for these limits."""
@@ -53,6 +59,10 @@ class TurnLimits(BaseModel):
             str(self.memory_mb),
             "--shm-mb",
             str(self.shm_mb),
+            "--disk-mb",
+            str(self.disk_mb),
+            "--max-connections",
+            str(self.max_connections),
         ]
 
 
@@ -220,9 +230,17 @@ def load_config(path: Path, environ: Mapping[str, str]) -> Bootstrap:
 def _read_token_file(path: Path) -> str:
     try:
         with path.open("rb") as file:
+            mode = stat.S_IMODE(os.fstat(file.fileno()).st_mode)
             data = file.read(MAX_BOOTSTRAP_BYTES + 1)
     except OSError as exc:
         raise BootstrapError(f"cannot read the token file {path}: {exc.strerror}") from None
+    if mode & 0o077:
+        # As ssh does with a private key: a token others could read may already be theirs.
+        raise BootstrapError(
+            f"the token file {path} is accessible by others (mode {mode:04o}): make it "
+            f"yours alone with `chmod 600 {path}` (and get a new token from the server if "
+            "someone else may have read it), then start again"
+        )
     try:
         # The newline an editor or `echo` leaves at the end is not part of the token.
         return data.decode().strip()

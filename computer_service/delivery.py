@@ -3,7 +3,8 @@
 Pure bookkeeping, no I/O (docs/contracts.md "Delivery at the edges"):
 - a failure of the environment (not logged in, rate limited, launcher or
   server unreachable, …) keeps the messages; the runner tries again by itself
-  after 5 s, doubling up to 5 min;
+  after 5 s, doubling up to 5 min — or at the provider's time when it named one
+  (a rate limit's `Retry-After`);
 - a failure that may be the messages' own (engine error, crash, output too
   large, refused reply) narrows the next claim to the oldest message; the
   third failure on the same message sets it aside, so newer ones flow again;
@@ -20,6 +21,8 @@ from computer_service.engine.failures import blames_content, blames_environment
 RETRY_BASE_S = 5.0
 RETRY_CAP_S = 300.0
 SET_ASIDE_AFTER = 3
+# A provider's Retry-After is taken as said, up to a day (a quota window).
+RETRY_AFTER_CAP_S = 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,8 @@ class NextStep:
 
     retry_in_s: float | None
     set_aside: bool = False
+    # The provider's own time (Retry-After): no turn before it, even when woken.
+    firm: bool = False
 
 
 class Retries:
@@ -68,7 +73,12 @@ class Retries:
     def failed(self, failure: Failure, claimed: frozenset[str]) -> NextStep:
         """A turn over the messages `claimed` (their ids) failed with `failure`."""
         if blames_environment(failure):
-            return NextStep(self.next_delay())
+            delay = self.next_delay()
+            if failure.retry_after_s is not None:
+                # The provider named its time (a rate limit's Retry-After): not sooner, not later.
+                delay = min(max(failure.retry_after_s, 0.0), RETRY_AFTER_CAP_S)
+                return NextStep(delay, firm=True)
+            return NextStep(delay)
         if not blames_content(failure):
             # Stopped by the user, or a session to renew: not retried by itself.
             return NextStep(None)

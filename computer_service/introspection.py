@@ -50,10 +50,12 @@ class SandboxHealth(BaseModel):
 
 
 class EngineHealth(BaseModel):
-    """Whether the launcher found `opencode`, and its version."""
+    """Whether the launcher found `opencode`, its version, and why it cannot run agents."""
 
     found: bool
     version: str | None
+    # E.g. an OpenCode 2.x (another server API): no agent runs, each has this problem.
+    reason: str | None = None
 
 
 class WarmHealth(BaseModel):

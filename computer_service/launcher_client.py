@@ -13,6 +13,7 @@ import contextlib
 import logging
 import secrets
 import signal
+import subprocess
 import sys
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from pathlib import Path
@@ -131,7 +132,7 @@ class ServerInfo(BaseModel):
 
 
 # The exit frame's reasons for a run (or a warm server) ended at a resource limit.
-LIMIT_HITS = ("process_limit", "memory_limit", "shm_full")
+LIMIT_HITS = ("process_limit", "memory_limit", "shm_full", "disk_limit")
 
 
 class StartedFrame(BaseModel):
@@ -146,6 +147,14 @@ class LineFrame(BaseModel):
     data: str
 
 
+class LogFrame(BaseModel):
+    """An OpenCode log line about a model request (`stream`, `stream error`)."""
+
+    model_config = ConfigDict(extra="ignore")
+    t: Literal["log"]
+    line: str
+
+
 class ExitFrame(BaseModel):
     model_config = ConfigDict(extra="ignore")
     t: Literal["exit"]
@@ -155,7 +164,7 @@ class ExitFrame(BaseModel):
     reason: str | None = None
 
 
-Frame = StartedFrame | LineFrame | ExitFrame
+Frame = StartedFrame | LineFrame | LogFrame | ExitFrame
 
 
 class SandboxHealth(BaseModel):
@@ -195,6 +204,8 @@ def frame_of(line: bytes) -> Frame:
             return StartedFrame.model_validate(obj)
         if kind == "exit":
             return ExitFrame.model_validate(obj)
+        if kind == "log":
+            return LogFrame.model_validate(obj)
     except ValidationError as exc:
         raise LauncherError(f"the launcher sent a malformed {kind!r} frame: {exc}") from exc
     raise LauncherError(f"the launcher sent an unknown frame type {kind!r}")
@@ -419,6 +430,27 @@ def _validate(model: type[LauncherHealth], answer: Any) -> LauncherHealth:
 # ---- the launcher process ----
 
 
+# `python -I` ignores PYTHONPATH, the working directory and the user's site-packages, so
+# nothing in the environment can change the code the launcher runs; but a `pip install
+# --user` Computer lives in the user's site-packages. The launcher therefore imports from
+# exactly the directories this interpreter already imports from (its `sys.path`, passed
+# in its argv), however the package was installed: a venv, pipx or `--user`.
+LAUNCHER_BOOT = (
+    "import json, runpy, sys; module = sys.argv.pop(1); sys.path[:] = json.loads(sys.argv.pop(1)); "
+    "runpy.run_module(module, run_name='__main__', alter_sys=True)"
+)
+
+
+def import_path() -> list[str]:
+    """This interpreter's import directories, absolute (a relative entry would follow the cwd)."""
+    return [entry for entry in sys.path if entry and Path(entry).is_absolute()]
+
+
+def launcher_command(module: str = "sandbox_launcher") -> list[str]:
+    """`python -I` running `module` with this interpreter's import path (`LAUNCHER_BOOT`)."""
+    return [sys.executable, "-I", "-c", LAUNCHER_BOOT, module, orjson.dumps(import_path()).decode()]
+
+
 def launcher_argv(
     crew_home: Path,
     run_id: str,
@@ -434,10 +466,7 @@ def launcher_argv(
     `limit_args`: the turn limits' flags (`bootstrap.TurnLimits.launcher_args`).
     """
     argv = [
-        sys.executable,
-        "-I",
-        "-m",
-        "sandbox_launcher",
+        *launcher_command(),
         "serve",
         "--crew-home",
         str(crew_home),
@@ -453,6 +482,27 @@ def launcher_argv(
     for root in read_only_roots:
         argv += ["--read-only-root", str(root)]
     return argv + (limit_args or [])
+
+
+def check_launcher_starts(timeout_s: float = 30.0) -> None:
+    """Run the launcher's `--version` as the Computer will start it; `LauncherUnavailable` if not.
+
+    Checked before `ready`: an installation whose launcher cannot even start (a
+    package the isolated interpreter cannot import) can run no agent at all.
+    """
+    argv = [*launcher_command(), "--version"]
+    try:
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise LauncherUnavailable(f"the sandbox launcher cannot start: {exc}") from exc
+    if done.returncode != 0 or not done.stdout.startswith("crew-launcher "):
+        said = (done.stderr.strip().splitlines() or [done.stdout.strip() or "nothing"])[-1]
+        raise LauncherUnavailable(
+            f"the sandbox launcher cannot start with {sys.executable} (exit status "
+            f"{done.returncode}: {said[:300]}); reinstall crew-computer (README: Install)"
+        )
 
 
 class LauncherProcess:
@@ -541,15 +591,15 @@ class LauncherProcess:
             if proc.stdin is not None:
                 with contextlib.suppress(anyio.BrokenResourceError, OSError):
                     await proc.stdin.aclose()
-            for sig in (None, signal.SIGTERM, signal.SIGKILL):
+            for sig, then in ((None, "SIGTERM"), (signal.SIGTERM, "SIGKILL"), (signal.SIGKILL, "")):
                 if sig is not None and proc.returncode is None:
                     with contextlib.suppress(ProcessLookupError):
                         proc.send_signal(sig)
                 with anyio.move_on_after(grace_s):
                     await proc.wait()
-                if proc.returncode is not None:
+                if proc.returncode is not None or not then:
                     break
-                log.warning("the launcher did not exit in %.0f s; sending %s", grace_s, sig)
+                log.warning("the launcher did not exit in %.0f s; sending %s", grace_s, then)
             if proc.stdout is not None:
                 with contextlib.suppress(anyio.BrokenResourceError, OSError):
                     await proc.stdout.aclose()

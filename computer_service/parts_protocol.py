@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from computer_service.engine.base import Engine
+from computer_service.engine.user_opencode import unsupported_opencode
 from computer_service.runner import AgentWorkspace
 from computer_service.upstream import AgentRecord
 
@@ -47,9 +48,16 @@ class LauncherStatus:
             return "starting"
         if not self.sandbox_ok:
             return f"sandbox unavailable: {self.reason or 'the self-test failed'}"
+        engine = self.engine_reason()
+        return f"engine unavailable: {engine}" if engine else None
+
+    def engine_reason(self) -> str | None:
+        """Why the engine cannot run agents (not found, an unsupported OpenCode), or None."""
+        if self.sandbox_ok is None:
+            return None
         if not self.engine_found:
-            return "engine unavailable: opencode not found (install OpenCode or set opencode_path)"
-        return None
+            return "opencode not found (install OpenCode or set opencode_path)"
+        return unsupported_opencode(self.engine_version)
 
 
 class Parts(Protocol):

@@ -32,7 +32,7 @@ from computer_service.engine.base import (
     TurnResult,
     Usage,
 )
-from computer_service.engine.failures import ReplyAttempts
+from computer_service.engine.failures import ReplyAttempts, set_aside_reason
 from computer_service.gate import TurnGate
 from computer_service.metrics import Metrics
 from computer_service.reporter import RunReporter
@@ -53,8 +53,9 @@ log = logging.getLogger(__name__)
 
 # The last report of a stopped turn may still go out, but never hold up a stop for long.
 FINISH_TIMEOUT_S = 8.0
-# A server that restarts is back within seconds: the ack and the finish wait that long for it.
-RETRY_WINDOW_S = 6.0
+# A server that restarts, crashes or is upgraded may be away a while: the turn's last
+# events, the ack and the finish wait that long for it (a stop does not wait).
+RETRY_WINDOW_S = 60.0
 RECENT_TURNS = 20
 # The wall-clock limit of one turn unless the bootstrap says otherwise (computer.md §3).
 DEFAULT_TURN_TIME_LIMIT_S = 30 * 60
@@ -173,11 +174,14 @@ class Runner:
         # When the runner wakes itself again (None: only when woken), and that time for the row.
         self._retry_in: float | None = None
         self.retry_at: str | None = None
+        # The retry is the provider's own time (a rate limit's Retry-After): wakes wait for it.
+        self._retry_firm = False
         # The last session could not be saved: the next turn starts a new one.
         self._session_lost = False
         self.recent: deque[TurnRecord] = deque(maxlen=RECENT_TURNS)
         self._woken = anyio.Event()
         self._stop: anyio.Event | None = None
+        self._reporter: RunReporter | None = None
         self._closing = False
         self.finished = anyio.Event()
 
@@ -205,6 +209,8 @@ class Runner:
         """End the loop: stop the current turn; `run()` returns once it is recorded."""
         self._closing = True
         self.stop_turn()
+        if self._reporter is not None:
+            self._reporter.abandon()  # a stop does not wait for an unreachable server
         self._woken.set()
 
     # The loop.
@@ -258,14 +264,25 @@ class Runner:
         if self._retry_in is None:
             await self._woken.wait()
             return
-        with anyio.move_on_after(self._retry_in):
-            await self._woken.wait()
+        if self._retry_firm:
+            # No turn before the provider's time: the model would refuse it. A wake now
+            # (a new message) merges into the turn then; only a close ends the wait.
+            until = time.monotonic() + self._retry_in
+            while not self._closing and (left := until - time.monotonic()) > 0:
+                with anyio.move_on_after(left):
+                    await self._woken.wait()
+                self._woken = anyio.Event()
+        else:
+            with anyio.move_on_after(self._retry_in):
+                await self._woken.wait()
         self._retry_in = None
+        self._retry_firm = False
         self.retry_at = None
 
-    def _retry_later(self, delay_s: float | None) -> None:
-        """Wake by itself after `delay_s` (None: only when woken)."""
+    def _retry_later(self, delay_s: float | None, *, firm: bool = False) -> None:
+        """Wake by itself after `delay_s` (None: only when woken; `firm`: not before it)."""
         self._retry_in = delay_s
+        self._retry_firm = firm and delay_s is not None
         if delay_s is None:
             self.retry_at = None
         else:
@@ -387,7 +404,7 @@ class Runner:
                 if self._gone:
                     return
         await self._finish(turn, outcome, time.monotonic() - started)
-        self._retry_later(next_step.retry_in_s)
+        self._retry_later(next_step.retry_in_s, firm=next_step.firm)
 
     async def _run_engine(
         self, turn: RegisteredTurn, request: TurnRequest, stop: anyio.Event, rooms: set[str]
@@ -409,7 +426,10 @@ class Runner:
         replies = ReplyAttempts()
         result: TurnResult | None = None
         broken: Exception | None = None
-        reporter = RunReporter(send, self._metrics, on_stale, on_superseded)
+        reporter = RunReporter(
+            send, self._metrics, on_stale, on_superseded, flush_window_s=self._retry_window_s
+        )
+        self._reporter = reporter
         try:
             async with reporter:
 
@@ -428,6 +448,8 @@ class Runner:
                     broken = exc
         except Exception as exc:
             broken = broken or exc
+        finally:
+            self._reporter = None
         count = reporter.event_count
         if broken is not None or result is None:
             log.error("agent %s: the turn broke down", self.agent.handle, exc_info=broken)
@@ -524,7 +546,7 @@ class Runner:
 
     async def _set_aside(self, turn: RegisteredTurn, failure: Failure) -> None:
         """Mark the claim read unanswered; the server tells the room why."""
-        reason = f"{failure.cls.value}: {failure.reason}"[:500]
+        reason = set_aside_reason(failure)
         log.warning(
             "agent %s: turns failed %d times on the same message; setting it aside (%s)",
             self.agent.handle,
@@ -550,7 +572,9 @@ class Runner:
         status, failure, usage = outcome.status, outcome.failure, outcome.usage
         failure_body = failure.as_upstream() if failure is not None else None
         # The last report of a stopped turn must still go out: shield it, but bound it.
-        with anyio.CancelScope(shield=True), anyio.move_on_after(FINISH_TIMEOUT_S):
+        # (`_retrying` gives up at once when the Computer is stopping.)
+        bound = FINISH_TIMEOUT_S + (0.0 if self._closing else self._retry_window_s)
+        with anyio.CancelScope(shield=True), anyio.move_on_after(bound):
             try:
                 await self._retrying(
                     "recording the turn",

@@ -69,16 +69,36 @@ def _open_root(root: Path, create: bool) -> int:
         ) from exc
 
 
+def inherit_owner(dir_fd: int, fd: int) -> None:
+    """As root: what the Computer creates belongs to whoever owns the directory it is in.
+
+    A root launcher hands an agent's directories to the engine user
+    (`sandbox_launcher/ownership.py`); a token or an AGENTS.md rewritten later
+    (a warm server keeps running) must stay readable to it. Elsewhere (the
+    crew home's own levels) the owner is root and nothing changes.
+    """
+    if os.geteuid() != 0:
+        return
+    st, mine = os.fstat(dir_fd), os.fstat(fd)
+    if (st.st_uid, st.st_gid) != (mine.st_uid, mine.st_gid):
+        os.fchown(fd, st.st_uid, st.st_gid)
+
+
 def _open_child_dir(fd: int, name: str, where: str, create: bool, mode: int) -> int:
+    made = False
     if create:
         try:
             os.mkdir(name, mode, dir_fd=fd)
+            made = True
         except FileExistsError:
             pass
         except OSError as exc:
             raise UnsafePath(f"cannot create {where}: {exc.strerror}.") from exc
     try:
-        return os.open(name, _DIR_FLAGS, dir_fd=fd)
+        child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+        if made:
+            inherit_owner(fd, child)
+        return child
     except FileNotFoundError:
         raise
     except OSError as exc:
@@ -167,6 +187,8 @@ def restore_dirs(
                     if (fixed := _restore_level(fd, name, where, mode)) is not None:
                         repaired.append(fixed)
                     nxt = _open_child_dir(fd, name, where, False, mode)
+                    if fixed is not None:
+                        inherit_owner(fd, nxt)  # recreated: as the directory it is in
                     os.close(fd)
                     fd = nxt
                     _set_mode(fd, mode)
@@ -238,6 +260,7 @@ def write_file_atomic(root: Path, path: PurePath | str, data: bytes, mode: int =
         try:
             try:
                 os.fchmod(fd, mode)
+                inherit_owner(dfd, fd)
                 view = memoryview(data)
                 while view:
                     n = os.write(fd, view)

@@ -117,7 +117,7 @@ class ComputerService:
                 if not self.stop_requested.is_set():
                     await self.main_loop()
             except StartupFailed as exc:
-                log.error("%s", exc)
+                # Not logged here: the reason is the one line the caller prints at exit.
                 failed = exc
             finally:
                 await self.shutdown()
@@ -201,7 +201,8 @@ class ComputerService:
 
     def _fail(self, reason: str) -> None:
         """Stop in order, then exit 1 with `reason`: never idle in a broken state (§1)."""
-        log.error("%s", reason)
+        # The reason itself is the one line printed at exit (`serve` raises it), not twice.
+        log.info("this run cannot go on: stopping in order")
         if self.failure is None:
             self.failure = reason
         self.request_stop()
@@ -375,7 +376,9 @@ class ComputerService:
                 network=self.launcher.network,
             ),
             engine=EngineHealth(
-                found=self.launcher.engine_found, version=self.launcher.engine_version
+                found=self.launcher.engine_found,
+                version=self.launcher.engine_version,
+                reason=self.launcher.engine_reason(),
             ),
             agents=self.roster.agent_count,
             running_turns=self.gate.running,

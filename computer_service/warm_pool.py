@@ -167,11 +167,14 @@ class WarmPool:
         env: dict[str, str],
         request: Callable[[str], ServerRequest],
         extra_key: bytes = b"",
+        start_timeout_s: float | None = None,
     ) -> AgentServer | None:
         """The agent's server for one turn (started if needed), or None: run this turn cold.
 
         `request(password)` builds the launcher request for a new server; a server
         serves only turns with its environment and `extra_key` (what else it read at start).
+        A start that takes longer than `start_timeout_s` (the turn's own limit) is given
+        up: a failed start, and the server is stopped.
         """
         if agent_id in self.cold_agents or self._closed:
             return None
@@ -183,7 +186,7 @@ class WarmPool:
             await self.discard(server)
             server = None
         if server is None:
-            server = await self._start(agent_id, key, request)
+            server = await self._start(agent_id, key, request, start_timeout_s)
             if server is None:
                 return None
         server.busy = True
@@ -244,7 +247,11 @@ class WarmPool:
                     )
 
     async def _start(
-        self, agent_id: str, key: str, request: Callable[[str], ServerRequest]
+        self,
+        agent_id: str,
+        key: str,
+        request: Callable[[str], ServerRequest],
+        timeout_s: float | None = None,
     ) -> AgentServer | None:
         if not await self._make_room(agent_id):
             log.info("agent %s: no memory left for a warm server; this turn runs cold", agent_id)
@@ -252,13 +259,23 @@ class WarmPool:
         password = server_password()
         generation = self.launcher.generation()
         self._starting[agent_id] = self.server_estimate
+        info = None
         try:
-            info = await self.launcher.start_server(request(password))
+            with anyio.move_on_after(timeout_s):
+                info = await self.launcher.start_server(request(password))
         except LauncherError as exc:
             self._start_failed(agent_id, str(exc))
             return None
         finally:
             self._starting.pop(agent_id, None)
+        if info is None:
+            self._start_failed(agent_id, f"not ready within the turn's limit ({timeout_s:g} s)")
+            with anyio.CancelScope(shield=True):
+                try:  # whatever the launcher got going must not outlive the start
+                    await self.launcher.stop_server(agent_id)
+                except LauncherError as exc:
+                    log.warning("agent %s: stopping its late warm server failed: %s", agent_id, exc)
+            return None
         self.counters.starts += 1
         self.failed_starts.pop(agent_id, None)
         address = ServerAddress(info.listener_pid, info.listener_start_time, info.port, password)

@@ -106,6 +106,8 @@ def render_status(health: dict[str, Any], agents: list[dict[str, Any]], now: dat
         sandbox_text = f"{sandbox['backend'] or '?'} ({'ok' if sandbox['ok'] else 'NOT usable'})"
     engine = health["engine"]
     engine_text = f"opencode {engine['version']}" if engine["found"] else "opencode NOT found"
+    if engine.get("reason") and engine["found"]:
+        engine_text += f" (cannot run agents: {engine['reason']})"
     lines = [
         f"Server:   {health['server_url']}, {link}",
         f"Computer: version {health['version']}, sandbox {sandbox_text}, engine {engine_text}",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import ipaddress
 import logging
 import os
@@ -47,7 +48,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "(postgresql://user@host/dbname; the database must exist, tables are created)",
     )
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--port", type=port_number, default=8765)
     parser.add_argument(
         "--dev",
         action="store_true",
@@ -104,6 +105,30 @@ def listening_socket(host: str, port: int) -> socket.socket:
     return listener
 
 
+def listen_failure(host: str, port: int, exc: OSError) -> str:
+    """Why host:port cannot be listened on, and what to change: the host or the port."""
+    where = f"cannot listen on {host}:{port} ({exc.strerror or exc})"
+    if isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL:
+        return (
+            f"{where}: --host {host} is not an address of this machine; use 127.0.0.1 "
+            "(this machine only), 0.0.0.0 (every interface) or one of its own addresses"
+        )
+    if exc.errno == errno.EACCES:
+        return f"{where}: ports below 1024 need privileges; pick another --port (e.g. 8765)"
+    return f"{where}; stop what uses it or pick another --port"
+
+
+def port_number(text: str) -> int:
+    """`--port`: 0 (any free port) to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port: use 1-65535, or 0 for any")
+    return port
+
+
 def served_url(listener: socket.socket) -> str:
     """The base URL of the server on `listener` (the real port, also for --port 0)."""
     host, port = listener.getsockname()[:2]
@@ -125,13 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         listener = listening_socket(args.host, args.port)
     except OSError as exc:
-        print(
-            f"crew-server: cannot listen on {args.host}:{args.port} ({exc.strerror}); "
-            f"stop what uses it or pick another --port",
-            file=sys.stderr,
-        )
+        print(f"crew-server: {listen_failure(args.host, args.port, exc)}", file=sys.stderr)
         return 1
-    print(f"crew-server: serving {served_url(listener)}", flush=True)
     clock = Clock()
     try:
         store = Store(args.db, clock)
@@ -154,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+    # Only now: "serving" means the database is open and the user token exists.
+    print(f"crew-server: serving {served_url(listener)}", flush=True)
     app = create_app(store, clock, dev=args.dev)
     config = uvicorn.Config(
         app,

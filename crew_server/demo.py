@@ -468,7 +468,8 @@ def run_demo(
         )
         if stack.model is not None:
             say(f"  model          {stack.model.base_url} (scripted, OpenAI-compatible)")
-        say(f"  crew-computer  ready; introspection at {stack.computer.socket}")
+        say(f"  crew-computer  ready; crew home {stack.computer.crew_home}")
+        say(f"                 introspection at {stack.computer.socket}")
         say(
             f"  sandbox        {sandbox.get('backend')} ok={sandbox.get('ok')} "
             f"{sandbox.get('reason') or ''}".rstrip()
@@ -498,11 +499,16 @@ def run_demo(
         ]
         for reply in replies:
             say(f"Ada (@ada): {reply['body']}")
-        say(f"(reply after {time.monotonic() - started:.1f} s)\n")
+        waited = time.monotonic() - started
+        say(
+            f"(reply after {waited:.1f} s)\n"
+            if replies
+            else f"(no reply; the turn ended after {waited:.1f} s)\n"
+        )
         for line in describe_turn(turn):
             say(line)
         ok = turn["status"] == "succeeded" and bool(replies)
-        say("\nStopping crew-computer, crew-server and the model …")
+        say(f"\nStopping {stopping(stack)} …")
     say("Stopped." if ok else "The agent did not answer; see the turn record above.")
     return 0 if ok else 1
 
@@ -518,7 +524,12 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def run_web_demo(model: str | None, keep: bool) -> int:
+def stopping(stack: LocalStack) -> str:
+    """What a stop ends: the scripted model only when this demo started one."""
+    return "crew-computer, crew-server" + (" and the scripted model" if stack.model else "")
+
+
+def run_web_demo(model: str | None, keep: bool, engine_mode: str | None = None) -> int:
     """The whole system with one agent, for a person in a browser, until Ctrl+C."""
     say = print
     own = model is not None
@@ -526,7 +537,7 @@ def run_web_demo(model: str | None, keep: bool) -> int:
     # where SIGINT is ignored): both stop the chain cleanly through local_stack.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _interrupt)
-    with local_stack(own_login=own, keep=keep) as stack:
+    with local_stack(own_login=own, keep=keep, engine_mode=engine_mode) as stack:
         sandbox = stack.health["sandbox"]
         if not sandbox.get("ok"):
             say(
@@ -543,13 +554,16 @@ def run_web_demo(model: str | None, keep: bool) -> int:
             + ", crew-computer and one agent, @ada, with a direct chat.\n"
         )
         say(f"  Open this link to sign in (once, within 10 minutes):  {sign_in_url(stack)}")
-        say(f"  (or {stack.server.url}/login with the token in {stack.server.user_token_file})\n")
+        say(f"  (or {stack.server.url}/login with the token in {stack.server.user_token_file})")
+        say(f"  crew home (agents' directories, sockets): {stack.computer.crew_home}")
+        engine = engine_mode or "warm where supported"
+        say(f"  opencode {stack.health['engine'].get('version')}, engine {engine}\n")
         say("Running until Ctrl+C …", flush=True)
         try:
             while stack.server.proc.poll() is None and stack.computer.proc.poll() is None:
                 time.sleep(0.5)
         except KeyboardInterrupt:
-            say("\nStopping crew-computer, crew-server and the model …")
+            say(f"\nStopping {stopping(stack)} …")
             return 0
         say("A part of the demo stopped by itself; see the logs (--keep keeps them).")
         return 1
@@ -586,7 +600,7 @@ def main(argv: list[str] | None = None) -> int:
     timeout = args.timeout or (300.0 if args.model else 90.0)
     try:
         if args.web:
-            return run_web_demo(args.model, args.keep)
+            return run_web_demo(args.model, args.keep, args.engine)
         return run_demo(args.model, args.keep, timeout, args.engine)
     except DemoError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -171,8 +171,8 @@ def reminder_notice(handle: str, title: str) -> str:
 
 def set_aside_notice(handle: str, count: int, reason: str) -> str:
     """The notice in a room whose messages an agent could not handle and gave up on."""
-    what = "1 message" if count == 1 else f"{count} messages"
-    return f"@{handle} could not handle {what} here and set it aside: {reason}"
+    what, them = ("1 message", "it") if count == 1 else (f"{count} messages", "them")
+    return f"@{handle} could not handle {what} here and set {them} aside unanswered: {reason}"
 
 
 def actor_text(handle: str | None) -> str:

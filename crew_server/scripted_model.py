@@ -54,6 +54,8 @@ log = logging.getLogger("crew_server.scripted_model")
 MODEL_NAME = "scripted"
 TITLE_MARKER = "title generator"  # OpenCode's hidden title agent's system prompt
 ROOM_ID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+# A new message by the user in a turn input (not a thread's root line, not an agent's).
+USER_MESSAGE = r"\n- \[#[^\]\n]*\] User \(user\):"
 _HOLE = re.compile(r"\{\{(\w+)\}\}")
 
 
@@ -229,9 +231,13 @@ def scenario(name: str) -> Script:
                         )
                     ),
                 ),
+                # Only a room with a message from the user (turn-prompt.md's "User (user):"):
+                # the demo's agents answer people, not each other (two in a group would
+                # otherwise answer each other forever).
                 Rule(
                     role="user",
-                    match=rf"crew reply (?P<room>{ROOM_ID})",
+                    match=rf"{USER_MESSAGE}(?:(?!\nReply with: ).)*\nReply with: crew reply "
+                    rf"(?P<room>{ROOM_ID})",
                     reply=Reply(
                         bash="echo 'written by the scripted model' > hello.txt && "
                         + crew_reply_command(

@@ -125,16 +125,21 @@ def launch(
     *,
     wait_ready: bool = True,
     wrap: list[str] | None = None,
+    command: list[str] | None = None,
+    env: dict[str, str] | None = None,
 ) -> ComputerProc:
-    """Start `python -m computer_service`, write the bootstrap line, wait for `ready`."""
+    """Start `python -m computer_service`, write the bootstrap line, wait for `ready`.
+
+    `command`: another Computer (an installed `crew-computer`); `env`: added to `m.env()`.
+    """
     stderr_path = m.root / f"computer-{time.monotonic_ns()}.log"
     with stderr_path.open("wb") as stderr:
         proc = subprocess.Popen(
-            [*(wrap or []), sys.executable, "-m", "computer_service"],
+            [*(wrap or []), *(command or [sys.executable, "-m", "computer_service"])],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=stderr,
-            env=m.env(),
+            env=m.env() | (env or {}),
             cwd=m.root,
         )
     assert proc.stdin is not None and proc.stdout is not None

@@ -50,6 +50,7 @@ def _parser() -> argparse.ArgumentParser:
         default=[],
         help="a host-loopback TCP port reachable inside (Linux; repeatable), as a run's",
     )
+    _connection_argument(sandbox)
     sandbox.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS…]")
     return parser
 
@@ -72,13 +73,35 @@ def _limit_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--shm-mb", type=int, default=default.shm_bytes // MIB, help="size of /dev/shm, MiB"
     )
+    parser.add_argument(
+        "--disk-mb",
+        type=int,
+        default=default.disk_bytes // MIB,
+        help="disk one agent's directories may use, in MiB (a watch; limits.py)",
+    )
+    _connection_argument(parser)
+
+
+def _connection_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=TurnLimits().max_connections,
+        help="TCP connections one run may hold at a time (Linux, its own network namespace)",
+    )
 
 
 def _limits(args: argparse.Namespace) -> TurnLimits:
-    for name in ("max_processes", "memory_mb", "shm_mb"):
+    for name in ("max_processes", "memory_mb", "shm_mb", "disk_mb", "max_connections"):
         if getattr(args, name) < 1:
             raise SystemExit(f"crew-launcher: --{name.replace('_', '-')} must be at least 1")
-    return TurnLimits(args.max_processes, args.memory_mb * MIB, args.shm_mb * MIB)
+    return TurnLimits(
+        max_processes=args.max_processes,
+        memory_bytes=args.memory_mb * MIB,
+        shm_bytes=args.shm_mb * MIB,
+        disk_bytes=args.disk_mb * MIB,
+        max_connections=args.max_connections,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,8 +132,16 @@ def main(argv: list[str] | None = None) -> int:
     from sandbox_launcher.sandbox_command import run_sandboxed
 
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if args.max_connections < 1:
+        raise SystemExit("crew-launcher: --max-connections must be at least 1")
     return run_sandboxed(
-        mode, args.agent_dir, args.runtime_dir, args.read_dir, command, args.loopback_port
+        mode,
+        args.agent_dir,
+        args.runtime_dir,
+        args.read_dir,
+        command,
+        args.loopback_port,
+        args.max_connections,
     )
 
 

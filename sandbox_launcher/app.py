@@ -125,6 +125,9 @@ class RunStream(Response):
                         + b"\n"
                     )
                 tg.cancel_scope.cancel()
+            # Before the exit frame: once a turn is seen to end, nothing it planted in
+            # git hooks or config is left (`git_guard`).
+            await anyio.to_thread.run_sync(self.launcher.run_ended, run.run_id)
             if exit_frame is not None and not run.client_gone:
                 await emit(exit_frame.model_dump_json().encode("utf-8") + b"\n")
             if not run.client_gone:
@@ -181,10 +184,17 @@ def create_app(launcher: Launcher, secret: str) -> ASGIApp:
             return error(400, "invalid_request", _validation_message(exc, "models request"))
         if launcher.config.opencode is None:
             return error(503, "engine_missing", "opencode was not found when the launcher started")
-        try:
-            found = await list_models(str(launcher.config.opencode), models_request)
-        except ModelsFailed as exc:
-            return error(exc.status, exc.code, str(exc))
+        # A stop ends a listing at once (`listings`): it must not hold the shutdown up.
+        with anyio.CancelScope() as listing:
+            launcher.listings.add(listing)
+            try:
+                found = await list_models(str(launcher.config.opencode), models_request)
+            except ModelsFailed as exc:
+                return error(exc.status, exc.code, str(exc))
+            finally:
+                launcher.listings.discard(listing)
+        if listing.cancelled_caught:
+            return error(503, "stopping", "the launcher is stopping; ask the next one")
         return JSONResponse(ModelList(models=found))
 
     # ---- warm servers (sandbox_launcher/warm_server.py) ----
@@ -219,6 +229,7 @@ def create_app(launcher: Launcher, secret: str) -> ASGIApp:
         if server is None:
             return error(404, "unknown_server", f"agent {agent_id} has no warm server")
         killed = await anyio.to_thread.run_sync(server.sweep)
+        await anyio.to_thread.run_sync(launcher.server_turn_ended, agent_id, False)
         rss = rss_bytes(server.pid) if server.pid is not None else None
         return JSONResponse(SweepResult(agent_id=agent_id, killed=killed, rss_bytes=rss))
 
@@ -237,6 +248,7 @@ def create_app(launcher: Launcher, secret: str) -> ASGIApp:
         if server is None:
             return error(404, "unknown_server", f"agent {agent_id} has no warm server")
         code = await anyio.to_thread.run_sync(server.stop)
+        await anyio.to_thread.run_sync(launcher.server_turn_ended, agent_id, True)
         return JSONResponse(ServerStopped(agent_id=agent_id, exit_code=code))
 
     routes = [

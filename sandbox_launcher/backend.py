@@ -16,19 +16,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
+from crew_common.engine_user import EngineIdentity, EngineUserMissing, engine_identity
 from sandbox_launcher import landlock
 from sandbox_launcher.bwrap import (
+    SETPRIV_CANDIDATES,
     BwrapTools,
     LinuxMode,
     SandboxUnavailable,
     bwrap_argv,
     choose_mode,
+    find_program,
     find_tools,
     preflight,
+    reachable_needed,
+    unreachable_levels,
 )
-from sandbox_launcher.limits import TurnLimits
+from sandbox_launcher.limits import DISK_NOTE, MIB, TurnLimits
 from sandbox_launcher.mounts import alias_masks
 from sandbox_launcher.network import (
+    NO_FIREWALL_NOTE,
     NetworkPlan,
     PastaTools,
     SandboxNetwork,
@@ -79,6 +85,11 @@ class Backend(Protocol):
 
     def argv(self, policy: SandboxPolicy, command: list[str]) -> list[str]: ...
 
+    @property
+    def engine_ids(self) -> tuple[int, int] | None:
+        """The (uid, gid) engines run as when it is not the launcher's own (a root launcher)."""
+        ...
+
     def network(self, plan: NetworkPlan) -> SandboxNetwork | None:
         """The sandbox's own network for one run; None: it shares the host's."""
         ...
@@ -97,10 +108,16 @@ class BwrapBackend:
     def mode(self) -> Literal["hybrid", "tmpfs"]:
         return "hybrid" if self.linux_mode is LinuxMode.HYBRID else "tmpfs"
 
+    @property
+    def engine_ids(self) -> tuple[int, int] | None:
+        return self.tools.engine_ids
+
     def argv(self, policy: SandboxPolicy, command: list[str]) -> list[str]:
         # Mounts change while the launcher runs: aliases are looked up per run.
         aliases = alias_masks(policy.deny_roots)
-        return bwrap_argv(policy, self.linux_mode, self.tools, command, aliases)
+        ids = self.tools.engine_ids
+        unreachable = unreachable_levels(reachable_needed(policy, self.tools), ids) if ids else ()
+        return bwrap_argv(policy, self.linux_mode, self.tools, command, aliases, unreachable)
 
     def network(self, plan: NetworkPlan) -> SandboxNetwork | None:
         # open_backend never makes one without pasta: no run shares the host's network.
@@ -116,6 +133,7 @@ class SeatbeltBackend:
 
     name: Literal["bwrap", "seatbelt"] = "seatbelt"
     mode: Literal["hybrid", "tmpfs"] | None = None
+    engine_ids: tuple[int, int] | None = None  # macOS: engines keep the caller's uid
 
     def argv(self, policy: SandboxPolicy, command: list[str]) -> list[str]:
         return seatbelt_argv(policy, command)
@@ -148,7 +166,17 @@ def open_backend(
     try:
         tools = find_tools()
         limits = limits or TurnLimits()
-        tools = dataclasses.replace(tools, nproc=limits.max_processes, shm_bytes=limits.shm_bytes)
+        tools = dataclasses.replace(
+            tools,
+            nproc=limits.max_processes,
+            shm_bytes=limits.shm_bytes,
+            fsize=limits.disk_bytes,
+        )
+        engine_user = _engine_user()
+        if engine_user is not None:
+            setpriv = find_program(SETPRIV_CANDIDATES, "setpriv", "install util-linux")
+            ids = (engine_user.uid, engine_user.gid)
+            tools = dataclasses.replace(tools, engine_ids=ids, setpriv=setpriv)
         reason = preflight(tools)
         if reason is not None:
             raise SandboxUnavailable(reason)
@@ -169,17 +197,45 @@ def open_backend(
         ok=True,
         backend="bwrap",
         mode=backend.mode,
-        reason=health_note(mode, abi, no_rg=no_rg),
+        reason=health_note(
+            mode, abi, engine_user, limits, no_rg=no_rg, firewall=pasta.nftables is not None
+        ),
         network="namespace",
     )
 
 
-def health_note(mode: LinuxMode, abi: int, *, no_rg: bool = False) -> str | None:
+def _engine_user() -> EngineIdentity | None:
+    try:
+        return engine_identity()
+    except EngineUserMissing as exc:
+        raise SandboxUnavailable(str(exc)) from exc
+
+
+def health_note(
+    mode: LinuxMode,
+    abi: int,
+    engine_user: EngineIdentity | None = None,
+    limits: TurnLimits | None = None,
+    *,
+    no_rg: bool = False,
+    firewall: bool = True,
+) -> str | None:
     """What a working Linux sandbox does not do here: tmpfs hides more, no Landlock nests
-    tools, no ripgrep for the engine (`tool_shell.ENGINE_PROGRAMS`)."""
+    tools, no ripgrep for the engine (`tool_shell.ENGINE_PROGRAMS`); and as root, which
+    user engines run as; no firewall in its network (no libnftables: host addresses
+    reachable, no connection cap)."""
     notes = [TMPFS_NOTE] if mode is LinuxMode.TMPFS else []
     if abi == 0:
         notes.append(NO_TOOL_DOMAIN_NOTE)
+    if not firewall:
+        notes.append(NO_FIREWALL_NOTE)
     if no_rg:
         notes.append(NO_RG_NOTE)
+    if engine_user is not None:
+        notes.append(
+            f"the launcher runs as root: engines run as the system user {engine_user.name} "
+            f"(uid {engine_user.uid}), which owns the agents' directories"
+        )
+    if limits is not None:
+        notes.append(DISK_NOTE.format(mib=limits.disk_bytes // MIB))
     return "; ".join(notes) or None

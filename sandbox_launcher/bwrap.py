@@ -9,7 +9,9 @@ measurements behind every flag are in research/sandbox.md §3.1:
   processes' environ invisible; every process of the turn dies with it),
   `--die-with-parent`, and `--cap-drop ALL` (as root, without it the sandbox
   can unmount and remount its way out).
-- The agent's temp dir is bound at `/tmp`: agents never share a `/tmp`.
+- The agent's temp dir is bound at `/tmp`: agents never share a `/tmp`. A
+  `$HOME` or crew home below the host's `/tmp` (the demo, tests) is then not
+  visible in the sandbox beyond what the run needs, in both modes.
 - hybrid: `landlock_exec.py` applies Landlock (READ_FILE + REFER) inside
   bwrap just before exec; `stat` keeps working below `$HOME`.
 - tmpfs: an empty tmpfs over each deny root with the allowlist bound back,
@@ -20,18 +22,24 @@ measurements behind every flag are in research/sandbox.md §3.1:
 
 Against the escapes of issue 12:
 
-- Every run gets its own user namespace (`--unshare-user`), also when the
-  Computer runs as root. Decision: the engine keeps the caller's uid (root
-  stays uid 0, mapped to itself) rather than a dedicated unprivileged uid,
-  because the agent's own files must stay the caller's and a crew home
-  mode 0700 is not reachable by another uid. What uid 0 keeps is only what
-  file ownership gives it (root-owned files outside `$HOME` with owner-only
-  modes stay readable, and `RLIMIT_NPROC` does not apply to it): no
-  capabilities (`--cap-drop ALL`, an empty bounding set), no nested user
-  namespaces (seccomp), and everything uid 0 could still write by mode bits
-  read-only: `/proc/sys`, `/proc/sysrq-trigger` and the other writable
-  `/proc` entries (`PROC_READ_ONLY`), `/sys` and `/` (the ro bind), `/dev`
-  (remounted read-only; only a size-capped `/dev/shm` is writable).
+- An ordinary caller's run gets its own user namespace (`--unshare-user`)
+  and keeps the caller's uid. A root caller's engine never runs as uid 0
+  (issue 20: uid 0 without capabilities still read `/etc/shadow` and 0600
+  files below `/root`): bwrap runs as root without a user namespace (it
+  can reach every path it binds), keeps only CAP_SETUID/SETGID/SETPCAP/DAC_READ_SEARCH,
+  and `setpriv` drops to the engine user (`crew_common.engine_user`) with
+  no groups, an empty bounding set and no inheritable capabilities before
+  our helper runs (`engine_ids`). That uid must reach what it is given:
+  every level it could not search (`/root` 0700 above a pyenv Python, a
+  0700 `$HOME`) and the deny roots become empty tmpfs with the allowlist
+  bound back, in both modes (`hidden_roots`); the launcher hands the
+  agent's directories to that uid before each run (`ownership.py`).
+  `RLIMIT_NPROC` would count every agent's processes together for the one
+  uid: not set then (the run's cgroup caps its pids). Still read-only by
+  mode bits for root's sake: `/proc/sys`, `/proc/sysrq-trigger` and the
+  other writable `/proc` entries (`PROC_READ_ONLY`), `/sys` and `/` (the ro
+  bind), `/dev` (remounted read-only; only a size-capped `/dev/shm` is
+  writable); no nested user namespaces (seccomp).
 - The host's Unix sockets: the helper's seccomp filter refuses
   `socket(AF_UNIX)` (`sandbox_launcher.seccomp`), and the well-known socket
   places (`HOST_SOCKET_PLACES`: `/run/user`, D-Bus, docker, podman…) are
@@ -63,6 +71,10 @@ from sandbox_launcher.tool_shell import engine_bin_dir, tool_shell_path
 # Fixed places only: a bwrap found through PATH or the cwd could be anyone's.
 BWRAP_CANDIDATES = ("/usr/bin/bwrap", "/bin/bwrap", "/usr/local/bin/bwrap")
 ENV_CANDIDATES = ("/usr/bin/env", "/bin/env")
+SETPRIV_CANDIDATES = ("/usr/bin/setpriv", "/bin/setpriv")
+# What bwrap keeps for setpriv when it drops to the engine user (root callers only);
+# DAC_READ_SEARCH: bwrap's `--chdir` into the work dir the engine user owns (0700).
+SETPRIV_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP", "CAP_DAC_READ_SEARCH")
 HOST_TMP = Path("/tmp")
 PREFLIGHT_TIMEOUT_S = 10.0
 # Entries of a fresh /proc that uid 0 may write by their mode bits (found with
@@ -126,9 +138,14 @@ class BwrapTools:
     # The tool shells (`sandbox_launcher.tool_shell`): each sandbox's $SHELL. None: no
     # $SHELL, so tools share the engine's Landlock domain (a kernel without Landlock).
     tool_shells: Path | None = None
+    # A root caller's engine user (uid, gid): bwrap runs as root, setpriv drops to it.
+    engine_ids: tuple[int, int] | None = None
+    setpriv: str = "/usr/bin/setpriv"
+    fsize: int | None = None  # RLIMIT_FSIZE of every process: the agent's disk (limits.py)
 
 
-def _find(candidates: tuple[str, ...], what: str, hint: str) -> str:
+def find_program(candidates: tuple[str, ...], what: str, hint: str) -> str:
+    """The first executable of `candidates` (fixed places only); else `SandboxUnavailable`."""
     for candidate in candidates:
         if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return candidate
@@ -137,10 +154,10 @@ def _find(candidates: tuple[str, ...], what: str, hint: str) -> str:
 
 def find_tools() -> BwrapTools:
     """Locate bwrap, env and the helper's interpreter at their absolute paths."""
-    bwrap = _find(
+    bwrap = find_program(
         BWRAP_CANDIDATES, "bwrap", "install bubblewrap (Debian/Ubuntu: apt install bubblewrap)"
     )
-    env = _find(ENV_CANDIDATES, "env", "install coreutils")
+    env = find_program(ENV_CANDIDATES, "env", "install coreutils")
     python = os.path.realpath(sys.executable)
     prefix = Path(os.path.realpath(sys.base_prefix))
     helper = os.path.realpath(landlock_exec.__file__)
@@ -220,24 +237,34 @@ def bwrap_argv(
     tools: BwrapTools,
     command: list[str],
     aliases: tuple[tuple[Path, bool], ...] = (),
+    unreachable: tuple[Path, ...] = (),
 ) -> list[str]:
     """The full argv that runs `command` under `policy`. Pure; nothing goes through a shell.
 
     `aliases`: other mounts showing what lies below a deny root (`mounts.alias_masks`),
-    each with "is a directory"; masked in both modes.
+    each with "is a directory"; masked in both modes. `unreachable`: directories the
+    engine user cannot search (`unreachable_levels`), hidden as deny roots are in tmpfs mode.
     """
+    as_engine = tools.engine_ids is not None
     deny = policy.deny_roots
+    # Hidden by a tmpfs, the allowlist bound back: in tmpfs mode, and for the engine user.
+    hidden = hidden_roots(deny, unreachable) if as_engine or mode is LinuxMode.TMPFS else ()
+    # Hybrid without them: a deny root below the host's /tmp is hidden the same way.
+    tmp_roots = [] if hidden else [r for r in deny if _under_host_tmp(r)]
     reads = [*policy.read_dirs, *policy.read_files]
     argv = [tools.env, "--ignore-signal=INT", tools.bwrap]
-    argv += ["--unshare-user", "--unshare-ipc"]
+    argv += ["--unshare-ipc"] if as_engine else ["--unshare-user", "--unshare-ipc"]
     argv += ["--ro-bind", "/", "/", "--dev", "/dev"]
     if tools.tmpfs_size:
         argv += ["--size", str(tools.shm_bytes)]
-    argv += ["--tmpfs", "/dev/shm"]
+    argv += ["--perms", "1777", "--tmpfs", "/dev/shm"]  # as /dev/shm is: for any uid
     argv += ["--unshare-pid", "--proc", "/proc"]
     for entry in PROC_READ_ONLY:
         argv += ["--ro-bind-try", entry, entry]
     argv += ["--die-with-parent", "--cap-drop", "ALL"]
+    if as_engine:
+        for cap in SETPRIV_CAPS:
+            argv += ["--cap-add", cap]
     # The private /tmp goes first: when $HOME itself lives below /tmp (tests,
     # odd setups) what the sandbox needs from there is bound back on top of it.
     argv += ["--bind", str(policy.tmp_dir), "/tmp"]
@@ -256,35 +283,51 @@ def bwrap_argv(
     # The helper's interpreter and package, wherever they are hidden; never one
     # that would bring a whole deny root back.
     support = [p for p in _support_dirs(tools) if not any(is_inside(r, p) for r in deny)]
-    if mode is LinuxMode.TMPFS:
-        for root in deny:
+    # bwrap (root) makes missing mount points 0700: the engine user could not pass them.
+    made: set[Path] = set()
+    containers = (*hidden, HOST_TMP) if as_engine else ()
+    if hidden:
+        for root in hidden:
+            argv += _levels_to(root, containers, made)
             argv += ["--tmpfs", str(root)]
-        shown = [p for p in reads if any(is_inside(p, r) for r in deny) or _under_host_tmp(p)]
-        shown += [p for p in support if any(is_inside(p, r) for r in deny) or _under_host_tmp(p)]
+        shown = [p for p in reads if any(is_inside(p, r) for r in hidden) or _under_host_tmp(p)]
+        shown += [p for p in support if any(is_inside(p, r) for r in hidden) or _under_host_tmp(p)]
     else:
-        back = [r for r in deny if _under_host_tmp(r)]
-        for root in back:
-            argv += ["--ro-bind", str(root), str(root)]
-        shown = [p for p in reads if _under_host_tmp(p) and not any(is_inside(p, r) for r in back)]
+        # A deny root below the host's /tmp is not bound back whole (issue 20): the
+        # private /tmp needs a Landlock grant of its own (what a tool writes there is
+        # unreadable otherwise: it is an ancestor of the deny root, not a sibling), and
+        # that grant would reach everything mounted below it. So, as in tmpfs mode,
+        # only what the run needs from there is bound back (`stat` sees no more of it),
+        # on a read-only tmpfs: the private /tmp below it is writable.
+        for root in tmp_roots:
+            argv += ["--tmpfs", str(root)]
+        shown = [p for p in reads if _under_host_tmp(p)]
         shown += [p for p in support if _under_host_tmp(p)]
     for path in shown:
+        argv += _levels_to(path, containers, made)
         argv += ["--ro-bind", str(path), str(path)]
     for path in policy.writable_dirs:
+        argv += _levels_to(path, containers, made)
         argv += ["--bind", str(path), str(path)]
-    argv += git_guard_args(policy)
     # Writes to a tmpfs of ours would be lost, or fill memory: make them EROFS.
-    if mode is LinuxMode.TMPFS:
-        for root in deny:
-            argv += ["--remount-ro", str(root)]
-    else:
-        # Landlock does not mediate connect() on Unix sockets: hide them.
+    covering = hidden or tmp_roots
+    for root in covering:
+        argv += ["--remount-ro", str(root)]
+    if not any(is_inside(policy.sockets_dir, r) for r in covering):
+        # Landlock does not mediate connect() on Unix sockets: hide them (below a
+        # hidden root they are hidden with it).
         argv += ["--tmpfs", str(policy.sockets_dir), "--remount-ro", str(policy.sockets_dir)]
     for place in [*socket_dirs, *alias_dirs]:
         argv += ["--remount-ro", str(place)]
     argv += ["--remount-ro", "/dev"]
     argv += tool_shell_args(tools, mode)
     argv += ["--chdir", str(policy.work_dir), "--", tools.env, "--default-signal=INT"]
-    argv += [tools.python, "-I", "-S", tools.helper, "--seccomp", "--nproc", str(tools.nproc)]
+    argv += setpriv_args(tools)
+    argv += [tools.python, "-I", "-S", tools.helper, "--seccomp"]
+    if not as_engine:
+        argv += ["--nproc", str(tools.nproc)]
+    if tools.fsize is not None:
+        argv += ["--fsize", str(tools.fsize)]
     if tools.tool_shells is not None:
         # The engine's own git and rg before anything on its PATH (`tool_shell`).
         argv += ["--path-first", str(engine_bin_dir(tools.tool_shells, mode.value))]
@@ -296,6 +339,10 @@ def bwrap_argv(
                 argv += ["--ro", str(path)]
         for path in policy.writable_dirs:
             argv += ["--rw", str(path)]
+        if any(_under_host_tmp(r) for r in deny):
+            # The private /tmp: nothing of the host's is there (the deny roots below it
+            # are hidden on read-only tmpfs, by `tmp_roots` or `hidden`).
+            argv += ["--rw", str(HOST_TMP)]
         if tools.tool_shells is not None:
             # The tool shell runs inside the engine's domain: its interpreter must be readable.
             for path in support:
@@ -303,6 +350,82 @@ def bwrap_argv(
                     argv += ["--ro", str(path)]
     argv.append("--")
     return argv + command
+
+
+def setpriv_args(tools: BwrapTools) -> list[str]:
+    """Drop from root to the engine user before anything of the run executes (root callers).
+
+    setuid to a non-zero uid clears the permitted and effective sets; the bounding
+    and inheritable sets are emptied too, so nothing can come back by an exec.
+    """
+    if tools.engine_ids is None:
+        return []
+    uid, gid = tools.engine_ids
+    argv = [tools.setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups"]
+    return [*argv, "--inh-caps=-all", "--bounding-set=-all", "--"]
+
+
+def _levels_to(path: Path, containers: tuple[Path, ...], made: set[Path]) -> list[str]:
+    """`--dir` (0755) for each level between the innermost container holding `path` and it."""
+    holders = [c for c in containers if c != path and is_inside(path, c)]
+    if not holders:
+        return []
+    top = max(holders, key=lambda c: len(c.parts))
+    args: list[str] = []
+    for level in [*reversed(path.parents)]:
+        if len(level.parts) > len(top.parts) and level not in made:
+            made.add(level)
+            args += ["--dir", str(level)]
+    return args
+
+
+def hidden_roots(deny: tuple[Path, ...], unreachable: tuple[Path, ...]) -> tuple[Path, ...]:
+    """The deny roots and the unreachable levels, without one lying inside another. Pure.
+
+    Below the host's /tmp nothing needs hiding: the private /tmp replaces it already.
+    """
+    candidates = [*deny, *(p for p in unreachable if not _under_host_tmp(p))]
+    kept = [p for p in candidates if not any(q != p and is_inside(p, q) for q in candidates)]
+    return tuple(dict.fromkeys(kept))
+
+
+def can_search(st: os.stat_result, uid: int, gid: int) -> bool:
+    """May `uid` (primary group `gid`, no others) search this directory by its mode bits? Pure."""
+    if st.st_uid == uid:
+        return bool(st.st_mode & 0o100)
+    if st.st_gid == gid:
+        return bool(st.st_mode & 0o010)
+    return bool(st.st_mode & 0o001)
+
+
+def unreachable_levels(paths: list[Path], ids: tuple[int, int]) -> tuple[Path, ...]:
+    """For each path, the highest level above it the engine user cannot search (a stat a level)."""
+    found: list[Path] = []
+    for path in paths:
+        for level in [*reversed(path.parents)][1:]:
+            if any(is_inside(level, f) for f in found):
+                break
+            try:
+                st = os.stat(level)
+            except OSError:
+                break  # gone: bwrap says so when it binds
+            if not can_search(st, *ids):
+                found.append(level)
+                break
+    return tuple(found)
+
+
+def reachable_needed(policy: SandboxPolicy, tools: BwrapTools) -> list[Path]:
+    """Every path of a run the engine user must get to: what is bound, and the helper's own."""
+    return [
+        *policy.read_dirs,
+        *policy.read_files,
+        *policy.writable_dirs,
+        policy.work_dir,
+        *_support_dirs(tools),
+        Path(tools.python),
+        Path(tools.helper),
+    ]
 
 
 def _support_dirs(tools: BwrapTools) -> list[Path]:
@@ -320,17 +443,6 @@ def tool_shell_args(tools: BwrapTools, mode: LinuxMode) -> list[str]:
         return []
     shell = tool_shell_path(tools.tool_shells, mode.value)
     return ["--unsetenv", TOOL_DOMAIN_MARKER.decode(), "--setenv", "SHELL", str(shell)]
-
-
-def git_guard_args(policy: SandboxPolicy) -> list[str]:
-    """Each guarded `.git` pinned (bound onto itself: a mount point cannot be renamed
-    away), its `hooks/` and `config` bound read-only on top (`sandbox_launcher.git_guard`)."""
-    args: list[str] = []
-    for git_dir in policy.guarded_git:
-        args += ["--bind", str(git_dir), str(git_dir)]
-        for name in ("hooks", "config"):
-            args += ["--ro-bind", str(git_dir / name), str(git_dir / name)]
-    return args
 
 
 _USERNS_MARKERS = (

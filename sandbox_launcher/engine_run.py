@@ -14,12 +14,14 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Literal
 
 import anyio
@@ -144,6 +146,21 @@ def _tail_text(data: bytes) -> str:
     return data[start:].decode("utf-8", "replace")
 
 
+# OpenCode's log lines (`--print-logs`) that say how its model requests go: a request
+# starts (`message=stream`), or fails and may be retried (`message="stream error"`). A
+# cold run prints nothing on stdout while OpenCode waits out a provider's Retry-After,
+# so these are passed on as `log` frames (bounded) for the Computer to see it waiting.
+_MODEL_LOG = re.compile(rb'level=\w+ .*\bmessage=(?:stream|"stream error") ')
+MAX_LOG_FRAMES = 200
+MAX_LOG_LINE = 2048
+
+
+def log_frame(line: bytes | bytearray) -> bytes:
+    """One NDJSON `log` frame: an OpenCode log line about a model request (cut to 2 KiB)."""
+    text = bytes(line[:MAX_LOG_LINE]).decode("utf-8", "replace")
+    return orjson.dumps({"t": "log", "line": text}) + b"\n"
+
+
 def line_frame(line: bytes | bytearray) -> bytes:
     """One NDJSON `line` frame. Invalid UTF-8 becomes U+FFFD (JSON carries text only)."""
     return orjson.dumps({"t": "line", "data": line.decode("utf-8", "replace")}) + b"\n"
@@ -163,6 +180,7 @@ class EngineRun:
         limits: TurnLimits | None = None,
         cgroup: RunCgroup | None = None,
         network: SandboxNetwork | None = None,
+        disk_dirs: tuple[Path, ...] = (),
     ) -> None:
         self.run_id = run_id
         self.agent_id = agent_id
@@ -173,6 +191,7 @@ class EngineRun:
         self.limits = limits  # None: not watched (tests of the process rules)
         self.cgroup = cgroup
         self.network = network  # its own network namespace (Linux), attached before it starts
+        self.disk_dirs = disk_dirs  # the agent's directories: their size is watched
         self.started_at = datetime.now(UTC).isoformat(timespec="milliseconds")
         self.pid: int | None = None
         self.bytes_out = 0
@@ -323,10 +342,21 @@ class EngineRun:
     async def _collect_stderr(self, process: Process) -> None:
         stream = process.stderr
         assert stream is not None
+        partial = bytearray()
+        sent = 0
         async for chunk in _ChunkIter(stream):
             self._stderr += chunk
             if len(self._stderr) > STDERR_TAIL:
                 del self._stderr[: len(self._stderr) - STDERR_TAIL]
+            if sent >= MAX_LOG_FRAMES:
+                continue
+            partial += chunk
+            *lines, rest = bytes(partial).split(b"\n")
+            partial = bytearray(rest[-MAX_LOG_LINE:])
+            for line in lines:
+                if sent < MAX_LOG_FRAMES and _MODEL_LOG.search(line[:MAX_LOG_LINE]):
+                    sent += 1
+                    await self._send(log_frame(line))
 
     async def _pump_stdout(self, stream: ByteReceiveStream, pgid: int) -> None:
         pending = bytearray()
@@ -360,7 +390,7 @@ class EngineRun:
     def _watch(self, leader: int) -> ResourceWatch | None:
         if self.limits is None:
             return None
-        return ResourceWatch(self.limits, self.cgroup, leader)
+        return ResourceWatch(self.limits, self.cgroup, leader, disk_dirs=self.disk_dirs)
 
     async def _end_at_limit(self, watch: ResourceWatch, pgid: int) -> None:
         """End the run once it hits a resource limit (a fork bomb spins at the cap otherwise)."""

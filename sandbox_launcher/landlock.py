@@ -234,7 +234,7 @@ def apply(deny: list[str], ro: list[str], rw: list[str]) -> None:
 class HelperPlan:
     """What the helper does before exec: Landlock (when `deny` is given), rlimits, seccomp."""
 
-    __slots__ = ("command", "deny", "nproc", "path_first", "ro", "rw", "seccomp")
+    __slots__ = ("command", "deny", "fsize", "nproc", "path_first", "ro", "rw", "seccomp")
 
     def __init__(self) -> None:
         self.path_first: str | None = None  # put first on the engine's PATH
@@ -243,11 +243,12 @@ class HelperPlan:
         self.rw: list[str] = []
         self.seccomp = False
         self.nproc: int | None = None
+        self.fsize: int | None = None  # RLIMIT_FSIZE: no one file bigger than the agent's disk
         self.command: list[str] = []
 
 
 def parse_args(argv: list[str]) -> HelperPlan:
-    """`[--deny P --ro P --rw P …] [--seccomp] [--nproc N] [--path-first D] -- CMD…`."""
+    """`[--deny P --ro P --rw P …] [--seccomp] [--nproc N] [--fsize B] [--path-first D] -- CMD…`."""
     plan = HelperPlan()
     lists = {"--deny": plan.deny, "--ro": plan.ro, "--rw": plan.rw}
     i = 0
@@ -264,15 +265,18 @@ def parse_args(argv: list[str]) -> HelperPlan:
             plan.seccomp = True
             i += 1
             continue
-        if flag not in (*lists, "--nproc", "--path-first") or i + 1 >= len(argv):
+        if flag not in (*lists, "--nproc", "--fsize", "--path-first") or i + 1 >= len(argv):
             raise SetupError(f"unexpected argument {flag!r}")
         value = argv[i + 1]
         if flag == "--path-first" and value.startswith("/"):
             plan.path_first = value
-        elif flag == "--nproc":
+        elif flag in ("--nproc", "--fsize"):
             if not value.isdigit() or int(value) < 1:
-                raise SetupError(f"--nproc needs a positive number, got {value!r}")
-            plan.nproc = int(value)
+                raise SetupError(f"{flag} needs a positive number, got {value!r}")
+            if flag == "--nproc":
+                plan.nproc = int(value)
+            else:
+                plan.fsize = int(value)
         elif not value.startswith("/"):
             raise LandlockError(f"{flag} needs an absolute path, got {value!r}")
         else:
@@ -283,6 +287,7 @@ def parse_args(argv: list[str]) -> HelperPlan:
 
 _RLIMIT_CORE = 4  # the same numbers on x86-64 and arm64
 _RLIMIT_NPROC = 6
+_RLIMIT_FSIZE = 1
 
 
 def set_limit(resource: int, value: int) -> None:
@@ -488,6 +493,8 @@ def main(argv: list[str]) -> int:
         set_limit(_RLIMIT_CORE, 0)
         if plan.nproc is not None:
             set_limit(_RLIMIT_NPROC, plan.nproc)
+        if plan.fsize is not None:
+            set_limit(_RLIMIT_FSIZE, plan.fsize)
         if plan.deny:
             apply(plan.deny, plan.ro, plan.rw)
         elif scoped := scopes(abi()):

@@ -15,12 +15,15 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import anyio
+
 from crew_common.layout import AgentPaths
 from sandbox_launcher.backend import Backend
 from sandbox_launcher.engine_run import EngineRun
-from sandbox_launcher.git_guard import commondir_absent, guarded_git_dirs, remove_new_commondirs
+from sandbox_launcher.git_guard import Baseline, baseline, guarded_git_dirs, restore
 from sandbox_launcher.limits import CgroupParents, RunCgroup, TurnLimits
 from sandbox_launcher.network import NetworkPlan, free_loopback_port
+from sandbox_launcher.ownership import HandOverFailed, hand_over, shared_dir_readable
 from sandbox_launcher.paths import PathRefused, dir_below, is_inside
 from sandbox_launcher.policy import SandboxPolicy, check_read_dir
 from sandbox_launcher.schema import (
@@ -153,8 +156,12 @@ class Launcher:
     sandbox: SandboxHealth
     engine: EngineHealth | None
     runs: dict[str, EngineRun] = field(default_factory=dict)
-    # Per run: the guarded repositories that had no `commondir` when it started.
-    commondir_watch: dict[str, tuple[Path, ...]] = field(default_factory=dict)
+    # Per run, and per warm server's turn: the work dir's repositories when it started
+    # (`git_guard`: what a turn planted in hooks and config is undone after it).
+    git_baselines: dict[str, Baseline] = field(default_factory=dict)
+    server_git_baselines: dict[str, Baseline] = field(default_factory=dict)
+    # The `opencode models` listings in flight: a stop cancels them (server.py).
+    listings: set[anyio.CancelScope] = field(default_factory=set)
     limits: TurnLimits = field(default_factory=TurnLimits)
     cgroups: CgroupParents | None = None  # where run cgroups go; None: rlimits only
     servers: WarmServers = field(default_factory=WarmServers)
@@ -179,18 +186,19 @@ class Launcher:
             policy = self._policy(request)
         except PathRefused as exc:
             raise RequestRefused(400, "path_refused", str(exc)) from exc
+        self._hand_over(backend, policy)
         command = self._command(request, policy)
         env = self._env(request, policy)
         publish = None
         if request.publish_port is not None:
             publish = (request.publish_port, free_loopback_port())
-        plan = NetworkPlan(tuple(request.loopback_ports), publish)
+        plan = NetworkPlan(tuple(request.loopback_ports), publish, self.limits.max_connections)
         network = backend.network(plan)
         if network is None and publish is not None:
             raise RequestRefused(
                 400, "publish_unsupported", "publish_port needs the sandbox's own network (Linux)"
             )
-        self.commondir_watch[request.run_id] = commondir_absent(policy.guarded_git)
+        self.git_baselines[request.run_id] = baseline(policy.work_dir)
         argv = backend.argv(policy, command)
         cgroup = self._cgroup(request.run_id)
         return EngineRun(
@@ -203,12 +211,30 @@ class Launcher:
             limits=self.limits,
             cgroup=cgroup,
             network=network,
+            disk_dirs=(policy.agent_dir, policy.runtime_dir),
         )
 
     def run_ended(self, run_id: str) -> None:
-        """Forget a run that ended; undo a `commondir` it planted (`git_guard`)."""
+        """Forget a run that ended; undo what it planted in git hooks and config (`git_guard`)."""
         self.runs.pop(run_id, None)
-        remove_new_commondirs(self.commondir_watch.pop(run_id, ()))
+        before = self.git_baselines.pop(run_id, None)
+        if before is not None:
+            restore(before)
+
+    def stop_servers(self) -> None:
+        """Stop every warm server (launcher shutdown); undo their last turns as a stop does."""
+        self.servers.stop_all()
+        for agent_id in list(self.server_git_baselines):
+            self.server_turn_ended(agent_id, stopped=True)
+
+    def server_turn_ended(self, agent_id: str, stopped: bool) -> None:
+        """A warm server's turn ended (swept) or the server stopped: as `run_ended`."""
+        before = self.server_git_baselines.pop(agent_id, None)
+        if before is None:
+            return
+        restore(before)
+        if not stopped:
+            self.server_git_baselines[agent_id] = baseline(before.work_dir)
 
     def _cgroup(self, run_id: str) -> RunCgroup | None:
         """The run's own cgroup (process and memory caps), when this machine gives us one."""
@@ -236,10 +262,12 @@ class Launcher:
             policy = self._policy(request)
         except PathRefused as exc:
             raise RequestRefused(400, "path_refused", str(exc)) from exc
+        self._hand_over(backend, policy)
         assert self.config.opencode is not None
         # In its own network namespace the server's port is reached only through the
         # host port pasta publishes (ours); without one (macOS) the kernel picks a port.
-        plan = NetworkPlan(tuple(request.loopback_ports), (NAMESPACE_PORT, free_loopback_port()))
+        publish = (NAMESPACE_PORT, free_loopback_port())
+        plan = NetworkPlan(tuple(request.loopback_ports), publish, self.limits.max_connections)
         network = backend.network(plan)
         port = NAMESPACE_PORT if network is not None else 0
         command = server_command(os.path.realpath(self.config.opencode), port)
@@ -249,7 +277,34 @@ class Launcher:
         # leaves the new server without one.
         cgroup = self._cgroup(f"warm-{request.agent_id}-{secrets.token_hex(4)}")
         argv = (cgroup.join_prefix() if cgroup else []) + backend.argv(policy, command)
-        return WarmServer(request.agent_id, argv, env, network, cgroup, limits=self.limits)
+        self.server_git_baselines[request.agent_id] = baseline(policy.work_dir)
+        return WarmServer(
+            request.agent_id,
+            argv,
+            env,
+            network,
+            cgroup,
+            limits=self.limits,
+            disk_dirs=(policy.agent_dir, policy.runtime_dir),
+        )
+
+    def _hand_over(self, backend: Backend, policy: SandboxPolicy) -> None:
+        """A root launcher's engine user gets the agent's directories and the run's `bin/`."""
+        ids = backend.engine_ids
+        if ids is None:
+            return
+        try:
+            changed = hand_over(policy, ids)
+            shared_dir_readable(policy.read_dirs[0])  # bin/ (`_policy` puts it first)
+        except (HandOverFailed, OSError) as exc:
+            raise RequestRefused(
+                500,
+                "hand_over_failed",
+                f"cannot give agent {policy.agent_dir.name}'s directories to the engine user: "
+                f"{exc}; check the crew home's ownership (the Computer runs as root)",
+            ) from exc
+        if changed:
+            log.info("gave %d entries of %s to the engine user", changed, policy.agent_dir.name)
 
     def _usable_backend(self) -> Backend:
         if self.backend is None or not self.sandbox.ok:

@@ -15,6 +15,16 @@ How each limit is enforced, best first:
   and `opencode --version` already fails under `RLIMIT_DATA` or `RLIMIT_AS`
   of 512 MiB, so a per-process cap that leaves OpenCode working caps nothing.
 - `/dev/shm` is a tmpfs of `shm_bytes` in every case (bwrap `--size`).
+- **Disk** (issue 20, K19: one agent filled 2 GiB of the user's disk in
+  `work/`): `work/` must persist, so no size-capped tmpfs; this host's ext4
+  is mounted without `prjquota` (and a project quota needs root and the
+  quota feature), and a loop image per agent is heavy, so everywhere: the
+  watch adds up the blocks of the agent's directory and its runtime
+  directory every `DISK_INTERVAL_S` and ends the run at `disk_bytes`
+  (`disk_limit`), and `RLIMIT_FSIZE` caps any one file at `disk_bytes`.
+  Soft: between two looks a fast writer gets past the limit by what it
+  writes in that time (`/health` says so); the next run of that agent
+  starts over the limit and ends at once, other agents run on.
 
 A limit that is hit ends the run: `ResourceWatch` looks every
 `WATCH_INTERVAL_S` (cgroup event counters, else the number of tasks in the
@@ -29,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +50,14 @@ log = logging.getLogger(__name__)
 MIB = 1024 * 1024
 WATCH_INTERVAL_S = 0.25
 REMOVE_TIMEOUT_S = 5.0
-LimitHit = Literal["process_limit", "memory_limit", "shm_full"]
+LimitHit = Literal["process_limit", "memory_limit", "shm_full", "disk_limit"]
+DISK_INTERVAL_S = 2.0  # a walk of the agent's tree: not every WATCH_INTERVAL_S
+DISK_MAX_DEPTH = 256  # levels the walk opens at once (deeper ones are not counted)
+DISK_NOTE = (
+    "disk: each agent's directories are limited to {mib} MiB by a watch (every "
+    f"{DISK_INTERVAL_S:.0f} s; no filesystem quota is used) and one file to the same by "
+    "RLIMIT_FSIZE: a fast writer can go past it by what it writes between two looks"
+)
 CGROUP_PREFIX = "crew-"
 # The failure line starts with "crew-cgroup: " so the Computer reads it as the sandbox's.
 _JOIN_SCRIPT = (
@@ -48,6 +66,7 @@ _JOIN_SCRIPT = (
     'shift; done; shift; exec "$@"'
 )
 SHELL = "/bin/sh"
+DEFAULT_MAX_CONNECTIONS = 256  # TCP connections of one sandbox at a time (network.py)
 
 
 @dataclass(frozen=True)
@@ -57,6 +76,9 @@ class TurnLimits:
     max_processes: int = 4096  # processes and threads together
     memory_bytes: int = 4096 * MIB  # only where a cgroup is available
     shm_bytes: int = 64 * MIB  # as Docker's default
+    disk_bytes: int = 10 * 1024 * MIB  # the agent's directories together (the watch)
+    # TCP connections at a time, in the sandbox's own network (network.py's firewall).
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
 
     def process_threshold(self) -> int:
         """How many tasks count as "the process limit was hit" where no cgroup counts for us."""
@@ -306,6 +328,50 @@ def shm_full(root: str) -> bool:
     return fs.f_blocks > 0 and fs.f_bavail == 0
 
 
+def disk_usage(dirs: tuple[Path, ...], stop_at: int) -> int:
+    """Bytes allocated below `dirs` (st_blocks), counted until `stop_at` is reached.
+
+    The agent can write these trees: every level is opened with O_NOFOLLOW below
+    its parent's fd (one fd per level open at a time, `DISK_MAX_DEPTH` levels at
+    most), symlinks count as themselves, a hard link once per name.
+    """
+    total = 0
+    for top in dirs:
+        try:
+            fd = os.open(top, _DIR_FLAGS)
+        except OSError:
+            continue  # repaired before the next run
+        stack = [(fd, os.scandir(fd))]
+        try:
+            while stack and total < stop_at:
+                dfd, entries = stack[-1]
+                entry = next(entries, None)
+                if entry is None:
+                    entries.close()
+                    os.close(dfd)
+                    stack.pop()
+                    continue
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue  # gone meanwhile
+                total += st.st_blocks * 512
+                if stat.S_ISDIR(st.st_mode) and len(stack) < DISK_MAX_DEPTH:
+                    try:
+                        child = os.open(entry.name, _DIR_FLAGS, dir_fd=dfd)
+                        stack.append((child, os.scandir(child)))
+                    except OSError:
+                        continue  # replaced by a link meanwhile: not followed
+        finally:
+            for dfd, entries in stack:
+                entries.close()
+                os.close(dfd)
+    return total
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
 @dataclass
 class ResourceWatch:
     """Looks at one run's use of its limits; `hit` says which one it ran into."""
@@ -314,6 +380,9 @@ class ResourceWatch:
     cgroup: RunCgroup | None
     leader: int
     init: int | None = None
+    # The agent's directory and runtime directory: their blocks count against disk_bytes.
+    disk_dirs: tuple[Path, ...] = ()
+    _disk_next: float = 0.0
 
     def hit(self) -> LimitHit | None:
         """The limit the run hit, if any. Cheap enough to call every `WATCH_INTERVAL_S`."""
@@ -328,6 +397,10 @@ class ResourceWatch:
         root = f"/proc/{self.init}/root"
         if shm_full(root):
             return "shm_full"
+        if self.disk_dirs and time.monotonic() >= self._disk_next:
+            self._disk_next = time.monotonic() + DISK_INTERVAL_S
+            if disk_usage(self.disk_dirs, self.limits.disk_bytes) >= self.limits.disk_bytes:
+                return "disk_limit"
         if self.cgroup is None and count_tasks(f"{root}/proc") >= self.limits.process_threshold():
             return "process_limit"
         return None

@@ -50,10 +50,36 @@ pasta's options, checked against Debian 12's pasta (2023-03):
   namespace refuses. pasta still drops every capability and confines itself
   (its own mount namespace and seccomp filter) once the namespace is set up.
 
+The sandbox's own firewall (issue 20, items 4 and 5), an nftables table in
+its network namespace, set by the launcher after pasta is up and before the
+sandbox is let go (the agent has no capability in that namespace to change it):
+
+- The host's own addresses are refused. pasta answers a connection to any
+  address outside with a host socket's `connect()`: to the host's own
+  non-loopback addresses (eth0's, docker0's, its IPv6 ones) that reaches every
+  service bound to `0.0.0.0`/`::` on the host (an Ollama with
+  `OLLAMA_HOST=0.0.0.0`, `docker -p` ports). Every address the host's kernel
+  calls local (`/proc/net/fib_trie` LOCAL entries, `/proc/net/if_inet6`),
+  read at each attach, and pasta's gateway addresses (which lead nowhere with
+  `--no-map-gw`), are rejected; loopback is the sandbox's own (the forwarded
+  ports go through pasta's listeners there). An address the host gains after
+  the attach (a warm server lives on) is not covered until the next attach.
+- At most `NetworkPlan.max_connections` TCP connections at a time (`ct count`,
+  a conntrack count of the namespace: the spliced ones to forwarded loopback
+  ports as well as the ones outwards); past it a connect is refused (RST).
+  Closed connections stop counting at once (TIME_WAIT is not counted).
+
+nftables is driven through libnftables (`ctypes`) by a small Python child that
+enters the namespaces with `setns` itself: `nsenter` + `nft` would not do, an
+exec as a non-root uid drops the capabilities the user namespace gives. Without
+libnftables (Debian package libnftables1, from nftables) the sandbox runs
+without that firewall and the backend's health says so (`NO_FIREWALL_NOTE`);
+with it, a firewall that cannot be set fails the attach.
+
 Everything pure here (`pasta_argv`, `with_network`, `child_pid`,
 `listening_ports`, `has_default_route`, `loopback_addressed`,
-`sandbox_failure`) is table-tested; `SandboxNetwork`
-is the one place that starts and stops pasta.
+`sandbox_failure`, `local_networks`, `inet6_addresses`, `firewall_ruleset`)
+is table-tested; `SandboxNetwork` is the one place that starts and stops pasta.
 """
 
 from __future__ import annotations
@@ -66,6 +92,8 @@ import os
 import select
 import socket
 import subprocess
+import sys
+import sysconfig
 import tempfile
 import time
 from collections.abc import Sequence
@@ -73,6 +101,8 @@ from dataclasses import dataclass
 from typing import IO
 
 import anyio
+
+from sandbox_launcher.limits import DEFAULT_MAX_CONNECTIONS
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +115,13 @@ NS_GET_USERNS = 0xB701  # ioctl on a namespace fd: the user namespace that owns 
 READY_TIMEOUT_S = 10.0
 READY_POLL_S = 0.002
 MAX_FORWARDED_PORTS = 32
+FIREWALL_TIMEOUT_S = 10.0
+NFT_TABLE = "crew_sandbox"
+NO_FIREWALL_NOTE = (
+    "libnftables not found: sandboxes reach services bound to 0.0.0.0 on this machine's "
+    "own addresses and have no connection cap (install nftables; Debian/Ubuntu: apt install "
+    "nftables, Fedora: dnf install nftables)"
+)
 _TCP_LISTEN = "0A"
 _LOOPBACK_V4 = "0100007F"  # 127.0.0.1 as /proc/net/tcp writes it (little-endian hex)
 
@@ -108,14 +145,21 @@ class NetworkPlan:
 
     loopback_ports: tuple[int, ...] = ()
     publish: tuple[int, int] | None = None
+    # TCP connections the sandbox may hold at a time (the bootstrap's
+    # turn_limits.max_connections): one agent cannot exhaust pasta or a port.
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
 
 
 @dataclass(frozen=True)
 class PastaTools:
-    """Absolute paths of pasta and of `setpriv` (for the parent-death signal)."""
+    """Absolute paths of pasta, `setpriv` (for the parent-death signal) and libnftables.
+
+    `nftables` None: no firewall in the sandbox's namespace (`NO_FIREWALL_NOTE`).
+    """
 
     pasta: str
     setpriv: str
+    nftables: str | None = None
 
 
 def _first_executable(candidates: Sequence[str]) -> str | None:
@@ -131,7 +175,25 @@ def find_pasta() -> PastaTools | None:
     setpriv = _first_executable(SETPRIV_CANDIDATES)
     if pasta is None or setpriv is None:
         return None
-    return PastaTools(pasta, setpriv)
+    return PastaTools(pasta, setpriv, find_nftables())
+
+
+def nftables_candidates() -> list[str]:
+    """Where libnftables may be: the multiarch directory (Debian), lib64 (Fedora), lib."""
+    dirs = []
+    multiarch = sysconfig.get_config_var("MULTIARCH")
+    if multiarch:
+        dirs += [f"/usr/lib/{multiarch}", f"/lib/{multiarch}"]
+    dirs += ["/usr/lib64", "/usr/lib"]
+    return [f"{d}/libnftables.so.1" for d in dirs]
+
+
+def find_nftables() -> str | None:
+    """libnftables at its fixed places, or None (the sandbox then has no firewall)."""
+    for candidate in nftables_candidates():
+        if os.path.isfile(candidate):
+            return candidate
+    return None
 
 
 def missing_reason() -> str:
@@ -144,9 +206,13 @@ def _port_spec(ports: Sequence[int]) -> str:
 
 
 def pasta_argv(
-    tools: PastaTools, ns_fds: tuple[int, int], plan: NetworkPlan, as_root: bool
+    tools: PastaTools, ns_fds: tuple[int | None, int], plan: NetworkPlan, as_root: bool
 ) -> list[str]:
-    """The argv that attaches pasta to a sandbox's namespaces, given as fds (user, net). Pure."""
+    """The argv that attaches pasta to a sandbox's namespaces, given as fds (user, net). Pure.
+
+    No user fd: the network namespace is owned by pasta's own user namespace (a
+    root launcher's sandboxes have none of their own), which pasta cannot re-enter.
+    """
     address4, prefix4, gateway4 = SANDBOX_IPV4
     address6, gateway6 = SANDBOX_IPV6
     argv = [tools.setpriv, "--pdeathsig", "KILL", "--", tools.pasta, "-f", "-q"]
@@ -161,7 +227,9 @@ def pasta_argv(
         argv += ["--runas", "0"]
     user_fd, net_fd = ns_fds
     # We stop pasta ourselves: it need not watch the namespace (its path is an fd of its own).
-    argv += ["--no-netns-quit", "--userns", f"/proc/self/fd/{user_fd}"]
+    argv += ["--no-netns-quit"]
+    if user_fd is not None:
+        argv += ["--userns", f"/proc/self/fd/{user_fd}"]
     return [*argv, "--netns", f"/proc/self/fd/{net_fd}"]
 
 
@@ -292,6 +360,149 @@ def has_default_route(proc_net_route: str) -> bool:
     return False
 
 
+def local_networks(fib_trie: str) -> list[ipaddress.IPv4Network]:
+    """The host's own IPv4 addresses (LOCAL entries) of a `/proc/net/fib_trie`, collapsed. Pure.
+
+    Loopback is left out: inside, 127.0.0.0/8 is the sandbox's own.
+    """
+    found: set[ipaddress.IPv4Network] = set()
+    address = None
+    for line in fib_trie.splitlines():
+        words = line.split()
+        if len(words) == 2 and words[0] in ("|--", "+--"):
+            address = words[1].split("/")[0]
+        elif len(words) == 3 and words[0].startswith("/") and words[2] == "LOCAL" and address:
+            try:
+                network = ipaddress.IPv4Network(f"{address}{words[0]}", strict=False)
+            except ValueError:
+                continue
+            if not network.is_loopback:
+                found.add(network)
+    return list(ipaddress.collapse_addresses(found))
+
+
+def inet6_addresses(if_inet6: str) -> list[ipaddress.IPv6Address]:
+    """The host's own IPv6 addresses of a `/proc/net/if_inet6` text, without ::1. Pure."""
+    found = set()
+    for line in if_inet6.splitlines():
+        words = line.split()
+        if not words or len(words[0]) != 32:
+            continue
+        try:
+            address = ipaddress.IPv6Address(int(words[0], 16))
+        except ValueError:
+            continue
+        if not address.is_loopback:
+            found.add(address)
+    return sorted(found)
+
+
+def firewall_ruleset(
+    host4: Sequence[ipaddress.IPv4Network],
+    host6: Sequence[ipaddress.IPv6Address],
+    max_connections: int,
+    resolvers: Sequence[str] = (),
+    forwarded: Sequence[int] = (),
+) -> str:
+    """The nftables table of a sandbox's namespace: no host address, a TCP connection cap. Pure.
+
+    The cap counts what goes through pasta: connections out of the sandbox's
+    interface and those to the `forwarded` loopback ports (pasta's listeners).
+    The sandbox's own loopback otherwise (a test server of the agent's, pasta's
+    inbound connections to a published port: the Computer's to a warm server)
+    is not counted.
+
+    pasta's gateway addresses are refused too: with `--no-map-gw` they lead
+    nowhere, and a host that has one of them as its own would be reached.
+    TCP and UDP only (all pasta carries to a host socket besides pings): ICMPv6
+    must pass, the kernel's neighbour probes go to the gateway's own address.
+    `resolvers`: the nameservers of the sandbox's resolv.conf; their port 53
+    stays reachable when one is the host's own (a dnsmasq on its LAN address).
+    """
+    v4 = {*host4, ipaddress.IPv4Network(f"{SANDBOX_IPV4[2]}/32")}
+    v6 = {ipaddress.IPv6Network(a) for a in [*host6, ipaddress.IPv6Address(SANDBOX_IPV6[1])]}
+    set4 = ", ".join(str(n) for n in ipaddress.collapse_addresses(v4))
+    set6 = ", ".join(str(n) for n in ipaddress.collapse_addresses(v6))
+    dns = ""
+    for address in sorted(
+        {a for a in map(_address, resolvers) if a and not a.is_loopback}, key=str
+    ):
+        family = "ip" if address.version == 4 else "ip6"
+        dns += f"    {family} daddr {address} meta l4proto {{ tcp, udp }} th dport 53 accept\n"
+    ports = ", ".join(str(p) for p in sorted(set(forwarded)))
+    own_loopback = f'oifname "lo" tcp dport != {{ {ports} }}' if ports else 'oifname "lo"'
+    return (
+        f"table inet {NFT_TABLE} {{\n"
+        "  chain output {\n"
+        "    type filter hook output priority 0; policy accept;\n"
+        f"    {own_loopback} accept\n"
+        f"{dns}"
+        f"    ip daddr {{ {set4} }} meta l4proto tcp reject with tcp reset\n"
+        f"    ip daddr {{ {set4} }} meta l4proto udp reject\n"
+        f"    ip6 daddr {{ {set6} }} meta l4proto tcp reject with tcp reset\n"
+        f"    ip6 daddr {{ {set6} }} meta l4proto udp reject\n"
+        # Only a connection's first SYN (its conntrack entry not confirmed yet) is counted:
+        # on a retransmitted one (pasta answers once its host connect is done) this
+        # kernel's `ct count` fails, and a failing `ct count` drops the packet.
+        "    meta l4proto tcp ct state new ct status & confirmed == 0 "
+        f"ct count over {max_connections} reject with tcp reset\n"
+        "  }\n"
+        "}\n"
+    )
+
+
+def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return None  # a malformed nameserver: no exception for it
+    # A link-local one (fe80::1%eth0) is no host address that pasta would reach.
+    return None if address.is_link_local else address
+
+
+def host_ruleset(plan: NetworkPlan, resolv_conf: str) -> str:
+    """`firewall_ruleset` for this host's addresses now and the sandbox's resolv.conf path."""
+    return firewall_ruleset(
+        local_networks(_read("/proc/self/net/fib_trie")),
+        inet6_addresses(_read("/proc/self/net/if_inet6")),
+        plan.max_connections,
+        nameservers(_read(resolv_conf)),
+        plan.loopback_ports,
+    )
+
+
+# Runs as a child of the launcher (the system's or the venv's Python, `-I -S`): enters
+# the sandbox's user and network namespaces and loads the ruleset through libnftables.
+# Its own process because a user namespace is entered only single-threaded; no exec
+# after the setns because an exec as a non-root uid drops the namespace's capabilities.
+_FIREWALL_HELPER = r"""
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+for fd, kind in ((int(sys.argv[1]), 0x10000000), (int(sys.argv[2]), 0x40000000)):
+    if fd >= 0 and libc.setns(fd, kind) != 0:
+        sys.exit("setns: " + os.strerror(ctypes.get_errno()))
+nft = ctypes.CDLL(sys.argv[3])
+nft.nft_ctx_new.restype = ctypes.c_void_p
+nft.nft_ctx_new.argtypes = [ctypes.c_uint32]
+nft.nft_ctx_buffer_error.argtypes = [ctypes.c_void_p]
+nft.nft_ctx_get_error_buffer.restype = ctypes.c_char_p
+nft.nft_ctx_get_error_buffer.argtypes = [ctypes.c_void_p]
+nft.nft_run_cmd_from_buffer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+ctx = nft.nft_ctx_new(0)
+if not ctx:
+    sys.exit("nft_ctx_new failed")
+nft.nft_ctx_buffer_error(ctx)
+if nft.nft_run_cmd_from_buffer(ctx, sys.stdin.buffer.read()) != 0:
+    sys.exit((nft.nft_ctx_get_error_buffer(ctx) or b"nftables refused the ruleset").decode())
+"""
+
+
+def firewall_argv(python: str, ns_fds: tuple[int, int], library: str) -> list[str]:
+    """The argv of the child that sets the firewall; a user fd of -1 enters no user ns. Pure."""
+    user_fd, net_fd = ns_fds
+    return [python, "-I", "-S", "-c", _FIREWALL_HELPER, str(user_fd), str(net_fd), library]
+
+
 def _read(path: str) -> str:
     try:
         with open(path) as f:
@@ -382,21 +593,68 @@ class SandboxNetwork:
         self._waiting_for = "bwrap to set up the sandbox's loopback"
         return loopback_addressed(_read(f"/proc/{pid}/net/fib_trie"))
 
-    def _start_pasta(self, pid: int) -> None:
-        # The namespaces as fds: bwrap (unprivileged) nests a second user namespace
-        # inside the first, so /proc/<pid>/ns/user may already be the inner one, in
-        # which pasta could not enter the network namespace. NS_GET_USERNS gives the
-        # user namespace that owns the network namespace, whatever bwrap did since.
+    def _namespace_fds(self, pid: int) -> tuple[int, int]:
+        """(user, net) namespace fds of the sandbox: the caller closes both.
+
+        bwrap (unprivileged) nests a second user namespace inside the first, so
+        /proc/<pid>/ns/user may already be the inner one, in which nobody could
+        enter the network namespace. NS_GET_USERNS gives the user namespace that
+        owns the network namespace, whatever bwrap did since.
+        """
         try:
             net_fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
         except (FileNotFoundError, ProcessLookupError):
             raise self._child_gone(pid) from None
         try:
-            user_fd = fcntl.ioctl(net_fd, NS_GET_USERNS)
+            user_fd: int = fcntl.ioctl(net_fd, NS_GET_USERNS)
         except OSError:
             os.close(net_fd)
             raise
-        argv = pasta_argv(self.tools, (user_fd, net_fd), self.plan, os.geteuid() == 0)
+        return user_fd, net_fd
+
+    def _set_firewall(self, pid: int) -> None:
+        """Load the sandbox's nftables table (`firewall_ruleset`); raises `NetworkUnavailable`."""
+        if self.tools.nftables is None:
+            return  # the backend's health says so (NO_FIREWALL_NOTE)
+        self._waiting_for = "the sandbox's firewall"
+        shown = self.resolver[0] if self.resolver is not None else HOST_RESOLV_CONF
+        ruleset = host_ruleset(self.plan, shown)
+        user_fd, net_fd = self._namespace_fds(pid)
+        try:
+            # setns refuses the user namespace one is in already (EINVAL): enter none then.
+            same = _same_namespace(user_fd, "/proc/self/ns/user")
+            argv = firewall_argv(
+                sys.executable, (-1 if same else user_fd, net_fd), self.tools.nftables
+            )
+            done = subprocess.run(
+                argv,
+                input=ruleset.encode(),
+                capture_output=True,
+                pass_fds=(user_fd, net_fd),
+                env={"PATH": "/usr/bin:/bin"},
+                timeout=FIREWALL_TIMEOUT_S,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise NetworkUnavailable(f"the sandbox's firewall could not be set: {exc}") from exc
+        finally:
+            os.close(user_fd)
+            os.close(net_fd)
+        if done.returncode != 0:
+            said = done.stderr.decode("utf-8", "replace").strip()[-500:] or "no message"
+            raise NetworkUnavailable(
+                f"the sandbox's firewall (nftables) could not be set: {said}; "
+                "check that this kernel has nf_tables and conntrack"
+            )
+
+    def _start_pasta(self, pid: int) -> None:
+        user_fd, net_fd = self._namespace_fds(pid)
+        # pasta cannot enter the user namespace it is in already (a root launcher's
+        # sandbox has none of its own): then it enters only the network namespace.
+        own = _same_namespace(user_fd, "/proc/self/ns/user")
+        argv = pasta_argv(
+            self.tools, (None if own else user_fd, net_fd), self.plan, os.geteuid() == 0
+        )
         # A file, not a pipe: nobody reads pasta's stderr while the run goes on.
         self._pasta_log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
         try:
@@ -462,6 +720,7 @@ class SandboxNetwork:
             self._start_pasta(pid)
             while not self._ready(pid):
                 await anyio.sleep(READY_POLL_S)
+            await anyio.to_thread.run_sync(self._set_firewall, pid)
             self._release()
             return
         raise self._timed_out()
@@ -481,6 +740,7 @@ class SandboxNetwork:
             if time.monotonic() > deadline:
                 raise self._timed_out()
             time.sleep(READY_POLL_S)
+        self._set_firewall(pid)
         self._release()
 
     @property
@@ -524,6 +784,12 @@ class SandboxNetwork:
         if self._pasta_log is not None:
             self._pasta_log.close()
             self._pasta_log = None
+
+
+def _same_namespace(fd: int, path: str) -> bool:
+    """Is the namespace `fd` the one at `path` (same inode on nsfs)?"""
+    mine, theirs = os.stat(path), os.fstat(fd)
+    return (mine.st_dev, mine.st_ino) == (theirs.st_dev, theirs.st_ino)
 
 
 def _close(fd: int) -> None:

@@ -18,8 +18,10 @@ from types import FrameType
 from sandbox_launcher.backend import open_backend
 from sandbox_launcher.bwrap import LinuxMode
 from sandbox_launcher.engine_run import become_subreaper, group_alive
-from sandbox_launcher.git_guard import guarded_git_dirs
+from sandbox_launcher.git_guard import baseline, guarded_git_dirs, restore
+from sandbox_launcher.limits import DEFAULT_MAX_CONNECTIONS
 from sandbox_launcher.network import NetworkPlan, NetworkUnavailable
+from sandbox_launcher.ownership import HandOverFailed, hand_over
 from sandbox_launcher.paths import PathRefused, resolved_dir
 from sandbox_launcher.policy import SandboxPolicy, check_read_dir
 from sandbox_launcher.selftest import self_test
@@ -86,10 +88,12 @@ def run_sandboxed(
     read_dirs: list[str],
     command: list[str],
     loopback_ports: list[int] | None = None,
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
 ) -> int:
     """Run `command` sandboxed; its exit status (128+N when killed by signal N).
 
-    `loopback_ports`: host-loopback TCP ports reachable inside (Linux), as a run's.
+    `loopback_ports`: host-loopback TCP ports reachable inside (Linux), as a run's;
+    `max_connections`: the TCP connections it may hold at a time (Linux).
     """
     loopback_ports = loopback_ports or []
     if not command:
@@ -117,8 +121,15 @@ def run_sandboxed(
         sys.stderr.write(f"crew-launcher sandbox: sandbox unavailable: {reason}\n")
         return 125
     become_subreaper()
-    network = backend.network(NetworkPlan(tuple(loopback_ports)))
+    if backend.engine_ids is not None:  # as root: the engine user's, as a run's (issue 20)
+        try:
+            hand_over(policy, backend.engine_ids)
+        except HandOverFailed as exc:
+            sys.stderr.write(f"crew-launcher sandbox: {exc}\n")
+            return 2
+    network = backend.network(NetworkPlan(tuple(loopback_ports), None, max_connections))
     argv = backend.argv(policy, command)
+    repos = baseline(policy.work_dir)  # what it plants in git hooks and config is undone
     process = subprocess.Popen(
         network.argv(argv) if network else argv,
         env=agent_env(policy),
@@ -138,6 +149,7 @@ def run_sandboxed(
     finally:
         if network:
             network.close()
+        restore(repos)
 
 
 def _wait(process: subprocess.Popen[bytes]) -> int:

@@ -199,7 +199,10 @@ class ExitFrame(BaseModel):
     stderr_tail: str
     # process_limit, memory_limit, shm_full: the run hit a resource limit (limits.py).
     reason: (
-        Literal["stopped", "output_too_large", "process_limit", "memory_limit", "shm_full"] | None
+        Literal[
+            "stopped", "output_too_large", "process_limit", "memory_limit", "shm_full", "disk_limit"
+        ]
+        | None
     )
 
 
@@ -208,7 +211,8 @@ class SandboxHealth(BaseModel):
     backend: Literal["bwrap", "seatbelt"]
     mode: Literal["hybrid", "tmpfs"] | None = None
     reason: str | None = None
-    # PATH entries, toolchain roots and read_only_roots refused as secret places.
+    # PATH entries, toolchain roots and read_only_roots refused as secret places, and
+    # mounts hidden in every sandbox because their origin cannot be judged (mounts.py).
     not_granted: list[str] = Field(default_factory=list)
     # "namespace": each sandbox has its own network namespace (Linux, pasta);
     # "shared": the host's network, its loopback services included (macOS).
@@ -326,7 +330,7 @@ class ServerLimitHit(BaseModel):
     """
 
     agent_id: str
-    limit_hit: Literal["process_limit", "memory_limit", "shm_full"] | None
+    limit_hit: Literal["process_limit", "memory_limit", "shm_full", "disk_limit"] | None
 
 
 class ServerStopped(BaseModel):

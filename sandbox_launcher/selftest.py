@@ -10,8 +10,10 @@ On Linux also: a tool started through the sandbox's `$SHELL` (the tool
 shell) runs, and cannot open `/proc/<its parent>/mem`; (issue 12) writing a
 sysctl with its own value fails, and
 live Unix sockets of the host (one in `$HOME`, one in `/run/user/<uid>`
-when it exists) cannot be connected to, and neither can a port listening on
-the host's 127.0.0.1 that the run did not forward (its own network namespace).
+when it exists) cannot be connected to, a datagram socket of the host (in
+`/var/tmp`) cannot be sent to through a `socketpair()` end (issue 20: journald's
+socket was reachable so), and a port listening on the host's 127.0.0.1 that
+the run did not forward cannot be connected to (its own network namespace).
 Afterwards the host is checked: no denied file may exist.
 """
 
@@ -32,6 +34,7 @@ from pathlib import Path
 from sandbox_launcher.backend import Backend
 from sandbox_launcher.engine_run import group_alive, reap_group
 from sandbox_launcher.network import NetworkPlan, NetworkUnavailable, sandbox_failure
+from sandbox_launcher.ownership import HandOverFailed, hand_over
 from sandbox_launcher.paths import is_inside
 from sandbox_launcher.policy import SandboxPolicy
 
@@ -65,13 +68,15 @@ shift 6
 if [ -n "$python" ] && [ "$#" -gt 0 ]; then
   "$python" -I -S -c "$PROBE" "$@"
   probe=$?
-  [ "$probe" -eq 0 ] || [ "$probe" -eq 14 ] || [ "$probe" -eq 17 ] || exit 16
+  case "$probe" in 0|14|17|21) ;; *) exit 16 ;; esac
   [ "$probe" -eq 0 ] || exit "$probe"
 fi
 exit 0
 """
-# Exit 0 when no socket given could be connected to, 14 when one could, 17
-# when the host-loopback port in $LOOPBACK_PORT (not forwarded) could.
+# Exit 0 when no socket given could be connected to, 14 when one could, 21 when
+# the datagram socket in $DGRAM_SOCKET could be sent to (from either end of a
+# datagram socketpair, by sendto or by connect), 17 when the host-loopback port
+# in $LOOPBACK_PORT (not forwarded) could be connected to.
 _SOCKET_PROBE = """
 import os, socket, sys
 for path in sys.argv[1:]:
@@ -81,6 +86,19 @@ for path in sys.argv[1:]:
     except OSError:
         continue
     sys.exit(14)
+dgram = os.environ.get("DGRAM_SOCKET")
+if dgram:
+    try:
+        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    except OSError:
+        pass
+    else:
+        for send in (lambda: a.sendto(b"x", dgram), lambda: (b.connect(dgram), b.send(b"x"))):
+            try:
+                send()
+            except OSError:
+                continue
+            sys.exit(21)
 port = os.environ.get("LOOPBACK_PORT")
 if port:
     try:
@@ -101,6 +119,8 @@ _FAILURES = {
     17: "a host loopback port that is not forwarded was reachable (no network namespace)",
     18: "the tool shell ($SHELL) could not run a command (sandbox_launcher.tool_shell)",
     19: "a tool could open the memory of the process that started it (no nested Landlock domain)",
+    20: "the sandbox did not run as the engine user (a root launcher's engines never run as root)",
+    21: "sending to a host Unix datagram socket (socketpair + sendto) was NOT denied",
 }
 SYSCTL = Path("/proc/sys/kernel/core_pattern")
 MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes
@@ -118,20 +138,27 @@ def self_test(backend: Backend, home: Path, crew_home: Path) -> str | None:
     try:
         with ExitStack() as listeners:
             policy = _scratch_policy(scratch, home, crew_home)
+            if backend.engine_ids is not None:  # a root launcher: as a run's (issue 20)
+                hand_over(policy, backend.engine_ids)
             canary = scratch / "canary"
             canary.write_text("canary\n")
             if home_canary is not None:
                 home_canary.write_text("canary\n")
             ok_file = policy.agent_dir / "ok"
             sockets = _live_sockets(listeners, home, nonce) if linux else []
+            dgram = _datagram_listener(listeners, home, nonce) if sockets else None
             port = _loopback_listener(listeners) if linux else None
             sysctl = str(SYSCTL) if linux and SYSCTL.exists() else ""
-            command = ["/bin/sh", "-c", _SCRIPT, "sh", nonce, str(ok_file)]
+            script = _SCRIPT.replace("\nexit 0\n", f"\n{_uid_check(backend)}exit 0\n")
+            command = ["/bin/sh", "-c", script, "sh", nonce, str(ok_file)]
             command += [str(home_file), str(outside or ""), str(canary), str(home_canary or "")]
             command += [sysctl, _PYTHON if sockets else "", *map(str, sockets)]
             denied = [home_file, outside]
-            return _judge(backend, policy, command, nonce, ok_file, denied, port)
-    except OSError as exc:
+            reason = _judge(backend, policy, command, nonce, ok_file, denied, port, dgram)
+            if reason is None and dgram is not None and _received(dgram[1]):
+                return f"sandbox self-test failed: {_FAILURES[21]} (the host socket received it)"
+            return reason
+    except (OSError, HandOverFailed) as exc:
         return f"the self-test could not prepare its files: {exc}"
     finally:
         for path in (home_file, outside, home_canary):
@@ -142,6 +169,12 @@ def self_test(backend: Backend, home: Path, crew_home: Path) -> str | None:
 
 _PYTHON = os.path.realpath(sys.executable)
 _PREFIX = Path(os.path.realpath(sys.base_prefix))
+
+
+def _uid_check(backend: Backend) -> str:
+    """As root: the script's last check, that it ran as the engine user (issue 20)."""
+    ids = backend.engine_ids
+    return "" if ids is None else f'[ "$(id -u)" = {ids[0]} ] || exit 20\n'
 
 
 def _live_sockets(listeners: ExitStack, home: Path, nonce: str) -> list[Path]:
@@ -161,6 +194,33 @@ def _live_sockets(listeners: ExitStack, home: Path, nonce: str) -> list[Path]:
         listener.listen(1)
         made.append(path)
     return made
+
+
+def _datagram_listener(
+    listeners: ExitStack, home: Path, nonce: str
+) -> tuple[Path, socket.socket] | None:
+    """A bound Unix datagram socket of the host, as journald's is in `/run/systemd`: in
+    `/var/tmp` (visible in both modes, so seccomp alone must stop it), else in `$HOME`."""
+    var_tmp = Path("/var/tmp")
+    place = var_tmp if var_tmp.is_dir() and os.access(var_tmp, os.W_OK) else home
+    path = place / f"crew-selftest-dgram-{nonce}.sock"
+    if len(str(path)) > MAX_SOCKET_PATH:
+        log.warning("self-test: %s is too long for a Unix socket; not probing it", path)
+        return None
+    listener = listeners.enter_context(socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM))
+    listener.bind(str(path))
+    listeners.callback(path.unlink, missing_ok=True)
+    path.chmod(0o666)  # as journald's: any uid may send (a root launcher's engine user too)
+    listener.setblocking(False)
+    return path, listener
+
+
+def _received(listener: socket.socket) -> bool:
+    try:
+        listener.recv(16)
+    except BlockingIOError:
+        return False
+    return True
 
 
 def _loopback_listener(listeners: ExitStack) -> int:
@@ -208,11 +268,14 @@ def _judge(
     ok_file: Path,
     denied: list[Path | None],
     port: int | None,
+    dgram: tuple[Path, socket.socket] | None = None,
 ) -> str | None:
     env = {"PATH": "/usr/bin:/bin", "HOME": str(policy.agent_dir), "TMPDIR": str(policy.tmp_dir)}
     env["PROBE"] = _SOCKET_PROBE
     if port is not None:
         env["LOOPBACK_PORT"] = str(port)
+    if dgram is not None:
+        env["DGRAM_SOCKET"] = str(dgram[0])
     network = backend.network(NetworkPlan())
     argv = backend.argv(policy, command)
     try:

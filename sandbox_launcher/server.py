@@ -25,7 +25,7 @@ import uvicorn
 from crew_common.unix_socket import bind_private_socket, peer_checked_h11, private_dir
 from sandbox_launcher.app import create_app
 from sandbox_launcher.backend import open_backend
-from sandbox_launcher.bwrap import LinuxMode
+from sandbox_launcher.bwrap import HOST_SOCKET_PLACES, LinuxMode
 from sandbox_launcher.engine_run import become_subreaper
 from sandbox_launcher.launcher import (
     Launcher,
@@ -34,6 +34,7 @@ from sandbox_launcher.launcher import (
     find_opencode,
 )
 from sandbox_launcher.limits import MIB, TurnLimits, find_cgroup_parents
+from sandbox_launcher.mounts import unjudged_mounts
 from sandbox_launcher.schema import EngineHealth, SandboxHealth
 from sandbox_launcher.selftest import self_test
 from sandbox_launcher.tool_shell import tool_shell_base
@@ -84,7 +85,9 @@ class LauncherServer(uvicorn.Server):
         # Stop every run first: their response streams end when their engines do.
         for run in list(self.launcher.runs.values()):
             run.request_stop()
-        await asyncio.to_thread(self.launcher.servers.stop_all)
+        for listing in list(self.launcher.listings):
+            listing.cancel()
+        await asyncio.to_thread(self.launcher.stop_servers)
         await super().shutdown(sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
@@ -164,7 +167,13 @@ def build_launcher(
         log.error("sandbox unavailable: %s", health.reason)
     roots = toolchain_roots(os.environ.get("PATH", ""), home, crew_home, os.environ)
     extra = read_only_roots(list(read_only), home, crew_home)
-    health = health.model_copy(update={"not_granted": [*roots.refused, *extra.refused]})
+    # Mounts that may show $HOME or the crew home but cannot be judged (a FUSE file system
+    # of unknown origin): masked in every run, and said here (issue 20).
+    linux = sys.platform.startswith("linux")
+    hidden = tuple(map(Path, HOST_SOCKET_PLACES))
+    unjudged = unjudged_mounts((home, crew_home), hidden) if linux else []
+    not_granted = [*roots.refused, *extra.refused, *unjudged]
+    health = health.model_copy(update={"not_granted": not_granted})
     config = LauncherConfig(
         crew_home=crew_home,
         home=home,
@@ -175,8 +184,9 @@ def build_launcher(
     )
     cgroups = find_cgroup_parents() if sys.platform.startswith("linux") else None
     log.info(
-        "run limits: %d processes, /dev/shm %d MiB, memory %s",
+        "run limits: %d processes, %d TCP connections, /dev/shm %d MiB, memory %s",
         limits.max_processes,
+        limits.max_connections,
         limits.shm_bytes // MIB,
         f"{limits.memory_bytes // MIB} MiB (cgroup v{cgroups.version})"
         if cgroups

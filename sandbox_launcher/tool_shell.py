@@ -122,6 +122,11 @@ def write_tool_shells(
         except OSError:
             pass
         path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        # `parents=True` made the levels by the umask; the engine user must search them.
+        level = path.parent
+        while level != shells.parent:
+            level.chmod(0o755)
+            level = level.parent
         part = path.with_name(f".{path.name}.{os.getpid()}")
         part.write_text(text)
         part.chmod(0o755)

@@ -44,6 +44,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import IO
 
 import anyio
@@ -238,6 +239,7 @@ class WarmServer:
     # Watched as a cold run's (None: not watched, tests of the process rules).
     limits: TurnLimits | None = None
     limit_hit: LimitHit | None = None  # the first limit the server's sandbox ran into
+    disk_dirs: tuple[Path, ...] = ()  # the agent's directories, watched for its disk limit
     started_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat())
     process: subprocess.Popen[bytes] | None = None
     port: int | None = None
@@ -310,7 +312,9 @@ class WarmServer:
         finally:
             theirs.close()
         if self.limits is not None:
-            self._watch = ResourceWatch(self.limits, self.cgroup, self.process.pid)
+            self._watch = ResourceWatch(
+                self.limits, self.cgroup, self.process.pid, disk_dirs=self.disk_dirs
+            )
         # Threads drain both pipes for the server's whole life: a full pipe would block it.
         # The limit watch runs as long (it ends once the server is gone).
         for target in (self._read_stdout, self._read_stderr, self._watch_limits):

@@ -41,6 +41,8 @@ class Failure:
     cls: FailureClass
     reason: str
     environment: bool = False
+    # When the provider said to try again (a rate limit's `Retry-After`), in seconds from now.
+    retry_after_s: float | None = None
 
     def as_upstream(self) -> dict[str, str]:
         return {"class": self.cls.value, "reason": self.reason}

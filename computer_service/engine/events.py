@@ -13,6 +13,7 @@ an input whose JSON is still over 16 KiB becomes `{"_cut": <its JSON, cut>}`.
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -269,3 +270,49 @@ class OutputCheck:
                 "turn's events and usage are not verified (a flagged step_finish is not counted)",
             },
         )
+
+
+_LOG_FIELD = re.compile(r'([\w.]+)=("(?:[^"\\]|\\.)*"|\S*)')
+
+
+def log_fields(line: str) -> dict[str, str]:
+    """The `key=value` fields of one OpenCode log line (quoted values unquoted)."""
+    fields = {}
+    for key, value in _LOG_FIELD.findall(line):
+        if value.startswith('"') and value.endswith('"') and len(value) >= 2:
+            value = value[1:-1].replace('\\"', '"')
+        fields[key] = value
+    return fields
+
+
+class ModelRequests:
+    """Whether OpenCode is waiting to ask the model again, from its log lines (cold runs).
+
+    A cold `opencode run` prints nothing on stdout while it waits out a retry;
+    its log says a request of the turn's agent failed (`stream error`,
+    `small=false`; the title request's own retries do not count) and, when it
+    tries again, that a request starts (`stream`). A stdout line is progress too.
+    """
+
+    def __init__(self) -> None:
+        self.failed_at: float | None = None  # when the last request failed, none started since
+        self.error = ""
+
+    def see_log(self, line: str, now: float) -> None:
+        """Take one log line (a launcher `log` frame) into account."""
+        fields = log_fields(line)
+        if fields.get("small") != "false":
+            return
+        if fields.get("message") == "stream error":
+            self.failed_at = now
+            self.error = fields.get("error.error", "")[:300]
+        elif fields.get("message") == "stream":
+            self.failed_at = None
+
+    def progressed(self) -> None:
+        """OpenCode printed a line: whatever it was waiting for is over."""
+        self.failed_at = None
+
+    def waiting_for(self, now: float) -> float:
+        """How long OpenCode has been waiting to retry a failed request (0: it is not)."""
+        return 0.0 if self.failed_at is None else now - self.failed_at

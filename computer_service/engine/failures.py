@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from computer_service.engine.base import EngineEvent, Failure, FailureClass
 from computer_service.engine.user_opencode import NO_KEY_HINT
 from crew_common.model_id import is_model_id
+from crew_shim.reply import HELD_FIRST
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _RATE_LIMIT = re.compile(r"rate.?limit|too many requests|quota", re.IGNORECASE)
@@ -33,6 +34,9 @@ _LIMIT_HITS = {
     "memory_limit": "used more memory than a turn may have "
     "(turn_limits.memory_mb in the Computer's bootstrap)",
     "shm_full": "filled its /dev/shm (turn_limits.shm_mb in the Computer's bootstrap)",
+    "disk_limit": "filled its disk allowance: its directories (work/ and the rest) reached "
+    "turn_limits.disk_mb of the Computer's bootstrap; delete what it no longer needs "
+    "from work/, or raise the limit",
 }
 
 
@@ -100,8 +104,8 @@ def _classify(o: RunOutcome) -> Failure | None:
     if o.launcher_reason in _LIMIT_HITS:
         return Failure(
             FailureClass.RESOURCE_LIMIT,
-            f"the turn {_LIMIT_HITS[o.launcher_reason]}, so it was ended. The messages are "
-            "kept; raise the limit if the agent's work needs more.",
+            f"the turn {_LIMIT_HITS[o.launcher_reason]}, so it was ended; raise the limit if "
+            "the agent's work needs more. The messages are kept.",
         )
 
     if o.exit_code == 0 and o.signal is None and o.last_error is None:
@@ -110,9 +114,9 @@ def _classify(o: RunOutcome) -> Failure | None:
     if o.stdout_empty and o.signal is None and (setup := _sandbox_setup_line(o.stderr_tail)):
         return Failure(
             FailureClass.SANDBOX,
-            f"the sandbox could not start OpenCode ({setup}). The messages are kept; "
-            "check the sandbox in the Computer's /health, and that the agent's "
-            "directories were not changed by hand.",
+            f"the sandbox could not start OpenCode ({setup}); check the sandbox in the "
+            "Computer's /health, and that the agent's directories were not changed by hand. "
+            "The messages are kept.",
         )
 
     model = _MODEL_NOT_FOUND.search(o.stderr_tail)
@@ -210,6 +214,9 @@ CONTENT_CLASSES = frozenset(
         FailureClass.REPLY_REFUSED,
     }
 )
+# The closing clause of a reason that says the messages wait for the next turn: not
+# true of messages set aside, so the set-aside notice leaves it out.
+_KEPT = re.compile(r"[.;]?\s*the messages are kept[^.;]*[.;]?\s*$", re.IGNORECASE)
 _CREW_REPLY = re.compile(r"(?:^|[\s;&|(`]|/)crew\s+reply(?=\s|$)([^\n]*)")
 _SHELL_STOP = re.compile(r"[<>;&|`)]")
 
@@ -225,6 +232,13 @@ def blames_environment(failure: Failure) -> bool:
 def blames_content(failure: Failure) -> bool:
     """True when the messages themselves may be why the turn failed."""
     return not failure.environment and failure.cls in CONTENT_CLASSES
+
+
+def set_aside_reason(failure: Failure) -> str:
+    """Why messages were set aside, for the notice in their room: class and reason, without
+    the clause that says they are kept (they are not: nobody will answer them)."""
+    reason = _KEPT.sub("", failure.reason).rstrip(" .;") or failure.reason
+    return f"{failure.cls.value}: {reason}"[:500]
 
 
 def _reply_room(arguments: str) -> str:
@@ -245,15 +259,18 @@ class ReplyAttempts:
     """Whether the agent's `crew reply` calls in one turn ended refused. Pure; fed event by event.
 
     A bash call whose command runs `crew reply` and which failed (non-zero exit,
-    or a tool error) is a refusal for its room: an expired token, a HELD answer,
-    the server down. A later `crew reply` to the same room that exits 0 clears
-    it. A turn that never ran `crew reply` is not refused: staying silent is the
-    agent's choice.
+    or a tool error) is a refusal for its room: an expired token, the server
+    down. A later `crew reply` to the same room that exits 0 clears it. A HELD
+    answer (`Not sent: new messages arrived…`, exit 1) is no refusal: the agent
+    was shown the news and told it may do nothing, so a turn whose last reply
+    in a room was HELD succeeds (issue 20). A turn that never ran `crew reply`
+    is not refused: staying silent is the agent's choice.
     """
 
     def __init__(self) -> None:
         self.refusals: dict[str, str] = {}  # room id → the first line the refusal printed
         self.answered: set[str] = set()  # rooms a `crew reply` got through to
+        self.held: set[str] = set()  # rooms whose last `crew reply` was HELD
 
     def answered_all(self, rooms: set[str]) -> bool:
         """Whether every one of `rooms` got a reply through and none ended refused."""
@@ -274,10 +291,16 @@ class ReplyAttempts:
             output = str(event.data.get("output") or "")
             first = next((line.strip() for line in output.splitlines() if line.strip()), "")
             for room in rooms:
-                self.refusals[room] = first or "no output"
+                if first == HELD_FIRST:
+                    self.refusals.pop(room, None)
+                    self.held.add(room)
+                else:
+                    self.refusals[room] = first or "no output"
+                    self.held.discard(room)
         else:
             for room in rooms:
                 self.refusals.pop(room, None)
+                self.held.discard(room)
                 self.answered.add(room)
 
     def failure(self) -> Failure | None:

@@ -12,6 +12,7 @@ with a new one. `run_turn` never raises.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import uuid
@@ -34,11 +35,12 @@ from computer_service.engine.base import (
     TurnResult,
     Usage,
 )
-from computer_service.engine.events import OutputCheck, engine_event_of
+from computer_service.engine.events import ModelRequests, OutputCheck, engine_event_of
 from computer_service.engine.failures import RunOutcome, classify, model_id_failure, redact
 from computer_service.engine.loopback_ports import sandbox_loopback_ports
 from computer_service.engine.opencode_env import engine_env, opencode_config
 from computer_service.engine.user_opencode import (
+    KEYLESS_PROVIDERS,
     NotLoggedIn,
     UserOpenCode,
     auth_for_provider,
@@ -57,6 +59,7 @@ from computer_service.launcher_client import (
     LauncherRefused,
     LauncherUnavailable,
     LineFrame,
+    LogFrame,
     RunRequest,
     StartedFrame,
 )
@@ -66,6 +69,13 @@ from crew_common.layout import AgentPaths
 log = logging.getLogger(__name__)
 
 TURN_TITLE = "crew turn"
+# OpenCode's own retries wait 2 to 30 s; one that waits longer waits out a provider's
+# Retry-After (uncapped: 600 s sat a turn until its wall clock): the turn ends as
+# `rate_limited` then, retried at the provider's time (warm: `session.status` says it).
+RETRY_PATIENCE_S = 30.0
+# A cold run's log does not say how long the provider asked to wait, only that it is
+# longer than OpenCode's own retries: the agent is tried again after this.
+COLD_RATE_LIMIT_RETRY_S = 60.0
 UNKNOWN_STEP_LIMIT = 3
 # After asking the launcher to stop a run, how long to wait for its exit frame
 # before dropping the connection (which makes the launcher kill the run).
@@ -97,8 +107,11 @@ class Attempt:
     ending: str | None = None  # "stopped", "timeout" or "guard"
     guard_reason: str = ""
     time_limit_s: float = 0.0  # the wall-clock limit that ended it ("timeout")
+    retry_after_s: float | None = None  # the provider's wait that ended it ("rate_limited")
+    provider_time: bool = False  # `retry_after_s` is the provider's own (warm), not a guess
     launcher_failure: Failure | None = None
     check: OutputCheck = field(default_factory=OutputCheck)
+    requests: ModelRequests = field(default_factory=ModelRequests)
 
     def track(self, event: EngineEvent, max_steps: int) -> str | None:
         """Account one event; return a guard reason when the turn must end."""
@@ -153,6 +166,7 @@ class OpenCodeEngine:
         stdout_limit: int = DEFAULT_STDOUT_LIMIT,
         end_grace_s: float = END_GRACE_S,
         environ: Mapping[str, str] | None = None,
+        retry_patience_s: float = RETRY_PATIENCE_S,
     ) -> None:
         self.launcher = launcher
         self.crew_home = crew_home
@@ -166,6 +180,7 @@ class OpenCodeEngine:
         self.lang = lang or os.environ.get("LANG") or "C.UTF-8"
         self.stdout_limit = stdout_limit
         self.end_grace_s = end_grace_s
+        self.retry_patience_s = retry_patience_s
         # Where `{env:VAR}` in the user's provider config is looked up (never passed on whole).
         self.environ = os.environ if environ is None else environ
 
@@ -222,8 +237,10 @@ class OpenCodeEngine:
         try:
             auth = await anyio.to_thread.run_sync(read_auth, self.user.auth_file)
         except NotLoggedIn as exc:
-            # A provider the user configured (its key in the config or none needed) runs without.
-            if not providers or provider not in providers:
+            # A provider the user configured (its key in the config or none needed) runs
+            # without; so does one OpenCode runs keyless (`KEYLESS_PROVIDERS`).
+            configured = providers is not None and provider in providers
+            if not configured and provider not in KEYLESS_PROVIDERS:
                 return TurnResult("failed", Failure(FailureClass.NOT_LOGGED_IN, str(exc)))
             auth = "{}"
         # Only the login of this turn's provider: the agent never sees the others.
@@ -337,17 +354,29 @@ class OpenCodeEngine:
             a.time_limit_s = request.wall_clock_limit_s
             await end_run("timeout")
 
+        async def watch_retry() -> None:
+            # OpenCode waiting longer than its own retries: a provider's Retry-After.
+            while a.requests.waiting_for(anyio.current_time()) <= self.retry_patience_s:
+                await anyio.sleep(1.0)
+            a.retry_after_s = COLD_RATE_LIMIT_RETRY_S
+            a.guard_reason = a.requests.error
+            await end_run("rate_limited")
+
         async with anyio.create_task_group() as tg:
             tg.start_soon(watch_stop)
             tg.start_soon(watch_clock)
+            tg.start_soon(watch_retry)
             with read_scope:
                 try:
                     # aclosing: leaving early (stop, guard, cancellation) closes the
                     # stream at once, which makes the launcher end the run.
                     async with contextlib.aclosing(self.launcher.run(run)) as frames:
                         async for frame in frames:
-                            if isinstance(frame, LineFrame):
+                            if isinstance(frame, LogFrame):
+                                a.requests.see_log(frame.line, anyio.current_time())
+                            elif isinstance(frame, LineFrame):
                                 a.lines += 1
+                                a.requests.progressed()
                                 event = engine_event_of(frame.data)
                                 finding = a.check.see(event)
                                 guard = None
@@ -432,6 +461,20 @@ def attempt_result(a: Attempt, stop: StopSignal, secrets: list[str]) -> TurnResu
             "a higher turn_time_limit_s: the agent's own (PATCH /api/agents/{id}) or the "
             "Computer's bootstrap",
         )
+    elif a.ending == "rate_limited":
+        wait = a.retry_after_s or 0.0
+        said = f" ({a.guard_reason})" if a.guard_reason else ""
+        if not a.provider_time:
+            failure = Failure(
+                FailureClass.RATE_LIMITED,
+                f"the model provider is rate limiting requests{said}: OpenCode waits longer "
+                f"than its own retries ({RETRY_PATIENCE_S:g} s) before the next one, as the "
+                "provider asked (a cold run does not say how long); the turn was ended and "
+                f"the agent tries again in {_duration(round(wait))}. The messages are kept.",
+                retry_after_s=wait,
+            )
+        else:
+            failure = _provider_wait(wait, said)
     elif a.ending == "guard":
         failure = Failure(FailureClass.ENGINE_ERROR, a.guard_reason)
     elif a.launcher_failure is not None:
@@ -453,8 +496,18 @@ def attempt_result(a: Attempt, stop: StopSignal, secrets: list[str]) -> TurnResu
         if found.cls is FailureClass.STOPPED:
             return stopped_result(a.session_id, a.usage)
         failure = found
-    failure = Failure(failure.cls, redact(failure.reason, secrets))
+    failure = dataclasses.replace(failure, reason=redact(failure.reason, secrets))
     return TurnResult("failed", failure, a.session_id, a.usage)
+
+
+def _provider_wait(wait: float, said: str) -> Failure:
+    return Failure(
+        FailureClass.RATE_LIMITED,
+        f"the model provider is rate limiting requests{said} and asked to wait "
+        f"{_duration(round(wait))} before the next one; the turn was ended and the agent "
+        "tries again then. The messages are kept.",
+        retry_after_s=wait,
+    )
 
 
 def _duration(seconds: float) -> str:

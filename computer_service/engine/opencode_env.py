@@ -71,7 +71,10 @@ def model_listing_env(user: UserOpenCode, environ: Mapping[str, str]) -> dict[st
     try:
         env["OPENCODE_AUTH_CONTENT"] = read_auth(user.auth_file)
     except NotLoggedIn as exc:
-        log.info("listing models without OpenCode credentials: %s", exc)
+        # No auth.json is a normal setup (keys in the config, OpenCode's free models):
+        # only one that cannot be used is worth a line.
+        if user.auth_file.exists():
+            log.warning("your OpenCode login is not used: %s", exc)
     return env
 
 

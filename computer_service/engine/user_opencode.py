@@ -41,6 +41,12 @@ NO_KEY_HINT = (
 )
 
 
+# Providers OpenCode 1.18 runs without any login: `opencode` (OpenCode Zen) keeps its free
+# models (cost 0) with the key "public" when there is no key (its provider loader;
+# `opencode models` lists them and `opencode run` calls them with no auth.json).
+KEYLESS_PROVIDERS = frozenset({"opencode"})
+
+
 class NotLoggedIn(Exception):
     """The user's OpenCode credentials cannot be used; the message says why."""
 
@@ -295,3 +301,21 @@ def _tilde(path: Path) -> str:
     if home and text.startswith(home.rstrip("/") + "/"):
         return "~" + text[len(home.rstrip("/")) :]
     return text
+
+
+# The OpenCode generation this Computer speaks: 2.x moved its whole server API (`/api/*`,
+# new events, `/interrupt`), so its turns would all fail.
+SUPPORTED_OPENCODE = "1.18.33"
+_VERSION = re.compile(r"(\d+)\.(\d+)")
+
+
+def unsupported_opencode(version: str | None) -> str | None:
+    """Why this `opencode --version` cannot run agents here, or None (an unreadable one runs)."""
+    found = _VERSION.search(version or "")
+    if found is None or int(found.group(1)) < 2:
+        return None
+    return (
+        f"OpenCode {version} is not supported: OpenCode 2 changed its server API, which this "
+        f"Computer does not speak yet. Install OpenCode 1.x (npm i -g opencode-ai@"
+        f"{SUPPORTED_OPENCODE}) or point opencode_path at one, then restart the Computer."
+    )

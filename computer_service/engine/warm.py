@@ -32,6 +32,7 @@ killed it at a resource limit (`resource_limit`, step 6).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -54,6 +55,7 @@ from computer_service.engine.base import (
 )
 from computer_service.engine.events import engine_event_of
 from computer_service.engine.opencode import (
+    RETRY_PATIENCE_S,
     TURN_TITLE,
     Attempt,
     OpenCodeEngine,
@@ -67,7 +69,9 @@ from computer_service.engine.warm_events import (
     SseFrames,
     TurnEnd,
     permission_request,
+    retry_status,
     run_line,
+    session_of,
 )
 from computer_service.home import ENGINE_NAME, SESSION_ID
 from computer_service.launcher_client import ExitFrame, ServerRequest
@@ -86,6 +90,11 @@ HEARTBEAT_TIMEOUT_S = 35.0  # the server beats every 10 s
 CONNECTED_TIMEOUT_S = 15.0
 ERROR_GRACE_S = 1.0  # an error turn without an assistant message: its second idle comes at once
 ABORT_TIMEOUT_S = 5.0
+# A cold fallback with less than this left of the turn's limit is not started.
+MIN_COLD_LEFT_S = 5.0
+# A prompt the server accepted shows in its session's events at once (busy, the user
+# message); nothing of the session for this long: the prompt was dropped.
+PROGRESS_TIMEOUT_S = 30.0
 END_GRACE_S = 10.0
 MAX_ANSWER_BYTES = 1024 * 1024
 
@@ -117,12 +126,14 @@ class WarmEngine:
         end_grace_s: float = END_GRACE_S,
         connected_timeout_s: float = CONNECTED_TIMEOUT_S,
         heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
+        progress_timeout_s: float = PROGRESS_TIMEOUT_S,
     ) -> None:
         self.cold = cold
         self.pool = pool
         self.end_grace_s = end_grace_s
         self.connected_timeout_s = connected_timeout_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.progress_timeout_s = progress_timeout_s
         self._ids = MessageIds()
 
     def plan_session(self, agent_id: str, model: str, agents_md: str) -> SessionPlan:
@@ -161,15 +172,17 @@ class WarmEngine:
         agents_md = await anyio.to_thread.run_sync(_agents_md, paths)
         ports = await self.cold.forwarded_ports()
         directories = await anyio.to_thread.run_sync(_directories, paths)
+        began = time.monotonic()
         server = await self.pool.acquire(
             request.agent_id,
             env,
             lambda password: self._server_request(paths, env, password, ports),
             # new forwarded ports, or directories made anew: a new server
             extra_key=agents_md + repr(ports).encode() + directories,
+            start_timeout_s=request.wall_clock_limit_s,
         )
         if server is None:
-            return await self._cold(request, on_event, stop, paths, env, secrets)
+            return await self._cold(request, on_event, stop, paths, env, secrets, began)
         drop = True  # unless the turn got to its end with the server working
         released = False
         try:
@@ -183,7 +196,7 @@ class WarmEngine:
                 )
                 released = True
                 await self.pool.release(server, broken=True)
-                return await self._cold(request, on_event, stop, paths, env, secrets)
+                return await self._cold(request, on_event, stop, paths, env, secrets, began)
             self.pool.counters.warm_turns += 1
             a, result = await again_if_the_session_vanished(
                 request,
@@ -211,8 +224,24 @@ class WarmEngine:
         paths: AgentPaths,
         env: dict[str, str],
         secrets: list[str],
+        began: float,
     ) -> TurnResult:
+        """The turn run cold, within what the warm attempt left of its limit (issue 20: a
+        server that never started cost the turn's limit plus the launcher's 60 s)."""
+        left = request.wall_clock_limit_s - (time.monotonic() - began)
+        if left < MIN_COLD_LEFT_S:
+            return TurnResult(
+                "failed",
+                Failure(
+                    FailureClass.PROCESS_CRASHED,
+                    "the agent's warm OpenCode server did not start within the turn's "
+                    f"wall-clock limit ({request.wall_clock_limit_s:g} s); the turn is tried "
+                    "again (cold after three failed starts). The messages are kept.",
+                    environment=True,
+                ),
+            )
         self.pool.counters.cold_turns += 1
+        request = dataclasses.replace(request, wall_clock_limit_s=left)
         return await self.cold.run_prepared(request, on_event, stop, paths, env, secrets)
 
     async def _ran_into_limit(self, server: AgentServer, a: WarmAttempt) -> bool:
@@ -357,13 +386,55 @@ class WarmEngine:
 
         async def answer_permission(request_id: str) -> None:
             try:
-                await _post(client, f"/permission/{request_id}/reply", {"reply": "once"})
-            except (httpx.HTTPError, NotTheServer) as exc:
-                log.warning("agent %s: answering a permission failed: %s", request.agent_id, exc)
+                status, _ = await _post(
+                    client, f"/permission/{request_id}/reply", {"reply": "once"}
+                )
+                why = None if status in (200, 204) else f"HTTP {status}"
+            except (httpx.HTTPError, NotTheServer, ServerBroken) as exc:
+                why = type(exc).__name__
+            if why is None:
+                return
+            # The tool would wait for the answer until the wall clock: end the turn now.
+            log.warning("agent %s: answering a permission failed: %s", request.agent_id, why)
+            a.broken = f"it did not take the answer to a permission request ({why})"
+            a.launcher_failure = Failure(
+                FailureClass.PROCESS_CRASHED,
+                f"the warm OpenCode server did not take the answer to a tool's permission "
+                f"request ({why}); the turn was ended and the server is replaced",
+                environment=True,
+            )
+            await end_turn("broken")
+
+        progressed = anyio.Event()
+
+        async def watch_progress() -> None:
+            with anyio.move_on_after(self.progress_timeout_s):
+                await progressed.wait()
+                return
+            if a.ending is not None:
+                return
+            a.broken = f"nothing of the session in {self.progress_timeout_s:g} s after the prompt"
+            a.launcher_failure = Failure(
+                FailureClass.PROCESS_CRASHED,
+                "the warm OpenCode server took the prompt but never started on it "
+                f"({self.progress_timeout_s:g} s); the turn was ended and the server is replaced",
+                environment=True,
+            )
+            await end_turn("broken")
+
+        def rate_limited(at_ms: float, message: str) -> None:
+            wait_s = max(0.0, at_ms / 1000 - time.time())
+            if wait_s <= RETRY_PATIENCE_S or a.ending is not None:
+                return
+            a.retry_after_s = wait_s
+            a.provider_time = True
+            a.guard_reason = message
+            tg.start_soon(end_turn, "rate_limited")
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(watch_stop)
             tg.start_soon(watch_clock)
+            tg.start_soon(watch_progress)
             with read_scope:
                 grace_until: float | None = None
                 while not end.over:
@@ -376,8 +447,10 @@ class WarmEngine:
                         # A server that dies mid-answer (killed at a resource limit, say)
                         # cuts its chunked stream short: the same as the stream ending.
                         except (StopAsyncIteration, httpx.TransportError) as exc:
-                            a.broken = f"its event stream ended during the turn ({_why(exc)})"
-                            a.launcher_failure = Failure(
+                            a.broken = a.broken or (
+                                f"its event stream ended during the turn ({_why(exc)})"
+                            )
+                            a.launcher_failure = a.launcher_failure or Failure(
                                 FailureClass.PROCESS_CRASHED,
                                 "the warm OpenCode server went away during the turn",
                             )
@@ -385,14 +458,18 @@ class WarmEngine:
                     if waited.cancelled_caught:
                         if grace_until is not None:
                             break  # an error turn with no assistant message: over
-                        a.broken = f"it sent nothing for {self.heartbeat_timeout_s:g} s"
-                        a.launcher_failure = Failure(
+                        a.broken = a.broken or f"it sent nothing for {self.heartbeat_timeout_s:g} s"
+                        a.launcher_failure = a.launcher_failure or Failure(
                             FailureClass.PROCESS_CRASHED,
                             "the warm OpenCode server stopped answering",
                         )
                         break
+                    if session_of(event) == session_id:
+                        progressed.set()
                     if (asked := permission_request(event, session_id)) is not None:
                         tg.start_soon(answer_permission, asked)
+                    if (retry := retry_status(event, session_id)) is not None:
+                        rate_limited(*retry)
                     line = run_line(event, session_id, int(time.time() * 1000))
                     if line is not None:
                         await self._line(line, request, a, on_event, tg, end_turn)

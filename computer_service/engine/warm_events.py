@@ -69,6 +69,35 @@ def run_line(event: Any, session_id: str, now_ms: int) -> dict[str, Any] | None:
     return None
 
 
+def session_of(event: Any) -> str | None:
+    """The session an event is about (`properties.sessionID`, or its `info`'s or `part`'s)."""
+    props = _dict(_dict(event).get("properties"))
+    for holder in (props, _dict(props.get("info")), _dict(props.get("part"))):
+        found = holder.get("sessionID")
+        if isinstance(found, str):
+            return found
+    return None
+
+
+def retry_status(event: Any, session_id: str) -> tuple[float, str] | None:
+    """`(next, message)` of a `session.status` of type `retry` of the session: OpenCode waits
+    until `next` (epoch ms) before it asks the model again (a rate limit's Retry-After)."""
+    event = _dict(event)
+    props = _dict(event.get("properties"))
+    status = _dict(props.get("status"))
+    if (
+        event.get("type") != "session.status"
+        or props.get("sessionID") != session_id
+        or status.get("type") != "retry"
+    ):
+        return None
+    at = status.get("next")
+    if isinstance(at, bool) or not isinstance(at, int | float):
+        return None
+    message = status.get("message")
+    return float(at), message[:300] if isinstance(message, str) else ""
+
+
 def permission_request(event: Any, session_id: str) -> str | None:
     """The id of a permission the session asks for (answered `once`, like `run --auto`)."""
     event = _dict(event)

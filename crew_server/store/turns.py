@@ -77,23 +77,31 @@ def answered_every_room(tx: Transaction, agent_id: str, turn_id: str) -> bool:
     return bool(rooms)
 
 
-def post_set_aside_notices(tx: Transaction, agent_id: str, turn_id: str, reason: str) -> None:
-    """One notice per room of the turn: the agent gave up on its messages there, and why.
+def mark_set_aside(tx: Transaction, agent_id: str, turn_id: str, reason: str) -> None:
+    """Mark read the messages of the turn's claim (and nothing else), with one notice per
+    room saying the agent gave up on them, and why.
 
-    The notice wakes nobody, and the agent itself skips it (unless newer messages came
-    before it): a notice about its own failure is no work for it.
+    Only the turn's own range moves: a message that reached the agent later (a HELD
+    answer during the turn moved `delivered_seq` past the claim) stays unread, so a
+    later turn answers it (issue 20). The notice wakes nobody, and the agent itself
+    skips it when it follows the range at once: a notice about its own failure is no
+    work for it.
     """
     handle = tx.execute("SELECT handle FROM agents WHERE id = ?", (agent_id,)).fetchone()["handle"]
     rooms = orjson.loads(
         tx.execute("SELECT rooms FROM turns WHERE id = ?", (turn_id,)).fetchone()["rooms"]
     )
     for room in rooms:
-        count = max(1, int(room["to_seq"]) - int(room["from_seq"]) + 1)
+        upto = int(room["to_seq"])
+        count = max(1, upto - int(room["from_seq"]) + 1)
         notice = post(tx, room["room_id"], None, rules.set_aside_notice(handle, count, reason))
+        if notice["seq"] == upto + 1:
+            upto = notice["seq"]
         tx.execute(
-            "UPDATE positions SET delivered_seq = ? WHERE agent_id = ? AND room_id = ? "
-            "AND delivered_seq = ?",
-            (notice["seq"], agent_id, room["room_id"], notice["seq"] - 1),
+            "UPDATE positions SET read_seq = CASE WHEN read_seq < ? THEN ? ELSE read_seq END, "
+            "delivered_seq = CASE WHEN delivered_seq < ? THEN ? ELSE delivered_seq END "
+            "WHERE agent_id = ? AND room_id = ?",
+            (upto, upto, upto, upto, agent_id, room["room_id"]),
         )
 
 
@@ -233,8 +241,9 @@ class Turns(StorePart):
         """Read := delivered in every room of the agent (the turn handled what it was given).
 
         With `set_aside` (a reason), the turn could not handle its messages and the
-        Computer gives up on them: they are marked read all the same, and each room of
-        the turn gets a notice saying so, so the user knows they were not answered.
+        Computer gives up on them: the messages of the turn's claim — only those — are
+        marked read, and each room of the turn gets a notice saying so, so the user
+        knows they were not answered (`mark_set_aside`).
         """
         with self._database.write() as tx:
             own_agent(tx, computer_id, agent_id)
@@ -247,12 +256,13 @@ class Turns(StorePart):
                     "its messages stay unread"
                 )
             if set_aside is not None:
-                post_set_aside_notices(tx, agent_id, turn_id, set_aside)
-            tx.execute(
-                "UPDATE positions SET read_seq = delivered_seq "
-                "WHERE agent_id = ? AND read_seq != delivered_seq",
-                (agent_id,),
-            )
+                mark_set_aside(tx, agent_id, turn_id, set_aside)
+            else:
+                tx.execute(
+                    "UPDATE positions SET read_seq = delivered_seq "
+                    "WHERE agent_id = ? AND read_seq != delivered_seq",
+                    (agent_id,),
+                )
             # The turn's claim was cut at its bound: wake the agent for the rest.
             if tx.execute(
                 "UPDATE agents SET claim_more = 0 WHERE id = ? AND claim_more = 1", (agent_id,)

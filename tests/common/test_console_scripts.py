@@ -65,3 +65,31 @@ def test_usage_errors_exit_2_without_a_traceback(name: str, argv: list[str]) -> 
     done = run(script(name), *argv)
     assert done.returncode == 2, done.stderr
     assert "usage:" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "usage"),
+    [
+        (["run"], "usage: crew-computer run [-h] --config FILE\n"),
+        (
+            ["status", "--crew-home"],
+            "usage: crew-computer status [-h] [--json] [--crew-home DIR]\n",
+        ),
+        (["follow", "--crew-home"], "usage: crew-computer follow [-h] [--crew-home DIR] [AGENT]\n"),
+    ],
+)
+def test_a_subcommands_usage_is_its_own(argv: list[str], usage: str) -> None:
+    """Not the top-level usage glued in front of it (a new user saw four lines of it)."""
+    done = run(script("crew-computer"), *argv)
+    assert done.returncode == 2
+    assert done.stderr.startswith(usage), done.stderr
+    assert "< bootstrap.json" not in done.stderr
+
+
+def test_the_help_names_every_bootstrap_field() -> None:
+    from computer_service.bootstrap import Bootstrap
+
+    done = run(script("crew-computer"), "--help")
+    words = set(done.stdout.replace(",", " ").split())
+    assert set(Bootstrap.model_fields) <= words, set(Bootstrap.model_fields) - words
+    assert "token_file" in done.stdout

@@ -88,6 +88,7 @@ def test_the_example_config_loads(tmp_path: Path) -> None:
     config = tmp_path / "computer.json"
     shutil.copy(CONTRIB / "computer.example.json", config)
     (tmp_path / "computer.token").write_text("crc_example\n")
+    (tmp_path / "computer.token").chmod(0o600)
     boot = load_config(config, {})
     assert boot.token == "crc_example"
     assert boot.server_url.startswith("http")

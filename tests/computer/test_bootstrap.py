@@ -94,6 +94,7 @@ def write_config(tmp_path: Path, **fields: object) -> Path:
 def test_config_with_a_token_file_and_paths_relative_to_it(tmp_path: Path) -> None:
     path = write_config(tmp_path, token_file="token", crew_home="../crew", opencode_path="/bin/oc")
     (path.parent / "token").write_text(f"{SECRET}\n")
+    (path.parent / "token").chmod(0o600)
     boot = load_config(path, {TOKEN_ENV: "not-this-one"})
     assert boot.token == SECRET  # the file wins, its newline dropped
     assert boot.resolved_crew_home() == (tmp_path / "etc" / ".." / "crew").absolute()
@@ -195,13 +196,41 @@ def test_turn_limits_default_and_become_launcher_flags() -> None:
         "4096",
         "--shm-mb",
         "64",
+        "--disk-mb",
+        "10240",
+        "--max-connections",
+        "256",
     ]
-    line = {**base, "turn_limits": {"max_processes": 500, "memory_mb": 1024, "shm_mb": 8}}
+    limits = {
+        "max_processes": 500,
+        "memory_mb": 1024,
+        "shm_mb": 8,
+        "disk_mb": 100,
+        "max_connections": 32,
+    }
+    line = {**base, "turn_limits": limits}
     assert parse_bootstrap(orjson.dumps(line)).turn_limits.launcher_args()[1::2] == [
         "500",
         "1024",
         "8",
+        "100",
+        "32",
     ]
-    for bad in ({"max_processes": 1}, {"shm_mb": "64"}, {"cpus": 2}):
+    for bad in ({"max_processes": 1}, {"shm_mb": "64"}, {"cpus": 2}, {"max_connections": 0}):
         with pytest.raises(BootstrapError, match="turn_limits"):
             parse_bootstrap(orjson.dumps({**base, "turn_limits": bad}))
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o660])
+def test_a_token_file_others_can_read_is_refused_like_ssh_does(tmp_path: Path, mode: int) -> None:
+    path = write_config(tmp_path, token_file="token")
+    token = path.parent / "token"
+    token.write_text(f"{SECRET}\n")
+    token.chmod(mode)
+    with pytest.raises(BootstrapError) as caught:
+        load_config(path, {})
+    message = str(caught.value)
+    assert f"mode {mode:04o}" in message and f"chmod 600 {token}" in message
+    assert SECRET not in message
+    token.chmod(0o400)  # the fix the message names (or 0600) is accepted
+    assert load_config(path, {}).token == SECRET

@@ -28,6 +28,7 @@ from crew_testkit.computer_proc import (
     ComputerProc,
     Machine,
     bootstrap_for,
+    launch,
     machine,
 )
 from crew_testkit.waiting import wait_until
@@ -213,6 +214,7 @@ def test_a_bad_config_is_one_line_without_the_token(
         path.write_bytes(orjson.dumps({"server_url": "http://127.0.0.1:9", **config}))
         if token_file is not None:
             (m.root / "token").write_text(token_file)
+            (m.root / "token").chmod(0o600)
         done = subprocess.run(
             [crew_computer(), "run", "--config", str(path)],
             stdin=subprocess.DEVNULL,
@@ -263,3 +265,16 @@ def test_sockets_of_launchers_that_are_gone_are_removed_at_start(crew_server: An
         finally:
             assert c.stop("SIGTERM") == 0, c.stderr()[-3000:]
         assert "removed the socket launcher-0123456789abcdef.sock" in c.stderr()
+
+
+def test_a_refused_connection_is_said_once(tmp_path: Path) -> None:
+    """The reason is one line at exit, not also a log line before it (a new user saw both)."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    with machine() as m:
+        proc = launch(m, {"server_url": f"http://127.0.0.1:{port}", "token": "t"}, wait_ready=False)
+        assert proc.proc.wait(timeout=60) == 1
+        stderr = proc.stderr()
+    assert stderr.count("cannot connect to the crew server") == 1, stderr
+    assert stderr.splitlines()[-1].startswith("crew-computer: cannot connect to the crew server")

@@ -581,6 +581,60 @@ def test_engine_not_found_no_runner_and_every_agent_told(crew_server: Any) -> No
             assert c.stop() == 0, c.stderr()[-3000:]
 
 
+def test_opencode_2_is_refused_with_its_reason_and_runs_no_turn(crew_server: Any) -> None:
+    """OpenCode 2.x moved its server API: /health and every agent say so; no turn fails."""
+    need_sandbox()
+    with machine() as m:
+        m.log_in()
+        comp = crew_server.create_computer()
+        agent = crew_server.create_agent("oc2one", computer_id=comp["computer_id"])
+        dm = crew_server.create_room("dm", [agent["id"]])
+        crew_server.post(dm["id"], "FAKE:RUN echo pong | crew reply " + dm["id"])
+        opencode = m.root / "opencode"
+        opencode.write_text(
+            f'#!/bin/sh\n[ "$1" = --version ] && {{ echo 2.0.0; exit 0; }}\nexec {FAKE_OPENCODE} "$@"\n'
+        )
+        opencode.chmod(0o755)
+        boot = bootstrap_for(crew_server.url, comp["token"], m)
+        boot["opencode_path"] = str(opencode)
+        c = launch(m, boot)
+        try:
+            health = wait_until("the launcher's health", c.health_known, 60)
+            assert health["engine"]["found"] is True and health["engine"]["version"] == "2.0.0"
+            assert "OpenCode 2.0.0 is not supported" in health["engine"]["reason"], health
+            reason = wait_until("the problem", lambda: problem_of(crew_server, agent["id"]))
+            assert reason == f"engine unavailable: {health['engine']['reason']}"
+            assert [(r["state"], r["problem"]) for r in c.get("/agents")] == [("problem", reason)]
+            assert crew_server.turns(agent["id"]) == []  # no runner: nothing claimed to fail
+        finally:
+            assert c.stop() == 0, c.stderr()[-3000:]
+
+
+def test_a_stop_while_opencode_models_runs_is_quiet(crew_server: Any) -> None:
+    """Ctrl+C during the slow first `opencode models`: an orderly stop, no WARNING or ERROR
+    (the launcher used to wait out the listing past the Computer's grace, then cancel it)."""
+    need_sandbox()
+    with machine() as m:
+        m.log_in()
+        comp = crew_server.create_computer()
+        crew_server.create_agent("quietstop1", computer_id=comp["computer_id"])
+        opencode = m.root / "opencode"
+        opencode.write_text(
+            f'#!/bin/sh\n[ "$1" = models ] && exec sleep 120\nexec {FAKE_OPENCODE} "$@"\n'
+        )
+        opencode.chmod(0o755)
+        boot = bootstrap_for(crew_server.url, comp["token"], m)
+        boot["opencode_path"] = str(opencode)
+        c = launch(m, boot)
+        try:
+            usable(c)
+            wait_until("a runner", lambda: [r["state"] for r in c.get("/agents")] == ["idle"])
+        finally:
+            assert c.stop() == 0, c.stderr()[-3000:]
+        noisy = [ln for ln in c.stderr().splitlines() if " WARNING " in ln or " ERROR " in ln]
+        assert noisy == [], c.stderr()[-3000:]
+
+
 def _launchers_of(crew_home: Path) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():

@@ -1,4 +1,5 @@
-"""RunReporter: ordered, non-overlapping batches; a failed batch is dropped, the turn goes on."""
+"""RunReporter: ordered, non-overlapping batches; events wait (bounded) for a server that is away,
+a refused batch is dropped, the turn goes on."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from computer_service.engine.base import EngineEvent
 from computer_service.metrics import Metrics
 from computer_service.reporter import MAX_BATCH_BYTES, MAX_BATCH_EVENTS, RunReporter
-from computer_service.upstream import StaleTurn, UpstreamUnavailable
+from computer_service.upstream import StaleTurn, UpstreamRejected, UpstreamUnavailable
 
 pytestmark = pytest.mark.anyio
 
@@ -63,8 +64,8 @@ async def test_events_arriving_in_flight_form_the_next_batch_in_order() -> None:
     assert metrics.events_reported == 6
 
 
-async def test_a_failed_batch_is_dropped_and_later_batches_keep_their_indexes() -> None:
-    sender = RecordingSender(fail={0: UpstreamUnavailable("server restarting")})
+async def test_a_refused_batch_is_dropped_and_later_batches_keep_their_indexes() -> None:
+    sender = RecordingSender(fail={0: UpstreamRejected("bad request", status=400)})
     sender.hold_first = True
     metrics = Metrics()
     async with RunReporter(sender, metrics) as reporter:
@@ -76,7 +77,60 @@ async def test_a_failed_batch_is_dropped_and_later_batches_keep_their_indexes() 
     # The dropped batch leaves a gap (indexes 0-1); the next starts at 2.
     assert sender.batches == [(0, ["0", "1"]), (2, ["2"])]
     assert reporter.batches_dropped == 1 and reporter.batches_sent == 1
+    assert reporter.events_lost == 2
     assert metrics.batches_dropped == 1
+
+
+async def test_events_wait_for_a_server_that_is_away_and_go_out_in_order() -> None:
+    away = UpstreamUnavailable("connection refused")
+    sender = RecordingSender(fail={0: away, 1: away, 2: away})
+    sender.hold_first = True
+    async with RunReporter(sender, Metrics()) as reporter:
+        await reporter.report(event(0))
+        await sender.entered.wait()
+        for n in range(1, 4):
+            await reporter.report(event(n))
+        sender.release.set()
+    # Tried again from index 0 with what arrived meanwhile; nothing lost.
+    assert sender.batches[0] == (0, ["0"])
+    assert sender.batches[-1] == (0, ["0", "1", "2", "3"])
+    assert all(first == 0 for first, _ in sender.batches)
+    assert reporter.events_lost == 0 and reporter.batches_dropped == 0
+
+
+async def test_past_the_bound_the_oldest_waiting_events_are_dropped_as_a_gap() -> None:
+    away = UpstreamUnavailable("connection refused")
+    sender = RecordingSender(fail={0: away, 1: away})
+    sender.hold_first = True
+    async with RunReporter(sender, Metrics(), max_kept_events=3) as reporter:
+        await reporter.report(event(0))
+        await sender.entered.wait()
+        for n in range(1, 6):
+            await reporter.report(event(n))
+        sender.release.set()
+    # Six events, three may wait: 0-2 are lost, the server sees the batch start at 3 (a gap).
+    assert sender.batches[-1] == (3, ["3", "4", "5"])
+    assert reporter.events_lost == 3 and reporter.event_count == 6
+
+
+async def test_at_the_end_the_rest_waits_for_the_server_only_the_flush_window() -> None:
+    away = UpstreamUnavailable("connection refused")
+    sender = RecordingSender(fail={n: away for n in range(1000)})
+    async with RunReporter(sender, Metrics(), flush_window_s=0.0) as reporter:
+        await reporter.report(event(0))
+        await reporter.report(event(1))
+    # Given up at the end: counted lost (the finish's event_count makes it a gap).
+    assert reporter.events_lost == 2 and reporter.event_count == 2
+
+
+async def test_abandon_stops_the_wait_at_once() -> None:
+    away = UpstreamUnavailable("connection refused")
+    sender = RecordingSender(fail={n: away for n in range(1000)})
+    with anyio.fail_after(10):
+        async with RunReporter(sender, Metrics(), flush_window_s=3600) as reporter:
+            await reporter.report(event(0))
+            reporter.abandon()
+    assert reporter.events_lost == 1
 
 
 async def test_close_flushes_everything_and_a_flood_is_split_in_order() -> None:

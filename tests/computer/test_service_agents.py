@@ -283,7 +283,7 @@ async def test_introspection_of_the_running_service(crew_server: Any, tmp_path: 
         }
         assert health["warm"] is None  # a scripted engine, not the warm one
         assert set(health["sandbox"]) == {"ok", "backend", "reason", "not_granted", "network"}
-        assert health["engine"] == {"found": True, "version": "test"}
+        assert health["engine"] == {"found": True, "version": "test", "reason": None}
         assert (health["ready"], health["agents"], health["queued"]) == (True, 1, 0)
         assert health["server_url"] == crew_server.url and health["version"] == VERSION
 

@@ -8,9 +8,16 @@ import pytest
 from computer_service.delivery import Retries
 from computer_service.engine.base import EngineEvent, Failure, FailureClass
 from computer_service.engine.events import engine_event_of
-from computer_service.engine.failures import ReplyAttempts, blames_content, blames_environment
+from computer_service.engine.failures import (
+    ReplyAttempts,
+    blames_content,
+    blames_environment,
+    set_aside_reason,
+)
+from crew_shim.reply import HELD_FIRST
 
 AT = "2026-01-01T00:00:00.000+00:00"
+HELD_TEXT = f"{HELD_FIRST}\n\n[room r1]\nnews\n\nRun crew reply again to send as is or with changes, or do nothing.\n"
 CRASH = Failure(FailureClass.PROCESS_CRASHED, "OpenCode was killed by signal 9")
 
 
@@ -78,8 +85,11 @@ def test_a_stop_is_not_retried_by_itself() -> None:
     assert step.retry_in_s is None and not step.set_aside
 
 
-def _bash(command: str, *, exit_code: int | None = 0, failed: bool = False) -> EngineEvent:
-    data = {"tool": "bash", "input": {"command": command}, "output": "Error: token expired\n"}
+def _bash(
+    command: str, *, exit_code: int | None = 0, failed: bool = False, output: str = ""
+) -> EngineEvent:
+    output = output or "Error: token expired\n"
+    data = {"tool": "bash", "input": {"command": command}, "output": output}
     data["failed"] = failed
     facts = {"exit": exit_code} if exit_code is not None else None
     return EngineEvent("tool_use", AT, data, facts=facts)
@@ -116,6 +126,42 @@ def _bash(command: str, *, exit_code: int | None = 0, failed: bool = False) -> E
             False,
         ),
         ([_bash("crew replyish", exit_code=1), _bash("screw reply", exit_code=1)], False),
+        # HELD, then nothing: the agent was told it may do nothing (issue 20).
+        ([_bash("crew reply r1 <<'EOF'", exit_code=1, output=HELD_TEXT)], False),
+        ([_bash("crew reply r1 <<'EOF'", exit_code=1, output="\n" + HELD_TEXT)], False),
+        # HELD, then sent: answered. HELD in one room, refused in another: refused.
+        (
+            [
+                _bash("crew reply r1 <<'EOF'", exit_code=1, output=HELD_TEXT),
+                _bash("crew reply r1 <<'EOF'", exit_code=0),
+            ],
+            False,
+        ),
+        (
+            [
+                _bash("crew reply r1 <<'EOF'", exit_code=1, output=HELD_TEXT),
+                _bash("crew reply r2 <<'EOF'", exit_code=1),
+            ],
+            True,
+        ),
+        # Refused, then HELD on the next try: the server took it, the agent may stop there.
+        (
+            [
+                _bash("crew reply r1 <<'EOF'", exit_code=1),
+                _bash("crew reply r1 <<'EOF'", exit_code=1, output=HELD_TEXT),
+            ],
+            False,
+        ),
+        # HELD, then refused on the resend: refused.
+        (
+            [
+                _bash("crew reply r1 <<'EOF'", exit_code=1, output=HELD_TEXT),
+                _bash("crew reply r1 <<'EOF'", exit_code=1),
+            ],
+            True,
+        ),
+        # Text that only mentions the HELD line further down is no HELD answer.
+        ([_bash("crew reply r1", exit_code=1, output=f"Error: token expired\n{HELD_FIRST}")], True),
         ([_bash("crew read", exit_code=1)], False),
     ],
 )
@@ -130,6 +176,42 @@ def test_a_refused_reply_is_the_last_crew_reply_failing(
     if failure is not None:
         assert failure.cls is FailureClass.REPLY_REFUSED
         assert "token expired" in failure.reason
+
+
+def test_a_held_reply_is_remembered_as_held_not_as_answered() -> None:
+    attempts = ReplyAttempts()
+    attempts.see(_bash("crew reply r1 <<'EOF'", exit_code=1, output=HELD_TEXT))
+    assert attempts.held == {"r1"} and attempts.refusals == {} and attempts.answered == set()
+    assert not attempts.answered_all({"r1"})  # a failed turn is not acked as answered
+
+
+@pytest.mark.parametrize(
+    "failure, notice_reason",
+    [
+        (
+            Failure(
+                FailureClass.REPLY_REFUSED,
+                "the agent's crew reply was refused and never got through (Error: x); "
+                "the messages are kept",
+            ),
+            "reply_refused: the agent's crew reply was refused and never got through (Error: x)",
+        ),
+        (
+            Failure(
+                FailureClass.RESOURCE_LIMIT,
+                "the turn used more memory than a turn may have, so it was ended; raise the "
+                "limit if the agent's work needs more. The messages are kept.",
+            ),
+            "resource_limit: the turn used more memory than a turn may have, so it was ended; "
+            "raise the limit if the agent's work needs more",
+        ),
+        (CRASH, "process_crashed: OpenCode was killed by signal 9"),
+    ],
+)
+def test_a_set_aside_notice_never_says_the_messages_are_kept(
+    failure: Failure, notice_reason: str
+) -> None:
+    assert set_aside_reason(failure) == notice_reason
 
 
 def test_the_exit_status_of_a_bash_call_is_kept_as_a_fact_not_sent_upstream() -> None:
@@ -151,3 +233,17 @@ def test_the_exit_status_of_a_bash_call_is_kept_as_a_fact_not_sent_upstream() ->
     event = engine_event_of(orjson.dumps(line))
     assert event.facts == {"exit": 1}
     assert "exit" not in orjson.dumps(event.as_upstream()).decode()
+
+
+def test_a_rate_limit_with_the_providers_time_is_retried_then_not_after_5_s() -> None:
+    retries = Retries()
+    limited = Failure(FailureClass.RATE_LIMITED, "quota", retry_after_s=600.0)
+    step = retries.failed(limited, frozenset({"m1"}))
+    assert step.retry_in_s == 600.0 and not step.set_aside
+    assert retries.strikes == 0 and retries.max_messages is None
+    # Without a time of the provider's: the usual backoff (the count went on: 10 s).
+    step = retries.failed(Failure(FailureClass.RATE_LIMITED, "slow down"), frozenset({"m1"}))
+    assert step.retry_in_s == 10
+    # A day at most, whatever a provider says.
+    huge = Failure(FailureClass.RATE_LIMITED, "quota", retry_after_s=1e9)
+    assert Retries().failed(huge, frozenset({"m1"})).retry_in_s == 24 * 3600

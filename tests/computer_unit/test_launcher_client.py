@@ -28,6 +28,7 @@ from computer_service.launcher_client import (
     StartedFrame,
     frame_of,
     launcher_argv,
+    launcher_command,
     split_lines,
 )
 from crew_testkit.computer_proc import FAKE_OPENCODE
@@ -139,10 +140,15 @@ def test_launcher_argv() -> None:
         Path("/c"), "run-1", Path("/c/sockets/l.sock"), mode="tmpfs", opencode_path="/x/oc"
     )
     assert argv == [
-        sys.executable, "-I", "-m", "sandbox_launcher", "serve", "--crew-home", "/c",
+        *launcher_command(), "serve", "--crew-home", "/c",
         "--run-id", "run-1", "--socket", "/c/sockets/l.sock", "--mode", "tmpfs", "--opencode", "/x/oc",
     ]  # fmt: skip
     assert "--mode" not in launcher_argv(Path("/c"), "r", Path("/s"))
+    # `python -I`, importing from exactly this interpreter's directories (a `--user` install).
+    python, isolated, _, boot, module, path = launcher_command()
+    assert (python, isolated, module) == (sys.executable, "-I", "sandbox_launcher")
+    assert orjson.loads(path) == [p for p in sys.path if p and Path(p).is_absolute()]
+    assert "sys.path[:] = " in boot
     roots = (Path("/srv/repo"), Path("/home/u/src"))
     assert launcher_argv(Path("/c"), "r", Path("/s"), read_only_roots=roots)[-4:] == [
         "--read-only-root", "/srv/repo", "--read-only-root", "/home/u/src",

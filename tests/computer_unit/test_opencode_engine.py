@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import time
 from pathlib import Path
@@ -191,6 +192,22 @@ def test_model_listing_env_carries_the_login_and_the_providers_only(tmp_path: Pa
     assert env["OPENCODE_AUTH_CONTENT"] == user.auth_file.read_text()
     assert json.loads(env["OPENCODE_CONFIG_CONTENT"]) == {**bare, "provider": {"gw": {}}}
     assert {k: env[k] for k in fixed} == fixed
+
+
+def test_listing_models_without_a_login_says_nothing_but_a_bad_login_warns(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No auth.json is a normal setup: no misleading "without credentials" line at each start."""
+    user = UserOpenCode.from_env({"HOME": str(tmp_path)})
+    with caplog.at_level(logging.DEBUG, logger="computer_service.engine.opencode_env"):
+        model_listing_env(user, {})
+    assert caplog.records == []
+    user.auth_file.parent.mkdir(parents=True)
+    user.auth_file.write_text("{bad json")
+    with caplog.at_level(logging.DEBUG, logger="computer_service.engine.opencode_env"):
+        model_listing_env(user, {})
+    [record] = caplog.records
+    assert record.levelno == logging.WARNING and "not valid JSON" in record.getMessage()
 
 
 # ---- whole turns through the stand-in launcher ----

@@ -117,3 +117,15 @@ async def test_no_login_and_no_configured_provider_says_how_to_pass_a_key(tmp_pa
     reason = result.failure.reason
     assert "{env:" in reason and "opencode auth login" in reason and "environment" in reason
     assert state.requests == []
+
+
+async def test_opencode_zen_runs_without_a_login_as_opencode_does(tmp_path: Path) -> None:
+    """OpenCode 1.18 runs `opencode/*` free models with no auth.json (the key "public"):
+    the Computer leaves that to OpenCode instead of refusing it as `not_logged_in`."""
+    rig = make_rig(tmp_path, write_auth=False)
+    async with standin_launcher() as (client, _):
+        rig.use(client)
+        result = await rig.turn("hi", model="opencode/big-pickle")
+    assert result.status == "succeeded", result.failure
+    (dump,) = rig.dumps()
+    assert json.loads(dump["env"]["OPENCODE_AUTH_CONTENT"]) == {}

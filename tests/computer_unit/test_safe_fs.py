@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pwd
 import stat
 import threading
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 
 from computer_service import safe_fs
 from computer_service.safe_fs import UnsafePath
+from tests.support.ci import required_in_ci
 from tests.support.trees import make_deep_tree
 
 
@@ -245,3 +247,21 @@ def test_move_aside_renames_without_following(tmp_path: Path) -> None:
     (root / "runtime").symlink_to(keep)
     safe_fs.move_aside(root, "runtime", "runtime.stale-1")
     assert (root / "runtime.stale-1").is_symlink() and keep.is_dir()
+
+
+def test_as_root_what_is_created_belongs_to_the_directorys_owner(tmp_path: Path) -> None:
+    """A root Computer's files in a directory of the engine user's are that user's (issue 20)."""
+    if os.getuid() != 0:
+        required_in_ci("root (only root creates files for another owner)")
+    nobody = pwd.getpwnam("nobody")
+    ids = (nobody.pw_uid, nobody.pw_gid)
+    (tmp_path / "agent").mkdir()
+    os.chown(tmp_path / "agent", *ids)
+    safe_fs.write_file_atomic(tmp_path, "agent/AGENTS.md", b"x")
+    safe_fs.ensure_dir(tmp_path, "agent/engines/opencode")
+    safe_fs.restore_dirs(tmp_path, "agent", ["work/deep"])
+    safe_fs.write_file_atomic(tmp_path, "mine.txt", b"the Computer's own")
+    for name in ("agent/AGENTS.md", "agent/engines", "agent/engines/opencode", "agent/work/deep"):
+        st = (tmp_path / name).lstat()
+        assert (st.st_uid, st.st_gid) == ids, name
+    assert (tmp_path / "mine.txt").stat().st_uid == 0

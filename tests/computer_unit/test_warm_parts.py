@@ -22,6 +22,7 @@ from computer_service.engine.warm_events import (
     SseFrames,
     TurnEnd,
     permission_request,
+    retry_status,
     run_line,
 )
 from computer_service.launcher_client import LauncherRefused, ServerInfo, ServerRequest
@@ -345,3 +346,55 @@ async def test_a_server_a_turn_left_over_the_ceiling_is_restarted_for_the_next_t
     assert launcher.stopped == ["a"] and pool.counters.ceiling_restarts == 1
     assert "crew_warm_ceiling_restarts_total 1" in pool.counters.lines()
     await pool.close()
+
+
+@pytest.mark.parametrize(
+    "event, expected",
+    [
+        (
+            {
+                "type": "session.status",
+                "properties": {
+                    "sessionID": "ses_a",
+                    "status": {"type": "retry", "attempt": 1, "message": "quota", "next": 1.5e12},
+                },
+            },
+            (1.5e12, "quota"),
+        ),
+        # Another session's, another status, or a `next` that is no number: not ours to act on.
+        (
+            {
+                "type": "session.status",
+                "properties": {"sessionID": "ses_b", "status": {"type": "retry", "next": 1}},
+            },
+            None,
+        ),
+        (
+            {
+                "type": "session.status",
+                "properties": {"sessionID": "ses_a", "status": {"type": "busy"}},
+            },
+            None,
+        ),
+        (
+            {
+                "type": "session.status",
+                "properties": {"sessionID": "ses_a", "status": {"type": "retry", "next": "soon"}},
+            },
+            None,
+        ),
+        (
+            {
+                "type": "session.status",
+                "properties": {"sessionID": "ses_a", "status": {"type": "retry", "next": True}},
+            },
+            None,
+        ),
+        ({"type": "session.status", "properties": "x"}, None),
+        ("not an event", None),
+    ],
+)
+def test_a_retry_status_names_the_time_opencode_waits_for(
+    event: object, expected: tuple[float, str] | None
+) -> None:
+    assert retry_status(event, "ses_a") == expected

@@ -12,6 +12,7 @@ import asyncio
 import os
 import socket
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,8 @@ class StandIn:
         self.prompted = threading.Event()
         self.message_id = ""
         self.aborted = False
+        self.permission_status = 200
+        self.beat = b""
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def app(self) -> Starlette:
@@ -64,6 +67,9 @@ class StandIn:
                     await asyncio.sleep(0.01)
                 for chunk in self.script:
                     yield chunk.replace(b"MSG", self.message_id.encode())
+                while self.beat:  # heartbeats (none unless set): the server is alive
+                    await asyncio.sleep(0.3)
+                    yield self.beat
                 await asyncio.sleep(3600)
 
             return StreamingResponse(body(), media_type="text/event-stream")
@@ -80,12 +86,16 @@ class StandIn:
             self.aborted = True
             return JSONResponse(True)
 
+        async def permission(request: Request) -> Response:
+            return Response(status_code=self.permission_status)
+
         return Starlette(
             routes=[
                 Route("/event", event),
                 Route("/session", session, methods=["POST"]),
                 Route("/session/{id}/prompt_async", prompt, methods=["POST"]),
                 Route("/session/{id}/abort", abort, methods=["POST"]),
+                Route("/permission/{id}/reply", permission, methods=["POST"]),
             ]
         )
 
@@ -115,6 +125,7 @@ class Launcher:
 
     def __init__(self, port: int) -> None:
         self.port = port
+        self.never_ready = False  # a server that never starts
         self.stopped: list[str] = []
         self.limit_hit: str | None = None  # what `GET /servers/{id}/limit` answers
 
@@ -122,6 +133,8 @@ class Launcher:
         return self
 
     async def start_server(self, request: ServerRequest) -> ServerInfo:
+        if self.never_ready:
+            await anyio.sleep_forever()
         started = process_start_time(os.getpid())
         assert started is not None
         return ServerInfo(
@@ -183,17 +196,20 @@ def engine(port: int) -> tuple[WarmEngine, Cold, Launcher]:
         end_grace_s=1.0,
         connected_timeout_s=1.0,
         heartbeat_timeout_s=1.0,
+        progress_timeout_s=2.0,
     )
     return warm, cold, launcher
 
 
-async def turn(warm: WarmEngine) -> tuple[TurnResult, list[EngineEvent]]:
+async def turn(warm: WarmEngine, limit_s: float = 30 * 60) -> tuple[TurnResult, list[EngineEvent]]:
     events: list[EngineEvent] = []
 
     async def on_event(event: EngineEvent) -> None:
         events.append(event)
 
-    request = TurnRequest("a", "local/scripted", SessionPlan(None), lambda new: "hi")
+    request = TurnRequest(
+        "a", "local/scripted", SessionPlan(None), lambda new: "hi", wall_clock_limit_s=limit_s
+    )
     with anyio.fail_after(30):
         result = await warm.run_turn(request, on_event, anyio.Event())
     return result, events
@@ -273,4 +289,80 @@ async def test_an_oversized_event_breaks_the_server_not_the_memory(
     result, events = await turn(warm)
     assert result.failure is not None and result.failure.cls is FailureClass.PROCESS_CRASHED
     assert "over" in result.failure.reason and events == []
+    assert launcher.stopped == ["a"]
+
+
+def retry(in_s: float) -> bytes:
+    status = {"type": "retry", "attempt": 1, "message": "quota exceeded", "next": 0}
+    status["next"] = int((time.time() + in_s) * 1000)
+    return frame({"type": "session.status", "properties": {"sessionID": S, "status": status}})
+
+
+async def test_a_retry_far_off_ends_the_turn_as_rate_limited_at_once(
+    standin: tuple[StandIn, int],
+) -> None:
+    # Issue 20: OpenCode waits out a Retry-After: 600 by itself, silently; the turn must not.
+    server, port = standin
+    server.script = [part("step-start"), retry(600)]
+    warm, cold, _ = engine(port)
+    result, _ = await turn(warm)  # the turn's limit is 30 min; fail_after(30) in `turn`
+    assert result.failure is not None and result.failure.cls is FailureClass.RATE_LIMITED
+    assert result.failure.retry_after_s is not None
+    assert 590 <= result.failure.retry_after_s <= 600
+    assert "quota exceeded" in result.failure.reason and "10 min" in result.failure.reason
+    assert server.aborted and cold.cold_turns == 0
+
+
+async def test_a_retry_soon_is_waited_for_by_opencode_itself(
+    standin: tuple[StandIn, int],
+) -> None:
+    server, port = standin
+    server.script = [part("step-start"), retry(1), part("step-start"), FINAL, IDLE]
+    warm, _, _ = engine(port)
+    result, _ = await turn(warm)
+    assert result.status == "succeeded" and not server.aborted
+
+
+async def test_a_permission_answer_the_server_refuses_ends_the_turn_not_the_wall_clock(
+    standin: tuple[StandIn, int],
+) -> None:
+    server, port = standin
+    server.permission_status = 500
+    asked = {"id": "per_1", "sessionID": S, "permission": "bash", "patterns": ["*"]}
+    server.script = [part("step-start"), frame({"type": "permission.asked", "properties": asked})]
+    warm, _, launcher = engine(port)
+    result, _ = await turn(warm)  # limit 30 min; `turn` gives it 30 s
+    assert result.failure is not None and result.failure.cls is FailureClass.PROCESS_CRASHED
+    assert result.failure.environment  # the server's fault: retried, never set aside
+    assert "permission" in result.failure.reason and "HTTP 500" in result.failure.reason
+    assert launcher.stopped == ["a"]  # the server is replaced
+
+
+async def test_a_server_that_never_starts_costs_the_turns_own_limit(
+    standin: tuple[StandIn, int],
+) -> None:
+    # Issue 20: a turn limited to 20 s ran 80.7 s (the launcher's 60 s start, then cold).
+    _, port = standin
+    warm, cold, launcher = engine(port)
+    launcher.never_ready = True
+    with anyio.fail_after(10):  # far less than the launcher's 60 s start timeout
+        result, _ = await turn(warm, limit_s=2)
+    assert result.failure is not None and result.failure.cls is FailureClass.PROCESS_CRASHED
+    assert result.failure.environment and "did not start" in result.failure.reason
+    assert cold.cold_turns == 0  # nothing left of the limit for a cold run
+    assert warm.pool.failed_starts == {"a": 1} and launcher.stopped == ["a"]
+
+
+async def test_a_prompt_that_makes_no_progress_ends_the_turn_not_the_wall_clock(
+    standin: tuple[StandIn, int],
+) -> None:
+    # The prompt is accepted, then only heartbeats: nothing of the session ever comes.
+    server, port = standin
+    heartbeat = frame({"type": "server.heartbeat", "properties": {}})
+    server.script = [heartbeat]
+    server.beat = heartbeat
+    warm, _, launcher = engine(port)
+    result, _ = await turn(warm)  # limit 30 min; `turn` gives it 30 s
+    assert result.failure is not None and result.failure.cls is FailureClass.PROCESS_CRASHED
+    assert result.failure.environment and "never started on it" in result.failure.reason
     assert launcher.stopped == ["a"]

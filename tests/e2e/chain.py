@@ -203,10 +203,13 @@ def _need(path: Path, what: str) -> None:
 
 
 @contextlib.contextmanager
-def running_chain(database: str | None = None, engine_mode: str = "warm") -> Iterator[Chain]:
+def running_chain(
+    database: str | None = None, engine_mode: str = "warm", **bootstrap_extra: Any
+) -> Iterator[Chain]:
     """Start the whole chain in a fresh short temp dir (Unix socket paths stay short).
 
-    `engine_mode` ("warm" or "cold") goes into the Computer's bootstrap.
+    `engine_mode` ("warm" or "cold") goes into the Computer's bootstrap, and so do
+    `bootstrap_extra` fields (e.g. `retry_base_s`).
 
     With `database` (a PostgreSQL URL) two server processes share it: the Computer
     talks to the first (`chain.server`), the user's calls (`chain.http`) go to the second.
@@ -237,6 +240,7 @@ def running_chain(database: str | None = None, engine_mode: str = "warm") -> Ite
             "crew_home": str(crew_home),
             "opencode_path": str(OPENCODE),
             "engine_mode": engine_mode,
+            **bootstrap_extra,
         }
         try:
             computer = start_computer(user_env(home, crew_home), bootstrap, crew_home, root)

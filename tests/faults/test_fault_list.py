@@ -25,8 +25,8 @@ FAULTS: dict[str, list[str]] = {
     "kill -9 of the Computer during a turn; restart handles the messages, the turn is interrupted": [
         "tests/computer/test_process.py::test_kill_9_mid_turn_then_restart_handles_the_messages_again",
     ],
-    "the server restarts during a turn: reports dropped, the turn ends, the stream reconnects": [
-        "tests/faults/test_server_restart.py::test_server_killed_and_restarted_mid_turn_reports_dropped_nothing_lost_or_acked_twice",
+    "the server restarts during a turn: reports wait, the turn ends, the stream reconnects": [
+        "tests/faults/test_server_restart.py::test_server_killed_and_restarted_mid_turn_reports_wait_nothing_lost_or_acked_twice",
         "tests/computer/test_service.py::test_server_restart_during_a_turn_loses_nothing_and_acks_once",
         "tests/computer/test_service.py::test_reconnects_after_a_server_restart_and_handles_what_came_meanwhile",
     ],
@@ -50,8 +50,28 @@ FAULTS: dict[str, list[str]] = {
         "tests/faults/test_reply_refused.py::test_a_reply_refused_every_time_fails_the_turn_and_the_message_comes_back",
         "tests/faults/test_reply_refused.py::test_a_refused_reply_sent_again_successfully_is_a_success",
     ],
-    "the server dies while a turn's last events are on the way: the lost tail is a gap": [
-        "tests/faults/test_lost_tail.py::test_events_lost_while_the_server_was_down_are_a_gap_at_the_end_of_the_turn",
+    "the server is away mid-turn longer than a restart: the events wait and all arrive": [
+        "tests/faults/test_server_outage.py::test_events_of_a_turn_wait_for_a_server_away_longer_than_a_restart",
+        "tests/computer/test_reporter.py::test_events_wait_for_a_server_that_is_away_and_go_out_in_order",
+    ],
+    "events over the waiting bound, or a server away past the window: the lost ones are a gap": [
+        "tests/computer/test_reporter.py::test_past_the_bound_the_oldest_waiting_events_are_dropped_as_a_gap",
+        "tests/computer/test_reporter.py::test_at_the_end_the_rest_waits_for_the_server_only_the_flush_window",
+        "tests/server/test_delivery_edges.py::test_the_event_count_at_the_end_records_a_lost_tail_as_a_gap",
+    ],
+    "a model answering 429 with Retry-After: 600: rate_limited at once, retried at that time": [
+        "tests/e2e/test_rate_limit.py::test_a_429_with_retry_after_ends_the_turn_as_rate_limited_retried_then",
+        "tests/computer_unit/test_warm_untrusted.py::test_a_retry_far_off_ends_the_turn_as_rate_limited_at_once",
+        "tests/computer_unit/test_delivery_rules.py::test_a_rate_limit_with_the_providers_time_is_retried_then_not_after_5_s",
+    ],
+    "a warm server that refuses a permission answer, drops a prompt or never starts": [
+        "tests/computer_unit/test_warm_untrusted.py::test_a_permission_answer_the_server_refuses_ends_the_turn_not_the_wall_clock",
+        "tests/computer_unit/test_warm_untrusted.py::test_a_prompt_that_makes_no_progress_ends_the_turn_not_the_wall_clock",
+        "tests/computer_unit/test_warm_untrusted.py::test_a_server_that_never_starts_costs_the_turns_own_limit",
+    ],
+    "HELD then nothing succeeds; a set-aside never marks read what a HELD answer showed": [
+        "tests/e2e/test_turn_edges.py::test_held_then_nothing_is_a_succeeded_turn",
+        "tests/e2e/test_turn_edges.py::test_a_message_set_aside_leaves_the_one_a_held_answer_showed_unread",
     ],
     "steady traffic in a group: a reply is held at most twice, nothing read unseen or lost": [
         "tests/faults/test_held_storm.py::test_a_reply_under_steady_traffic_is_held_at_most_twice_and_nothing_is_lost",

@@ -79,7 +79,8 @@ def test_a_message_failing_every_turn_is_set_aside_and_the_later_ones_are_answer
             assert _head(poison) not in turns[3]["input"]
             [notice] = _notices(crew_server, dm["id"])
             assert notice.startswith(
-                "@poison1 could not handle 1 message here and set it aside: process_crashed: "
+                "@poison1 could not handle 1 message here and set it aside unanswered: "
+                "process_crashed: "
             ), notice
             # Each later message is answered once, by the one turn that succeeded.
             for message in later:

@@ -179,6 +179,30 @@ def serve(cfg: dict[str, Any]) -> None:
         time.sleep(1)
 
 
+def disk_fill(cfg: dict[str, Any]) -> None:
+    # One file past the agent's disk limit (RLIMIT_FSIZE: EFBIG), then many smaller
+    # ones in work/ (the watch ends the run), then wait for the launcher.
+    chunk = b"\0" * (1 << 20)
+    written = 0
+    try:
+        with open("big", "wb") as f:
+            for _ in range(cfg["big_mib"]):
+                f.write(chunk)
+                f.flush()
+                written += 1
+        emit({"event": "big_written", "mib": written})
+    except OSError as exc:
+        emit({"event": "big_refused", "errno": exc.errno, "mib": written})
+    os.unlink("big")
+    for i in range(cfg["files"]):
+        with open(f"fill-{i}", "wb") as f:
+            for _ in range(4):
+                f.write(chunk)
+    emit({"event": "filled"})
+    while True:
+        time.sleep(1)
+
+
 def memory_hog(cfg: dict[str, Any]) -> None:
     # A tool that touches 1 GiB; the engine itself waits for the launcher to end the run.
     code = "b = bytearray(1 << 30)\nfor i in range(0, len(b), 4096): b[i] = 1\n"
@@ -251,6 +275,7 @@ def main() -> None:
         "fork_bomb": fork_bomb,
         "shm_fill": shm_fill,
         "memory_hog": memory_hog,
+        "disk_fill": disk_fill,
         "forge": forge,
         "serve": serve,
     }

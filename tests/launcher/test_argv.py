@@ -58,7 +58,7 @@ HEAD = [
     "/usr/bin/env", "--ignore-signal=INT", "/usr/bin/bwrap",
     "--unshare-user", "--unshare-ipc",
     "--ro-bind", "/", "/", "--dev", "/dev",
-    "--size", str(DEV_SHM_BYTES), "--tmpfs", "/dev/shm",
+    "--size", str(DEV_SHM_BYTES), "--perms", "1777", "--tmpfs", "/dev/shm",
     "--unshare-pid", "--proc", "/proc", *PROC_RO, "--die-with-parent", "--cap-drop", "ALL",
     "--bind", f"{R}/tmp", "/tmp",
     "--tmpfs", "/run/user", "--tmpfs", "/run/dbus", "--ro-bind", "/dev/null", "/run/docker.sock",
@@ -109,13 +109,27 @@ def test_crew_home_outside_home_is_a_second_deny_root() -> None:
         assert ("--tmpfs", root) in pairs and ("--remount-ro", root) in pairs
 
 
-def test_home_below_tmp_is_bound_back_over_the_private_tmp() -> None:
+def test_home_below_tmp_shows_only_what_the_run_needs_over_the_private_tmp() -> None:
+    # issue 20: the private /tmp gets a Landlock grant of its own (else what a tool writes
+    # there is unreadable), so $HOME is not bound back whole below it (the grant would
+    # reach it): only the run's own directories are.
     p = policy(home="/tmp/pytest/home0")
     argv = bwrap_argv(p, LinuxMode.HYBRID, TOOLS, CMD)
-    private_tmp = argv.index("/tmp", argv.index("--bind"))
-    back = argv.index("/tmp/pytest/home0")
-    assert argv[back - 1 : back + 2] == ["--ro-bind", "/tmp/pytest/home0", "/tmp/pytest/home0"]
-    assert private_tmp < back < argv.index("--bind", back)
+    sandbox, helper = argv[: argv.index("--")], argv[argv.index("--") :]
+    private_tmp = sandbox.index("/tmp", sandbox.index("--bind"))
+    assert ["--ro-bind", "/tmp/pytest/home0", "/tmp/pytest/home0"] not in [
+        sandbox[i : i + 3] for i in range(len(sandbox))
+    ]
+    agent = sandbox.index(str(p.agent_dir))
+    assert sandbox[agent - 1 : agent + 2] == ["--bind", str(p.agent_dir), str(p.agent_dir)]
+    assert private_tmp < agent
+    pairs = list(itertools.pairwise(helper))
+    assert ("--rw", "/tmp") in pairs and ("--deny", "/tmp/pytest/home0") in pairs
+
+
+def test_home_outside_tmp_gives_no_grant_of_the_whole_tmp() -> None:
+    argv = bwrap_argv(policy(home="/var/tmp/h"), LinuxMode.HYBRID, TOOLS, CMD)
+    assert ("--rw", "/tmp") not in list(itertools.pairwise(argv))
 
 
 @pytest.mark.parametrize("mode", list(LinuxMode))

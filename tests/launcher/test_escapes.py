@@ -37,6 +37,7 @@ from typing import Any
 
 import pytest
 
+from crew_common.engine_user import engine_identity
 from sandbox_launcher.backend import BwrapBackend
 from sandbox_launcher.bwrap import BwrapTools, LinuxMode, find_tools
 from sandbox_launcher.policy import SandboxPolicy
@@ -173,11 +174,24 @@ attempt("inet_socket", lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM)
 
 @dataclasses.dataclass
 class Sandbox:
-    """A crew home for one agent, owned by `uid`, and the tools that run it."""
+    """A crew home for one agent, owned by `uid`, and the tools that run it.
+
+    As root, `uid` runs bwrap and the engine runs as the engine user
+    (`tools.engine_ids`, as a root launcher's: issue 20), who owns the agent's files.
+    """
 
     uid: int
     home: Path
     tools: BwrapTools
+
+    @property
+    def owner(self) -> int:
+        """Who the agent's files belong to: the engine's uid (gid: the same number or its own)."""
+        return self.tools.engine_ids[0] if self.tools.engine_ids else self.uid
+
+    @property
+    def owner_gid(self) -> int:
+        return self.tools.engine_ids[1] if self.tools.engine_ids else self.uid
 
     @property
     def policy(self) -> SandboxPolicy:
@@ -242,16 +256,23 @@ def _unprivileged_tools(tools: BwrapTools) -> BwrapTools:
 
 @pytest.fixture(params=["caller", "unprivileged"])
 def sandbox(request: pytest.FixtureRequest, needs_bwrap: None) -> Iterator[Sandbox]:
+    yield from make_sandbox(request.param, "/var/tmp")
+
+
+def make_sandbox(who: str, parent: str) -> Iterator[Sandbox]:
+    """A `Sandbox` for `who` ("caller" or "unprivileged") whose $HOME lies below `parent`."""
     if not os.path.exists(SYSTEM_PYTHON):
         required_in_ci(f"{SYSTEM_PYTHON} (Debian package python3)")
     uid = os.getuid()
-    if request.param == "unprivileged" and uid == 0:
+    if who == "unprivileged" and uid == 0:
         uid = unprivileged_uid()
     tools = find_tools()
     tools = dataclasses.replace(tools, nproc=NPROC)
     if uid != os.getuid():
         tools = _unprivileged_tools(tools)
-    base = Path(tempfile.mkdtemp(prefix="crew-escape-", dir="/var/tmp"))
+    elif (engine := engine_identity()) is not None:
+        tools = dataclasses.replace(tools, engine_ids=(engine.uid, engine.gid))
+    base = Path(tempfile.mkdtemp(prefix="crew-escape-", dir=parent))
     base.chmod(0o755)
     box = Sandbox(uid=uid, home=base / "home", tools=tools)
     p = box.policy
@@ -259,7 +280,7 @@ def sandbox(request: pytest.FixtureRequest, needs_bwrap: None) -> Iterator[Sandb
         path.mkdir(parents=True, mode=0o700)
     (p.agent_dir / "probe.py").write_text(PROBE)
     for path in [base / "home", *(base / "home").rglob("*")]:
-        os.lchown(path, uid, uid)
+        os.lchown(path, box.owner, box.owner_gid)
     try:
         yield box
     finally:
@@ -364,7 +385,7 @@ class Aliases:
 
 @pytest.fixture
 def aliases(sandbox: Sandbox) -> Iterator[Aliases]:
-    found = Aliases(sandbox.home, sandbox.uid)
+    found = Aliases(sandbox.home, sandbox.owner)
     try:
         yield found
     finally:

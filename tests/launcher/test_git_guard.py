@@ -1,13 +1,15 @@
-"""Planted git hooks and config (issue 12): denied for the repositories in `work/`, git still works.
+"""Planted git hooks and config (issues 12, 20): undone after each turn, git still works.
 
-The attack (sandbox-runtime's mandatory deny of `.git/hooks` and `.git/config`,
-Codex's read-only `.git` under writable roots): an agent writes
-`.git/hooks/pre-commit`, sets `core.fsmonitor`, points `commondir` elsewhere,
-or swaps the whole `.git`; the user's next `git status` or `git commit` in
-that directory would run the agent's program unsandboxed. The positive
-control: `git init`, `git add`, `git commit` keep working. Both Linux modes,
-as root and as an unprivileged user; the launcher process too (`commondir`
-planted during a run is removed after it).
+The attack (sandbox-runtime's mandatory deny of `.git/hooks` and `.git/config`):
+an agent writes `.git/hooks/pre-commit`, sets `core.fsmonitor`,
+`core.hooksPath`, a `!` alias or `include.path`, points `commondir`
+elsewhere, swaps the whole `.git`, or does all that in a repository it makes
+during the turn; the user's next `git status` or `git commit` in that
+directory would run the agent's program unsandboxed. The positive controls:
+`git init`, `add`, `commit`, `remote add` keep working, and (issue 20) a
+repository made in an earlier turn can be removed with `rm -rf`. Both Linux
+modes, as root and as an unprivileged user; the launcher process too, cold
+runs and a warm server's turns.
 """
 
 from __future__ import annotations
@@ -18,15 +20,30 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
 from sandbox_launcher.backend import BwrapBackend
-from sandbox_launcher.bwrap import LinuxMode, git_guard_args
-from sandbox_launcher.git_guard import find_git_dirs, guarded_git_dirs, prepare_guard
+from sandbox_launcher.bwrap import LinuxMode
+from sandbox_launcher.git_guard import (
+    SAFE_CONFIG_KEYS,
+    baseline,
+    config_text,
+    find_git_dirs,
+    guarded_git_dirs,
+    kept_entries,
+    open_below,
+    parse_config_list,
+    prepare_guard,
+    restore,
+)
 from sandbox_launcher.policy import SandboxPolicy
+from sandbox_launcher.schema import ServerRequest
 from sandbox_launcher.seatbelt import profile_text, seatbelt_params
 from tests.launcher.helpers import (
+    CrewLayout,
     LauncherProcess,
     engine_lines,
     make_layout,
@@ -36,9 +53,12 @@ from tests.launcher.helpers import (
     tools_for,
     write_fake_opencode,
 )
+from tests.launcher.inprocess import SECRET, inprocess_app, inprocess_launcher
+from tests.launcher.test_warm_requests import PASSWORD, server_body
 from tests.support.ci import required_in_ci
 
-GIT = ["git", "-c", "user.email=agent@crew", "-c", "user.name=agent"]
+# safe.directory: a root launcher hands the repositories to the engine user (issue 20).
+GIT = ["git", "-c", "user.email=agent@crew", "-c", "user.name=agent", "-c", "safe.directory=*"]
 
 
 def _git(repo: Path, *args: str, uid: int | None = None) -> str:
@@ -95,7 +115,7 @@ def test_missing_hooks_and_config_are_created_and_links_are_not_guarded(tmp_path
     assert guarded_git_dirs(tmp_path / "s") == ()
 
 
-def test_backends_render_the_guard(tmp_path: Path) -> None:
+def test_seatbelt_renders_the_guard(tmp_path: Path) -> None:
     g = Path("/home/u/.crew/agents/a1/work/.git")
     policy = SandboxPolicy(
         home=Path("/home/u"),
@@ -106,11 +126,10 @@ def test_backends_render_the_guard(tmp_path: Path) -> None:
         work_dir=Path("/home/u/.crew/agents/a1/work"),
         guarded_git=(g,),
     )
-    assert git_guard_args(policy) == [
-        *("--bind", str(g), str(g)),
-        *("--ro-bind", f"{g}/hooks", f"{g}/hooks"),
-        *("--ro-bind", f"{g}/config", f"{g}/config"),
-    ]
+    # Linux binds nothing in a repository any more (a mount point cannot be removed).
+    assert str(g) not in BwrapBackend(tools_for(os.getuid(), 64), LinuxMode.TMPFS).argv(
+        policy, ["true"]
+    )
     text = profile_text(0, 0, 1)
     used = set(re.findall(r'\(param "([A-Z_0-9]+)"\)', text))
     params = dict(seatbelt_params(policy))
@@ -122,20 +141,89 @@ def test_backends_render_the_guard(tmp_path: Path) -> None:
     )
 
 
+def test_a_repository_reached_through_a_link_is_never_touched(tmp_path: Path) -> None:
+    # A path swapped for a link (to the user's own repository) after it was found.
+    work = tmp_path / "work"
+    work.mkdir()
+    users = make_repo(tmp_path / "dotfiles")
+    (users / "hooks" / "pre-commit").write_text("#!/bin/sh\n# the user's\n")
+    (work / "a").symlink_to(users.parent)
+    with pytest.raises(OSError):
+        open_below(work, work / "a" / ".git")
+    assert restore(baseline(work)) == []
+    assert (users / "hooks" / "pre-commit").exists()
+
+
+# ---- the config filter (pure) ----
+
+
+def test_config_entries_round_trip_and_only_safe_keys_are_added() -> None:
+    listed = (
+        b"core.repositoryformatversion\n0\0core.bare\nfalse\0core.fsmonitor\necho x\0"
+        b'remote.My "R".url\nhttps://h/r\0branch.main.description\na\n"b"\\c\0core.flag\0'
+    )
+    entries = parse_config_list(listed)
+    assert entries[-1] == ("core.flag", None)
+    before = frozenset({("core.flag", None)})
+    kept = kept_entries(entries, before)
+    assert [k for k, _ in kept] == [
+        "core.repositoryformatversion",
+        "core.bare",
+        'remote.My "R".url',
+        "branch.main.description",
+        "core.flag",
+    ]
+    text = config_text(kept).decode()
+    assert '[remote "My \\"R\\""]' in text and '\tdescription = "a\\n\\"b\\"\\\\c"' in text
+    for key in ("core.fsmonitor", "core.hookspath", "core.sshcommand", "core.pager", "alias.st"):
+        assert not SAFE_CONFIG_KEYS.fullmatch(key), key
+    for key in ("include.path", "includeif.gitdir:/x.path", "filter.x.clean", "diff.x.textconv"):
+        assert not SAFE_CONFIG_KEYS.fullmatch(key), key
+
+
+def test_the_rewritten_config_reads_back_the_same(tmp_path: Path) -> None:
+    git_dir = make_repo(tmp_path / "r")
+    entries = [("user.name", 'a "quoted"\\name'), ("remote.o r.url", "x\ty"), ("core.bare", None)]
+    (git_dir / "config").write_bytes(config_text(entries))
+    listed = subprocess.run(
+        ["git", "config", "--file", str(git_dir / "config"), "--list", "-z"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    assert parse_config_list(listed) == entries
+
+
 # ---- the attack and the control, in the real sandbox ----
 
 PROBE = """\
 run() { name=$1; shift; out=$("$@" 2>&1); echo "$name $? $(echo $out | head -c 200)"; }
+evil() { printf '#!/bin/sh\\necho pwned > %s/pwned\\n' "$WORK" > "$1" && chmod 755 "$1"; }
 cd "$WORK"
-run hook sh -c 'printf "#!/bin/sh\\necho pwned > $WORK/pwned\\n" > repo/.git/hooks/pre-commit'
-run hook_chmod chmod 755 repo/.git/hooks/post-checkout.sample
+# positive controls first (no planted hook may fire inside the sandbox)
+run commit_existing sh -c 'echo b >> repo/a.txt && git -C repo add a.txt && git -C repo commit -qm second'
+run remote_add git -C repo remote add origin https://example.invalid/r.git
+run new_repo sh -c 'git init -q fresh && echo f > fresh/f && git -C fresh add f && git -C fresh commit -qm one'
+run new_user git -C fresh config user.name agent-in-fresh
+run rm_old_repo rm -rf old
+# a repository of an earlier turn
+run hook evil repo/.git/hooks/pre-commit
+run changed_user_hook evil repo/.git/hooks/pre-push
+run sample_made_executable chmod 755 repo/.git/hooks/pre-rebase.sample
 run fsmonitor git -C repo config core.fsmonitor "echo pwned > $WORK/pwned"
 run hookspath git -C repo config core.hooksPath "$WORK/evil-hooks"
-run swap_git mv repo/.git repo/.git-old
-run remove_hooks rm -rf repo/.git/hooks
-run commit_existing sh -c 'echo b >> repo/a.txt && git -C repo add a.txt && git -C repo commit -qm second'
-run new_repo sh -c 'git init -q fresh && echo f > fresh/f && git -C fresh add f && git -C fresh commit -qm one'
+run alias git -C repo config alias.st "!echo pwned > $WORK/pwned"
+run commondir sh -c 'echo "$WORK/evil-git" > repo/.git/commondir'
+# a repository made during the turn
+run new_hook evil fresh/.git/hooks/pre-commit
+run new_fsmonitor git -C fresh config core.fsmonitor "echo pwned > $WORK/pwned"
+run new_include git -C fresh config include.path "$WORK/evil.config"
+run new_hooks_link sh -c 'git init -q linked && rm -rf linked/.git/hooks && ln -s "$WORK/evil-hooks" linked/.git/hooks'
+run evil_hooks sh -c 'mkdir -p evil-hooks && printf "#!/bin/sh\\necho pwned > $WORK/pwned\\n" > evil-hooks/pre-commit && chmod 755 evil-hooks/pre-commit'
+run evil_config sh -c 'printf "[core]\\n\\tfsmonitor = echo pwned > $WORK/pwned\\n" > evil.config'
+# a swapped .git
+run swap_git sh -c 'mv swap/.git swap/.git-old && git init -q swap && git -C swap config core.fsmonitor "echo pwned > $WORK/pwned"'
 """
+USER_HOOK = "#!/bin/sh\n# the user's own pre-push\nexit 0\n"
 
 
 @pytest.fixture(params=["caller", "unprivileged"])
@@ -159,13 +247,15 @@ def _host_git_runs_nothing_planted(repo: Path, work: Path, uid: int | None = Non
     _git(repo, "status", "--short", uid=uid)
     _git(repo, "add", "user.txt", uid=uid)
     _git(repo, "commit", "-qm", "by the user", uid=uid)
-    assert not (work / "pwned").exists(), "a planted hook or fsmonitor ran as the user"
-    assert "fsmonitor" not in (repo / ".git" / "config").read_text()
+    assert not (work / "pwned").exists(), f"a planted hook or config ran as the user in {repo}"
+    config = (repo / ".git" / "config").read_text()
+    for planted in ("fsmonitor", "hooksPath", "hookspath", "alias", "include"):
+        assert planted not in config, (repo, config)
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("mode", list(LinuxMode))
-def test_planted_hooks_and_config_are_denied_and_git_keeps_working(
+def test_what_a_turn_plants_is_undone_and_git_keeps_working(
     mode: LinuxMode, run_as: int, base: Path
 ) -> None:
     home = base / "home"
@@ -175,6 +265,10 @@ def test_planted_hooks_and_config_are_denied_and_git_keeps_working(
     for path in (work, runtime / "tmp", crew / "sockets"):
         path.mkdir(parents=True, mode=0o700)
     make_repo(work / "repo")
+    (work / "repo" / ".git" / "hooks" / "pre-push").write_text(USER_HOOK)
+    (work / "repo" / ".git" / "hooks" / "pre-push").chmod(0o755)
+    make_repo(work / "old")
+    make_repo(work / "swap")
     (agent / "probe.sh").write_text(PROBE)
     for path in [home, *home.rglob("*")]:
         os.lchown(path, run_as, run_as)
@@ -187,7 +281,6 @@ def test_planted_hooks_and_config_are_denied_and_git_keeps_working(
         work_dir=work,
         guarded_git=guarded_git_dirs(work),
     )
-    assert policy.guarded_git == (work / "repo" / ".git",)
     argv = BwrapBackend(tools_for(run_as, 256), mode).argv(
         policy, ["/bin/sh", str(agent / "probe.sh")]
     )
@@ -205,6 +298,7 @@ def test_planted_hooks_and_config_are_denied_and_git_keeps_working(
         },
     }
     other = run_as != os.getuid()
+    before = baseline(work)  # as the launcher does when a turn starts…
     done = subprocess.run(
         argv,
         env=env,
@@ -220,20 +314,37 @@ def test_planted_hooks_and_config_are_denied_and_git_keeps_working(
     )
     results = probe_results(done.stdout)
     assert done.returncode == 0 and results, (done.returncode, done.stdout, done.stderr)
-    for attack in ("hook", "hook_chmod", "fsmonitor", "hookspath", "swap_git", "remove_hooks"):
-        rc, out = results[attack]
-        assert rc != 0, f"{attack} was NOT denied: {out}"
-    assert results["commit_existing"][0] == 0, results["commit_existing"]
-    assert results["new_repo"][0] == 0, results["new_repo"]
-    assert not (work / "repo" / ".git" / "hooks" / "pre-commit").exists()
-    assert (work / "repo" / ".git" / "hooks" / "pre-commit.sample").exists()
+    # The sandbox no longer stands in the way (the repository stays the agent's)…
+    for name, (rc, out) in results.items():
+        assert rc == 0, f"{name} failed in the sandbox: {out}"
+    assert (work / "repo" / ".git" / "hooks" / "pre-commit").exists()
+
+    undone = restore(before)  # …and when it ends
+
+    assert undone, "nothing was undone"
+    assert not (work / "old").exists(), "rm -rf of a repository of an earlier turn"
+    hooks = work / "repo" / ".git" / "hooks"
+    assert not (hooks / "pre-commit").exists()
+    assert (hooks / "pre-push").read_text() == USER_HOOK and os.access(hooks / "pre-push", os.X_OK)
+    assert (hooks / "pre-push").stat().st_uid == run_as
+    assert (hooks / "pre-commit.sample").exists()
+    assert not (work / "repo" / ".git" / "commondir").exists()
+    assert not (work / "fresh" / ".git" / "hooks" / "pre-commit").exists()
+    assert not (work / "linked" / ".git" / "hooks").is_symlink()
     assert "second" in _git(work / "repo", "log", "--oneline", uid=run_as)
-    _host_git_runs_nothing_planted(work / "repo", work, run_as)
+    remotes = _git(work / "repo", "remote", "-v", uid=run_as)
+    assert "https://example.invalid/r.git" in remotes
+    assert "agent-in-fresh" in (work / "fresh" / ".git" / "config").read_text()
+    assert (work / "repo" / ".git" / "config").stat().st_uid == run_as
+    for repo in ("repo", "fresh", "swap"):
+        _host_git_runs_nothing_planted(work / repo, work, run_as)
+    # nothing left to undo the next time
+    assert restore(baseline(work)) == []
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("mode", ["hybrid", "tmpfs"])
-def test_through_the_launcher_a_planted_commondir_is_removed_and_new_repos_guarded_next(
+def test_through_the_launcher_what_a_run_plants_is_undone_after_it(
     mode: str, needs_bwrap: None, isolated_home: Path, tmp_path: Path
 ) -> None:
     if shutil.which("git") is None:
@@ -242,34 +353,84 @@ def test_through_the_launcher_a_planted_commondir_is_removed_and_new_repos_guard
     layout.add_agent("alice")
     work = layout.agent_dir("alice") / "work"
     make_repo(work / "repo")
+    make_repo(work / "old")
     evil = work / "evil-git"
     evil.mkdir()
     (evil / "config").write_text(f"[core]\n\tfsmonitor = echo pwned > {work}/pwned\n")
     opencode = write_fake_opencode(tmp_path / "engine-bin")
     launcher = LauncherProcess(layout, opencode, mode=mode)
     env_path = f"{layout.bin_dir}:/usr/local/bin:/usr/bin:/bin"
+    pwn = f"echo pwned > {work}/pwned"
     first = {
+        "config": ["git", "-C", f"{work}/repo", "config", "core.fsmonitor", pwn],
         "commondir": ["sh", "-c", f"echo {evil} > {work}/repo/.git/commondir"],
-        "config": ["git", "-C", f"{work}/repo", "config", "core.fsmonitor", "true"],
         "new_repo": ["git", "init", "-q", f"{work}/fresh"],
-        "new_hook": ["sh", "-c", f"echo x > {work}/fresh/.git/hooks/pre-commit"],
+        "new_hook": ["sh", "-c", f"echo '{pwn}' > {work}/fresh/.git/hooks/pre-commit"],
+        "new_config": ["git", "-C", f"{work}/fresh", "config", "core.fsmonitor", pwn],
     }
-    second = {"new_hook": ["sh", "-c", f"echo y > {work}/fresh/.git/hooks/post-commit"]}
+    second = {
+        "rm_old_repo": ["rm", "-rf", f"{work}/old"],
+        "rm_fresh": ["rm", "-rf", f"{work}/fresh"],
+    }
     try:
-        runs = []
+        runs: list[dict[str, int]] = []
+        states: list[dict[str, Any]] = []
         for commands in (first, second):
             body = layout.run_request("alice", {"scenario": "commands", "commands": commands})
             body["env"]["PATH"] = env_path
             lines = engine_lines(launcher.run(body))
             runs.append({x["check"]: x["rc"] for x in lines if "rc" in x})
+            states.append(
+                {
+                    "commondir": (work / "repo" / ".git" / "commondir").exists(),
+                    "new_hook": (work / "fresh" / ".git" / "hooks" / "pre-commit").exists(),
+                    "fresh_config": (work / "fresh" / ".git" / "config").read_text()
+                    if (work / "fresh").exists()
+                    else "",
+                }
+            )
+            if commands is first:
+                _host_git_runs_nothing_planted(work / "repo", work)
+                _git(work / "fresh", "status", "--short")
+                assert not (work / "pwned").exists()
     finally:
         launcher.stop()
-    assert runs[0]["commondir"] == 0  # cannot be denied before it exists on Linux…
-    assert not (work / "repo" / ".git" / "commondir").exists()  # …so it is removed after the run
-    assert runs[0]["config"] != 0
-    # A repository made during a turn is writable in that turn (the documented residual)…
-    assert runs[0]["new_repo"] == 0 and runs[0]["new_hook"] == 0
-    # …and guarded from the next turn on.
-    assert runs[1]["new_hook"] != 0
-    assert not (work / "fresh" / ".git" / "hooks" / "post-commit").exists()
-    _host_git_runs_nothing_planted(work / "repo", work)
+    assert all(rc == 0 for rc in runs[0].values()), runs[0]
+    assert not states[0]["commondir"] and not states[0]["new_hook"], states[0]
+    assert "repositoryformatversion" in states[0]["fresh_config"]
+    assert "fsmonitor" not in states[0]["fresh_config"]
+    assert runs[1] == {"rm_old_repo": 0, "rm_fresh": 0}
+    assert not (work / "old").exists() and not (work / "fresh").exists()
+
+
+@pytest.mark.anyio
+async def test_a_warm_servers_turns_are_undone_at_each_sweep_and_at_its_stop(
+    layout: CrewLayout, fake_opencode: Path
+) -> None:
+    # A warm server spans turns: the launcher learns a turn ended from its sweep.
+    if shutil.which("git") is None:
+        required_in_ci("git")
+    layout.add_agent("alice")
+    work = layout.agent_dir("alice") / "work"
+    make_repo(work / "repo")
+    launcher = inprocess_launcher(layout, fake_opencode)
+    body = server_body(layout, "alice", OPENCODE_SERVER_PASSWORD=PASSWORD)
+    server = launcher.prepare_server(ServerRequest.model_validate(body))
+    launcher.servers.by_agent["alice"] = server  # as the app does (never started here)
+    transport = httpx.ASGITransport(app=inprocess_app(launcher))
+    headers = {"Authorization": f"Bearer {SECRET}"}
+    hook = work / "repo" / ".git" / "hooks" / "pre-commit"
+    async with httpx.AsyncClient(transport=transport, base_url="http://l", headers=headers) as c:
+        # turn 1 plants a hook in the repository and makes a new one with a hook
+        hook.write_text("#!/bin/sh\necho pwned\n")
+        make_repo(work / "fresh")
+        (work / "fresh" / ".git" / "hooks" / "post-commit").write_text("#!/bin/sh\necho pwned\n")
+        assert (await c.post("/servers/alice/sweep")).status_code == 200
+        assert (
+            not hook.exists() and not (work / "fresh" / ".git" / "hooks" / "post-commit").exists()
+        )
+        # turn 2 (the last) sets fsmonitor in the repository made by turn 1
+        _git(work / "fresh", "config", "core.fsmonitor", "echo pwned")
+        assert (await c.post("/servers/alice/stop")).status_code == 200
+    assert "fsmonitor" not in (work / "fresh" / ".git" / "config").read_text()
+    assert "alice" not in launcher.server_git_baselines

@@ -109,8 +109,10 @@ def test_hostile_engine_is_contained(
         hidden = (errno.EACCES, errno.ENOENT)
         denied("read_ssh_key", *hidden)
         denied("read_secret", *hidden)
-        if mode == "hybrid":
-            # Landlock leaves metadata alone: existence checks still work.
+        if mode == "hybrid" and os.getuid() != 0 and not str(home).startswith("/tmp/"):
+            # Landlock leaves metadata alone: existence checks still work. (As root the
+            # engine user could not search a 0700 $HOME, and a $HOME below /tmp lies under
+            # the private /tmp: both hidden as in tmpfs mode, issue 20.)
             assert worked("stat_ssh_key")["result"] == repr(len(SSH_KEY))
             assert worked("stat_secret")["result"] == repr(len(SECRET))
         else:

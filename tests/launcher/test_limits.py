@@ -12,6 +12,7 @@ to /dev/shm ends the turn with a clear failure and harms no other agent").
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import subprocess
 import sys
@@ -44,6 +45,7 @@ from tests.support.users import unprivileged_uid
 MAX_PROCESSES = 96
 SHM_MB = 16
 MEMORY_MB = 256
+DISK_MB = 24
 
 
 @pytest.fixture(params=MODES)
@@ -52,7 +54,7 @@ def limited_launcher(
 ) -> Iterator[LauncherProcess]:
     """A real launcher with small limits, in each Linux mode."""
     limits = ("--max-processes", str(MAX_PROCESSES), "--shm-mb", str(SHM_MB))
-    limits += ("--memory-mb", str(MEMORY_MB))
+    limits += ("--memory-mb", str(MEMORY_MB), "--disk-mb", str(DISK_MB))
     proc = LauncherProcess(layout, fake_opencode, mode=request.param, extra_args=limits)
     try:
         yield proc
@@ -68,7 +70,12 @@ def _exit(frames: list[dict[str, Any]]) -> dict[str, Any]:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     ("scenario", "reason"),
-    [("fork_bomb", "process_limit"), ("shm_fill", "shm_full"), ("memory_hog", "memory_limit")],
+    [
+        ("fork_bomb", "process_limit"),
+        ("shm_fill", "shm_full"),
+        ("memory_hog", "memory_limit"),
+        ("disk_fill", "disk_limit"),  # issue 20, K19: an agent filling the user's disk
+    ],
 )
 def test_a_run_at_its_limit_is_ended_and_the_other_agent_runs_on(
     limited_launcher: LauncherProcess, layout: CrewLayout, scenario: str, reason: str
@@ -77,7 +84,8 @@ def test_a_run_at_its_limit_is_ended_and_the_other_agent_runs_on(
         required_in_ci("a cgroup for the runs (root without one has no process cap)")
     layout.add_agent("a1")
     layout.add_agent("a2")
-    hostile = StreamReader(limited_launcher, layout.run_request("a1", {"scenario": scenario}))
+    script = {"scenario": scenario, "big_mib": DISK_MB + 8, "files": DISK_MB}
+    hostile = StreamReader(limited_launcher, layout.run_request("a1", script))
     try:
         assert hostile.first_line.wait(30), hostile.frames
         # The other agent's run, while the hostile one is at its limit.
@@ -94,6 +102,9 @@ def test_a_run_at_its_limit_is_ended_and_the_other_agent_runs_on(
     if scenario == "shm_fill":
         [refused] = [x for x in engine_lines(hostile.frames) if x.get("event") == "shm_refused"]
         assert refused["errno"] == 28 and refused["mib"] <= SHM_MB, refused  # ENOSPC at the size
+    if scenario == "disk_fill":
+        [big] = [x for x in engine_lines(hostile.frames) if x.get("event", "").startswith("big")]
+        assert big == {"event": "big_refused", "errno": errno.EFBIG, "mib": DISK_MB}, big
     # No cgroup of the run is left behind.
     parents = find_cgroup_parents()
     if parents is not None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import os
+import shutil
 import tempfile
 import uuid
 from pathlib import Path
@@ -127,16 +128,22 @@ attempt("mknod_device", lambda: os.mknod(os.path.join(work, "null2"), stat.S_IFC
                                          os.makedev(1, 3)))
 attempt("mount_tmpfs", lambda: check_call(libc.mount(b"none", b"/mnt", b"tmpfs", 0, None)))
 attempt("read_etc_shadow", lambda: open("/etc/shadow").read(1))
+attempt("read_root_only_file", lambda: open(cfg["root_only"]).read(1))
+attempt("getxattr_home", lambda: os.getxattr(cfg["xattr_file"], "user.crew"))
+attempt("listxattr_home", lambda: os.listxattr(cfg["xattr_file"]))
+attempt("list_root_only_dir", lambda: os.listdir(os.path.dirname(cfg["root_only"])))
 attempt("signal_outside_domain", lambda: os.kill(1, 0))
 attempt("ptrace_outside_domain", ptrace_init)
 # what the sandbox is, as seen from inside
 attempt("no_new_privs", lambda: status("NoNewPrivs"))
+attempt("whoami", os.getuid)
 attempt("capabilities", lambda: [status(f) for f in ("CapInh", "CapPrm", "CapEff", "CapBnd",
                                                       "CapAmb")])
 attempt("shm_size", lambda: os.statvfs("/dev/shm").f_blocks * os.statvfs("/dev/shm").f_frsize)
 # positive controls
 attempt("symlink_into_private_tmp", lambda: symlink_write(cfg["host_tmp_file"], "tmp-link"))
 attempt("ls_bin", lambda: len(run("ls", "/bin").split()))
+attempt("ls_l_work", lambda: run("ls", "-la", work))
 attempt("dev_null", lambda: write("/dev/null"))
 attempt("mkfifo_work", lambda: os.mkfifo(os.path.join(work, "fifo")))
 attempt("venv", venv)
@@ -162,8 +169,16 @@ CASES: dict[str, tuple[str, tuple[int, ...] | None]] = {
         (errno.EPERM,),
     ),
     "mount_tmpfs": ("bwrap: we have no caps (no CAP_SYS_ADMIN)", (errno.EPERM,)),
+    # As root too: the engine runs as the engine user, never as uid 0 (crew_common.engine_user).
+    "read_etc_shadow": ("issue20 R21: /etc/shadow (root:shadow 0640)", (errno.EACCES,)),
+    "read_root_only_file": ("issue20 R22: a 0600 file of root's", (errno.EACCES,)),
+    "list_root_only_dir": ("issue20 R22: a 0700 directory of root's", (errno.EACCES,)),
     "symlink_into_private_tmp": ("srt: symlink escape into /tmp (ours is private)", None),
     "ls_bin": ("codex: test_root_read", None),
+    "ls_l_work": ("issue20 R18: ls -l (it asks for ACLs) with no xattrs to read", None),
+    # Landlock does not govern xattrs: in hybrid they told what a file in $HOME holds.
+    "getxattr_home": ("issue20 R18: xattrs of a file in $HOME", (errno.EOPNOTSUPP, errno.ENOENT)),
+    "listxattr_home": ("issue20 R18: xattr names in $HOME", (errno.EOPNOTSUPP, errno.ENOENT)),
     "dev_null": ("codex: test_dev_null_write", None),
     "mkfifo_work": ("srt: should prevent creation of special file types (FIFO allowed)", None),
     "venv": ("issue12: positive control, a venv", None),
@@ -177,6 +192,13 @@ def test_the_hostile_matrix(mode: LinuxMode, sandbox: Sandbox) -> None:  # noqa:
     tag = uuid.uuid4().hex[:8]
     outside = Path(f"/var/tmp/crew-matrix-{tag}.txt")
     host_tmp_file = Path(f"/tmp/crew-matrix-{tag}.txt")
+    # R22: a directory of the launcher's own user (root in CI), 0700, with a 0600 file.
+    root_only = Path(tempfile.mkdtemp(prefix="crew-matrix-root-only-", dir="/var/tmp"))
+    (root_only / "secret").write_text("ROOT-ONLY\n")
+    (root_only / "secret").chmod(0o600)
+    xattr_file = sandbox.home / f"xattr-{tag}"
+    xattr_file.write_text("content denied anyway\n")
+    os.setxattr(xattr_file, "user.crew", b"SECRET-IN-AN-XATTR")
     policy = sandbox.policy
     (policy.agent_dir / "probe.py").write_text(MATRIX_PROBE)
     cfg: dict[str, Any] = {
@@ -184,6 +206,8 @@ def test_the_hostile_matrix(mode: LinuxMode, sandbox: Sandbox) -> None:  # noqa:
         "host_pid": os.getpid(),
         "outside": str(outside),
         "host_tmp_file": str(host_tmp_file),
+        "root_only": str(root_only / "secret"),
+        "xattr_file": str(xattr_file),
     }
     try:
         results = sandbox.probe(mode, cfg)
@@ -191,8 +215,12 @@ def test_the_hostile_matrix(mode: LinuxMode, sandbox: Sandbox) -> None:  # noqa:
     finally:
         outside.unlink(missing_ok=True)
         host_tmp_file.unlink(missing_ok=True)
+        shutil.rmtree(root_only, ignore_errors=True)
 
-    for name, (source, errnos) in CASES.items():
+    # Only root can make a file no engine owns; an ordinary caller's engine owns its own.
+    root_only_cases = ("read_root_only_file", "list_root_only_dir")
+    cases = {k: v for k, v in CASES.items() if os.getuid() == 0 or k not in root_only_cases}
+    for name, (source, errnos) in cases.items():
         r = results[name]
         if errnos is None:
             assert r["worked"], f"{name} ({source}) should work: {r}"
@@ -207,9 +235,8 @@ def test_the_hostile_matrix(mode: LinuxMode, sandbox: Sandbox) -> None:  # noqa:
     assert results["capabilities"]["result"] == repr(["0000000000000000"] * 5)
     # bwrap: "tmpfs has expected size" — /dev/shm is the size the limits give it
     assert results["shm_size"]["result"] == str(sandbox.tools.shm_bytes)
-    # bwrap: "cannot read /etc/shadow" — by its mode bits; uid 0 keeps what ownership gives it
-    if sandbox.uid != 0:
-        assert results["read_etc_shadow"]["errno"] == errno.EACCES
+    # As root the engine is the engine user, who owns its files (issue 20).
+    assert results["whoami"]["result"] == repr(sandbox.owner)
     # issue12: Landlock scopes (ABI ≥ 6) keep signals and ptrace inside the run's domain;
     # pid 1 of the sandbox (bwrap's init) lies outside it.
     if landlock.abi() >= landlock.SCOPE_ABI:

@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import pytest
 
+from sandbox_launcher.backend import health_note
+from sandbox_launcher.bwrap import LinuxMode
 from sandbox_launcher.network import (
+    NO_FIREWALL_NOTE,
     NetworkPlan,
     PastaTools,
     child_pid,
+    firewall_argv,
+    firewall_ruleset,
     has_default_route,
+    inet6_addresses,
     listening_ports,
+    local_networks,
     loopback_addressed,
     nameservers,
     pasta_argv,
@@ -185,3 +192,114 @@ def test_nameservers() -> None:
         "192.168.1.1",
         "fe80::1%eth0",
     ]
+
+
+# /proc/net/fib_trie of a host with eth0 192.0.2.2/24, docker0 172.17.0.1/16 and an
+# AnyIP route `local 198.51.100.0/24 dev lo`; both tables list the LOCAL entries.
+HOST_FIB_TRIE = """Main:
+  +-- 0.0.0.0/0 3 0 5
+     |-- 0.0.0.0
+        /0 universe UNICAST
+     +-- 127.0.0.0/8 2 0 2
+        +-- 127.0.0.0/31 1 0 0
+           |-- 127.0.0.0
+              /8 host LOCAL
+           |-- 127.0.0.1
+              /32 host LOCAL
+        |-- 127.255.255.255
+           /32 link BROADCAST
+     |-- 172.17.0.1
+        /32 host LOCAL
+     +-- 192.0.2.0/24 2 0 2
+        +-- 192.0.2.0/30 2 0 2
+           |-- 192.0.2.0
+              /24 link UNICAST
+           |-- 192.0.2.2
+              /32 host LOCAL
+        |-- 192.0.2.255
+           /32 link BROADCAST
+     |-- 198.51.100.0
+        /24 host LOCAL
+     |-- 198.51.100.7
+        /32 host LOCAL
+Local:
+  +-- 0.0.0.0/0 3 0 5
+     |-- 192.0.2.2
+        /32 host LOCAL
+"""
+
+IF_INET6 = """fe8000000000000000fc00fffe000001 04 40 20 80     eth0
+00000000000000000000000000000001 01 80 10 80       lo
+fd000000000000000000000000000002 04 40 00 82     eth0
+garbage
+"""
+
+
+def test_local_networks_are_the_hosts_own_without_loopback() -> None:
+    assert [str(n) for n in local_networks(HOST_FIB_TRIE)] == [
+        "172.17.0.1/32",
+        "192.0.2.2/32",
+        "198.51.100.0/24",  # the /32 inside it collapses into it (nft refuses overlaps)
+    ]
+    assert local_networks("") == []
+
+
+def test_inet6_addresses_without_loopback() -> None:
+    assert [str(a) for a in inet6_addresses(IF_INET6)] == ["fd00::2", "fe80::fc:ff:fe00:1"]
+
+
+def test_firewall_ruleset_refuses_the_host_and_the_gateways_and_caps_tcp() -> None:
+    host4 = local_networks(HOST_FIB_TRIE)
+    ruleset = firewall_ruleset(host4, inet6_addresses(IF_INET6), 256)
+    v4 = "{ 10.0.2.2/32, 172.17.0.1/32, 192.0.2.2/32, 198.51.100.0/24 }"
+    v6 = "{ fd00::2/128, fd63:7265:7700::2/128, fe80::fc:ff:fe00:1/128 }"
+    assert f"ip daddr {v4} meta l4proto tcp reject with tcp reset" in ruleset
+    assert f"ip daddr {v4} meta l4proto udp reject" in ruleset
+    assert f"ip6 daddr {v6} meta l4proto udp reject" in ruleset
+    # ICMPv6 passes: neighbour probes go to the gateway's address (IPv6 stalled without).
+    assert "icmp" not in ruleset
+    assert f"ip6 daddr {v6} meta l4proto tcp reject with tcp reset" in ruleset
+    assert "ct status & confirmed == 0 ct count over 256 reject with tcp reset" in ruleset
+    assert "127.0.0" not in ruleset and "::1/" not in ruleset  # the sandbox's own loopback
+    # No host address at all (a machine with loopback only): the gateways still go in.
+    bare = firewall_ruleset([], [], 8)
+    assert "ip daddr { 10.0.2.2/32 }" in bare and "ip6 daddr { fd63:7265:7700::2/128 }" in bare
+    assert "ct count over 8 " in bare
+    assert "dport 53" not in ruleset
+    # Without forwarded ports the whole own loopback is not counted, first thing.
+    assert ruleset.splitlines()[3] == '    oifname "lo" accept'
+
+
+def test_the_cap_counts_the_forwarded_ports_on_loopback() -> None:
+    """The own loopback is uncounted (an agent's test server) except pasta's listeners."""
+    ruleset = firewall_ruleset([], [], 64, forwarded=[11434, 8080, 8080])
+    assert ruleset.splitlines()[3] == '    oifname "lo" tcp dport != { 8080, 11434 } accept'
+
+
+def test_a_resolver_on_a_host_address_keeps_its_port_53() -> None:
+    """A dnsmasq on the host's LAN address named in resolv.conf: DNS works, nothing else there."""
+    resolvers = ["192.0.2.2", "fd00::2", "127.0.0.53", "fe80::1%eth0", "bogus"]
+    ruleset = firewall_ruleset(local_networks(HOST_FIB_TRIE), [], 256, resolvers)
+    lines = ruleset.splitlines()
+    allow4 = "    ip daddr 192.0.2.2 meta l4proto { tcp, udp } th dport 53 accept"
+    allow6 = "    ip6 daddr fd00::2 meta l4proto { tcp, udp } th dport 53 accept"
+    assert allow4 in lines and allow6 in lines
+    assert lines.index(allow4) < next(i for i, x in enumerate(lines) if "reject" in x)
+    assert ruleset.count("dport 53") == 2  # not for loopback, scoped or malformed entries
+
+
+def test_firewall_argv_passes_the_namespaces_and_the_library() -> None:
+    argv = firewall_argv("/usr/bin/python3", (-1, 8), "/usr/lib/libnftables.so.1")
+    assert argv[:4] == ["/usr/bin/python3", "-I", "-S", "-c"]
+    assert argv[5:] == ["-1", "8", "/usr/lib/libnftables.so.1"]
+
+
+def test_the_default_plan_caps_at_256() -> None:
+    assert NetworkPlan().max_connections == 256
+
+
+def test_no_libnftables_is_said_in_the_health() -> None:
+    assert health_note(LinuxMode.HYBRID, 7, firewall=True) is None
+    note = health_note(LinuxMode.HYBRID, 7, firewall=False)
+    assert note == NO_FIREWALL_NOTE and "install nftables" in note
+    assert "0.0.0.0" in note and "connection cap" in note

@@ -12,6 +12,7 @@ order is not left to the scheduler.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import threading
@@ -193,3 +194,20 @@ async def test_a_warm_server_whose_sandbox_dies_says_what_bwrap_said(
     message = str(caught.value)
     assert "bwrap exited with status 1" in message, message
     assert f"Can't find source path {missing}" in message, message
+
+
+def test_a_firewall_that_cannot_be_set_fails_the_attach(pasta: PastaTools, tmp_path: Path) -> None:
+    """libnftables found but unusable: no sandbox goes on without its firewall (nor the self-test)."""
+    broken = tmp_path / "libnftables.so.1"
+    broken.write_text("not a library\n")
+    network = SandboxNetwork(dataclasses.replace(pasta, nftables=str(broken)), NetworkPlan())
+    argv = [BWRAP, "--unshare-user", "--ro-bind", "/", "/", "--chdir", "/", "true"]
+    bwrap = subprocess.Popen(network.argv(argv), pass_fds=network.pass_fds)
+    network.spawned()
+    try:
+        with pytest.raises(NetworkUnavailable, match="firewall \\(nftables\\) could not be set"):
+            network.attach_blocking()
+    finally:
+        bwrap.kill()
+        bwrap.wait()
+        network.close()

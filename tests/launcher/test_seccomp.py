@@ -20,14 +20,15 @@ AARCH64 = 0xC00000B7
 I386 = 0x40000003
 
 
-def run_bpf(program: bytes, nr: int, arch: int, arg0: int = 0) -> int:
+def run_bpf(program: bytes, nr: int, arch: int, arg0: int = 0, arg1: int = 0) -> int:
     """Evaluate a classic BPF seccomp program over one `struct seccomp_data`."""
     data = (
         nr.to_bytes(4, sys.byteorder, signed=True)
         + arch.to_bytes(4, sys.byteorder)
         + bytes(8)
         + arg0.to_bytes(8, sys.byteorder)
-        + bytes(40)
+        + arg1.to_bytes(8, sys.byteorder)
+        + bytes(32)
     )
     insns = [program[i : i + 8] for i in range(0, len(program), 8)]
     acc = 0
@@ -46,6 +47,8 @@ def run_bpf(program: bytes, nr: int, arch: int, arg0: int = 0) -> int:
             pc += jt if acc >= k else jf
         elif op == 0x45:  # jset
             pc += jt if acc & k else jf
+        elif op == 0x54:  # and
+            acc &= k
         elif op == 0x06:  # ret
             return k
         else:
@@ -80,7 +83,6 @@ CASES = [
     ("socket", 10, RET_ALLOW),  # AF_INET6
     ("socket", 16, RET_ALLOW),  # AF_NETLINK
     ("socket", (0xFFFFFFFF << 32) | 1, EPERM),  # high bits do not hide AF_UNIX
-    ("socketpair", 1, RET_ALLOW),  # a process and its children
     ("connect", 3, RET_ALLOW),
     ("clone", 0x11, RET_ALLOW),  # fork (SIGCHLD)
     ("clone", 0x003D0F00, RET_ALLOW),  # a thread
@@ -108,6 +110,34 @@ def test_verdicts(
     machine: str, arch: int, numbers: dict[str, int], name: str, arg0: int, verdict: int
 ) -> None:
     assert run_bpf(seccomp.program(machine), numbers[name], arch, arg0) == verdict
+
+
+NONBLOCK, CLOEXEC = 0o4000, 0o2000000
+PAIR_CASES = [
+    (1, RET_ALLOW),  # SOCK_STREAM: a process and its children
+    (1 | CLOEXEC, RET_ALLOW),
+    (1 | NONBLOCK | CLOEXEC, RET_ALLOW),
+    (5, RET_ALLOW),  # SOCK_SEQPACKET: connected for good, a sendto() address is ignored
+    (5 | CLOEXEC, RET_ALLOW),
+    (2, EPERM),  # SOCK_DGRAM: its end can sendto() journald's socket (issue 20)
+    (2 | CLOEXEC, EPERM),
+    (2 | NONBLOCK | CLOEXEC, EPERM),
+    (3, EPERM),  # SOCK_RAW: a datagram socket for AF_UNIX
+    (4, EPERM),  # SOCK_RDM
+    ((1 << 32) | 2, EPERM),  # high bits do not hide the type (the kernel reads an int)
+    (0x40 | 1, EPERM),  # an unknown flag: not a plain stream
+]
+
+
+@pytest.mark.parametrize(
+    ("machine", "arch", "numbers"), [("x86_64", X86_64, X86), ("aarch64", AARCH64, ARM)]
+)
+@pytest.mark.parametrize(("kind", "verdict"), PAIR_CASES)
+def test_socketpair_verdicts_by_type(
+    machine: str, arch: int, numbers: dict[str, int], kind: int, verdict: int
+) -> None:
+    program = seccomp.program(machine)
+    assert run_bpf(program, numbers["socketpair"], arch, 1, kind) == verdict
 
 
 @pytest.mark.parametrize("machine", ["x86_64", "aarch64"])

@@ -202,3 +202,36 @@ def test_sigterm_ends_open_event_streams_and_exits_0(tmp_path: Path) -> None:
 )
 def test_dev_mode_is_allowed_only_on_loopback_addresses(host: str, loopback: bool) -> None:
     assert is_loopback(host) is loopback
+
+
+def crew_server(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "crew_server", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def test_a_database_that_cannot_open_is_not_announced_as_serving(tmp_path: Path) -> None:
+    done = crew_server("--db", str(tmp_path / "missing" / "dir" / "crew.db"), "--port", "0")
+    assert done.returncode == 1
+    assert "serving" not in done.stdout, done.stdout
+    assert "cannot open the database" in done.stderr
+
+
+@pytest.mark.parametrize("host", ["192.0.2.1", "no-such-host.invalid"])
+def test_a_bad_host_is_called_a_bad_host_not_a_busy_port(tmp_path: Path, host: str) -> None:
+    done = crew_server("--db", str(tmp_path / "crew.db"), "--host", host, "--port", "0")
+    assert done.returncode == 1 and done.stdout == ""
+    assert f"--host {host} is not an address of this machine" in done.stderr, done.stderr
+    assert "--port" not in done.stderr
+    assert done.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("port", ["99999", "-1"])
+def test_a_port_out_of_range_is_a_usage_error(tmp_path: Path, port: str) -> None:
+    done = crew_server("--db", str(tmp_path / "crew.db"), "--port", port)
+    assert done.returncode == 2 and "is not a port" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -134,7 +134,8 @@ async def test_set_aside_marks_read_and_tells_the_room_why(world: World) -> None
     notice = messages[-1]
     assert notice["kind"] == "notice" and notice["author"]["kind"] == "system"
     assert notice["body"] == (
-        "@alice could not handle 1 message here and set it aside: engine_error: the engine crashed"
+        "@alice could not handle 1 message here and set it aside unanswered: "
+        "engine_error: the engine crashed"
     )
     # Read, the notice included (it is about alice herself), and nobody is woken by it.
     assert (await world.positions(alice))[room["id"]] == (2, 2)
@@ -144,6 +145,73 @@ async def test_set_aside_marks_read_and_tells_the_room_why(world: World) -> None
     await world.post(room["id"], "a new question")
     [fresh] = await world.unread(box, alice)
     assert [m["body"] for m in fresh["messages"]] == ["a new question"]
+
+
+async def test_set_aside_marks_read_only_its_own_claim_not_what_a_held_answer_delivered(
+    world: World,
+) -> None:
+    # Issue 20: MK2 arrives during MK1's turn and reaches the agent only through a HELD
+    # answer (delivered moves past MK1); MK1 is set aside. Only MK1 may be marked read.
+    box = await world.computer()
+    alice = await world.agent("alice", box)
+    room = await world.dm(alice)
+    other = await world.group("elsewhere", alice)
+    mk1 = await world.post(room["id"], "MK1")
+    token = await world.token(box, alice)
+    # The narrowed retry's claim: MK1 alone.
+    turn = await claimed_turn_of(world, box, alice, max_messages=1)
+    await world.post(other["id"], "in another room")
+    mk2 = await world.post(room["id"], "MK2")
+    held = await world.reply(token, room["id"], "answer to MK1")
+    assert held.status_code == 409 and held.json()["held"] is True
+    assert (await world.positions(alice))[room["id"]][0] == mk2["seq"]
+    await world.ok(
+        "POST",
+        f"/computer/agents/{alice['id']}/ack",
+        json={
+            "turn_id": turn["turn_id"],
+            "fence": turn["fence"],
+            "set_aside": {"reason": "engine_error: the model call failed"},
+        },
+        headers=box.headers,
+    )
+    _, read = (await world.positions(alice))[room["id"]]
+    assert read == mk1["seq"]
+    assert (await world.positions(alice))[other["id"]][1] == 0  # not in the turn: untouched
+    claimed = {
+        r["room"]["id"]: [m["body"] for m in r["messages"]] for r in await world.unread(box, alice)
+    }
+    assert claimed[room["id"]][0] == "MK2", claimed
+    assert any(b.startswith("@alice could not handle 1 message") for b in claimed[room["id"]])
+    assert claimed[other["id"]] == ["in another room"]
+
+
+async def claimed_turn_of(
+    world: World, box: Computer, agent: dict[str, Any], max_messages: int
+) -> dict[str, Any]:
+    """Claim at most `max_messages` and register a turn for them."""
+    answer = await world.ok(
+        "POST",
+        f"/computer/agents/{agent['id']}/unread",
+        json={"max_messages": max_messages},
+        headers=box.headers,
+    )
+    rooms = answer["rooms"]
+    body = {
+        "rooms": [
+            {
+                "room_id": r["room"]["id"],
+                "from_seq": r["messages"][0]["seq"],
+                "to_seq": r["messages"][-1]["seq"],
+            }
+            for r in rooms
+        ],
+        "input": "turn input",
+        "engine": "opencode",
+        "model": "m/x",
+    }
+    path = f"/computer/agents/{agent['id']}/turns"
+    return dict(await world.ok("POST", path, json=body, headers=box.headers, status=201))
 
 
 async def test_the_event_count_at_the_end_records_a_lost_tail_as_a_gap(world: World) -> None:
