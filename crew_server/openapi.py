@@ -49,7 +49,7 @@ _IDEMPOTENCY_PARAM = {
     "request again get the first answer (header `Idempotent-Replayed: true`); the same key "
     "with another request is refused (409 `idempotency_key_reused`); a key whose write was "
     "done but whose answer was lost in a server stop gets 409 `already_done`.",
-    "schema": {"type": "string", "minLength": 1, "maxLength": 200},
+    "schema": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": "^[!-~]+$"},
 }
 
 _PATH_PARAMS: dict[str, dict[str, Any]] = {

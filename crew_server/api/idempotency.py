@@ -68,11 +68,11 @@ def idempotent(handler: Endpoint) -> Endpoint:
 
 
 def check_key(raw: str) -> str:
-    """The key as sent: 1 to 200 printable ASCII characters."""
+    """The key as sent: 1 to 200 visible ASCII characters (no spaces)."""
     key = raw.strip()
-    if not key or len(key) > MAX_KEY or not key.isascii() or not key.isprintable():
+    if not key or len(key) > MAX_KEY or not all("!" <= c <= "~" for c in key):
         raise BadRequest(
-            f"the {HEADER} header must be 1 to {MAX_KEY} printable ASCII characters; "
+            f"the {HEADER} header must be 1 to {MAX_KEY} visible ASCII characters; "
             "send the key crew derives, or leave the header out"
         )
     return key
