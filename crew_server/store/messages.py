@@ -9,6 +9,7 @@ import orjson
 
 from crew_server import rules
 from crew_server.errors import Held, Invalid, NotFound, Refused
+from crew_server.store.answered import ack_if_late
 from crew_server.store.db import StorePart, Transaction, new_id
 from crew_server.store.identities import USER, Actor, AgentIdentity
 from crew_server.store.message_view import select_messages
@@ -309,6 +310,7 @@ class Messages(StorePart):
                     "UPDATE positions SET held_count = 0 WHERE agent_id = ? AND room_id = ?",
                     (agent.agent_id, target),
                 )
+                ack_if_late(tx, agent.agent_id)
                 if unseen is not None:
                     tx.execute(
                         "UPDATE positions SET delivered_seq = ?, "
