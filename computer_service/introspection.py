@@ -26,7 +26,12 @@ from starlette.routing import Route
 
 from computer_service.event_bus import BadEventId, BusEvent, EventBus, sse_frame
 from computer_service.metrics import Metrics
-from crew_common.connection_limits import ConnectionLimits, SheddingListener, limited_h11
+from crew_common.connection_limits import (
+    ConnectionLimits,
+    SheddingListener,
+    close_idlest,
+    limited_h11,
+)
 from crew_common.unix_socket import bind_private_socket, peer_checked_h11
 
 log = logging.getLogger(__name__)
@@ -332,9 +337,10 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
 class IntrospectionServer:
     """uvicorn serving the introspection app on the private socket; start, then stop.
 
-    Idle connections cannot exhaust it: `limits` caps the open connections and
-    closes one that sends no request head in time, and the listening socket
-    sheds connections instead of spinning when out of file descriptors
+    Idle connections cannot exhaust it: `limits` caps the open connections (a
+    new one closes the idlest) and closes one that sends no request head in
+    time, and the listening socket closes idle connections, then sheds waiting
+    ones, instead of spinning when out of file descriptors
     (crew_common/connection_limits.py).
     """
 
@@ -351,10 +357,11 @@ class IntrospectionServer:
         self._limits = limits
         self._sock: SheddingListener | None = None
         self._server: uvicorn.Server | None = None
+        self._serving: uvicorn.Server | None = None
 
     async def start(self) -> None:
         """Bind the socket and start serving (raises `OSError`/`SocketInUse`)."""
-        self._sock = SheddingListener.take(bind_private_socket(self.path))
+        self._sock = SheddingListener.take(bind_private_socket(self.path), self._make_room)
         config = uvicorn.Config(
             self._app,
             http=limited_h11(peer_checked_h11(self._allowed_uid), self._limits),
@@ -369,8 +376,13 @@ class IntrospectionServer:
         # We drive startup/shutdown ourselves: uvicorn's serve() would take over the signals.
         # Not public API: tests/common/test_uvicorn_pin.py checks it for the pinned uvicorn.
         server.lifespan = config.lifespan_class(config)
+        self._serving = server  # accepting may start before startup returns
         await server.startup(sockets=[self._sock])
         self._server = server
+
+    def _make_room(self) -> bool:
+        # Out of descriptors: an idle connection goes before a waiting one is shed.
+        return self._serving is not None and close_idlest(self._serving.server_state.connections)
 
     @property
     def open_connections(self) -> int:

@@ -3,16 +3,23 @@
 A client that opens connections and sends nothing would otherwise hold a file
 descriptor each for ever (uvicorn arms its keep-alive timer only after a first
 response), until `accept()` fails with EMFILE — and asyncio logs that once a
-second for as long as it lasts. Here:
+second for as long as it lasts. Both our servers (the Computer's socket and
+crew-server) use what is here:
 
-- `limited_h11` closes a connection beyond `max_connections` at once, and one
-  that has not sent a whole request head within `header_timeout_s` (at its
-  start, and again after each response: the idle keep-alive limit);
+- `limited_h11` closes a connection that has not sent a whole request head
+  within `header_timeout_s` (at its start, and again after each response: the
+  idle keep-alive limit; a slowloris sending its head byte by byte too), and
+  keeps at most `max_connections` open: a new one beyond the cap closes the
+  connection that has waited longest for a request (`close_idlest`), so a
+  client with a request to make gets in while idle ones are held; only when
+  every open connection is in a request is the newcomer closed;
 - `SheddingListener` is the listening socket: when `accept()` runs out of file
-  descriptors it frees a reserved one, accepts the waiting connection and
-  closes it (the client sees a closed connection instead of hanging, and the
-  event loop does not spin), logging the first failure and then a summary at
-  most once a minute;
+  descriptors it first closes the idlest connection (`make_room`: the
+  descriptor is free on the next loop turn, when the accept is tried again),
+  and when none is idle frees a reserved descriptor, accepts the waiting
+  connection and closes it (the client sees a closed connection instead of
+  hanging, and the event loop does not spin), logging the first failure and
+  then a summary at most once a minute;
 - `raise_open_file_limit` raises the soft RLIMIT_NOFILE to the hard one.
 
 Depends on uvicorn's `H11Protocol` internals, as `unix_socket.peer_checked_h11`
@@ -29,6 +36,7 @@ import resource
 import socket
 import sys
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,35 +63,78 @@ class ConnectionLimits:
 def limited_h11(base: type[H11Protocol], limits: ConnectionLimits) -> type[H11Protocol]:
     """`base` (an h11 protocol class) with the connection cap and the header/idle timeout."""
 
-    refusals = AcceptErrorLog(f"refused a connection: already {limits.max_connections} open")
+    evictions = AcceptErrorLog(
+        f"already {limits.max_connections} connections open: closed the one idle the longest"
+    )
+    refusals = AcceptErrorLog(
+        f"refused a connection: already {limits.max_connections} open, each in a request"
+    )
 
     class LimitedH11Protocol(base):  # type: ignore[valid-type,misc]
+        # The request this connection waits for: none has started while `cycle` is this one.
+        _waiting_after: Any = None
+        _waiting_since: float | None = None
+
         def connection_made(self, transport: asyncio.Transport) -> None:
-            if len(self.connections) >= limits.max_connections:
-                refusals.failed(None)
-                # Like the peer check: the HTTP side never sees this connection.
-                self.transport = transport
-                transport.close()
-                return
+            if open_count(self.connections) >= limits.max_connections:
+                if close_idlest(self.connections):
+                    evictions.failed(None)
+                else:
+                    refusals.failed(None)
+                    # Like the peer check: the HTTP side never sees this connection.
+                    self.transport = transport
+                    transport.close()
+                    return
             super().connection_made(transport)
             if not transport.is_closing():
-                self._arm_header_timer()
+                self._wait_for_request()
 
         def on_response_complete(self) -> None:
-            # Armed first: a pipelined request that uvicorn starts in there is a new cycle.
-            self._arm_header_timer()
+            # First: a pipelined request that uvicorn starts in there is a new cycle.
+            self._wait_for_request()
             super().on_response_complete()
 
-        def _arm_header_timer(self) -> None:
-            # The request this timer waits for: none has started while `cycle` is the same.
-            waiting_after = self.cycle
+        def waiting_since(self) -> float | None:
+            """Since when (loop time) this connection waits for a request head; None if in one."""
+            if self.cycle is not self._waiting_after or self.transport.is_closing():
+                return None
+            return self._waiting_since
+
+        def _wait_for_request(self) -> None:
+            waiting_after = self._waiting_after = self.cycle
+            self._waiting_since = self.loop.time()
             self.loop.call_later(limits.header_timeout_s, self._header_timeout, waiting_after)
 
         def _header_timeout(self, waiting_after: Any) -> None:
             if self.cycle is waiting_after and not self.transport.is_closing():
-                self.transport.close()
+                # abort, not close: a client that reads nothing would keep the descriptor.
+                self.transport.abort()
 
     return LimitedH11Protocol
+
+
+def open_count(connections: Iterable[Any]) -> int:
+    """How many of `connections` are not closing (a closed one leaves the set a loop turn later)."""
+    return sum(1 for conn in connections if not conn.transport.is_closing())
+
+
+def close_idlest(connections: Iterable[Any]) -> bool:
+    """Close the connection that has waited longest for a request head; False if none waits.
+
+    `connections` is uvicorn's `server_state.connections`; only protocols of
+    `limited_h11` can say they wait. The descriptor is free on the next loop turn.
+    """
+    idlest: Any = None
+    since = float("inf")
+    for conn in connections:
+        waiting = getattr(conn, "waiting_since", None)
+        started = waiting() if waiting is not None else None
+        if started is not None and started < since:
+            idlest, since = conn, started
+    if idlest is None:
+        return False
+    idlest.transport.abort()
+    return True
 
 
 class AcceptErrorLog:
@@ -131,16 +182,25 @@ class SheddingListener(socket.socket):
 
     errors: AcceptErrorLog
     _spare: int | None
+    _make_room: Callable[[], bool] | None
 
     @classmethod
-    def take(cls, sock: socket.socket) -> SheddingListener:
-        """Wrap `sock` (which is detached: use the result instead)."""
+    def take(
+        cls, sock: socket.socket, make_room: Callable[[], bool] | None = None
+    ) -> SheddingListener:
+        """Wrap `sock` (which is detached: use the result instead).
+
+        `make_room()` closes an idle connection, if there is one (True); it is
+        tried before a waiting connection is shed.
+        """
         listener = cls(sock.family, sock.type, sock.proto, fileno=sock.detach())
         listener.setblocking(False)
         listener.errors = AcceptErrorLog(
-            "cannot accept a connection (out of file descriptors); closing waiting connections"
+            "cannot accept a connection (out of file descriptors); closing idle or "
+            "waiting connections"
         )
         listener._spare = _reserve_fd()
+        listener._make_room = make_room
         return listener
 
     def accept(self) -> tuple[socket.socket, Any]:
@@ -151,10 +211,12 @@ class SheddingListener(socket.socket):
             if exc.errno not in _OUT_OF_FDS:
                 raise
             self.errors.failed(exc)
-            if not self._shed():
+            # An idle connection's descriptor is free on the next loop turn, when this
+            # socket (still readable) is accepted from again.
+            if (self._make_room is None or not self._make_room()) and not self._shed():
                 raise  # asyncio backs off for a second and tries again
             # "Nothing more to accept now": the loop waits until the socket is readable again.
-            raise BlockingIOError(errno.EAGAIN, "shed a connection") from exc
+            raise BlockingIOError(errno.EAGAIN, "made room or shed a connection") from exc
 
     def _shed(self) -> bool:
         """Free the reserved descriptor, accept and close one connection, reserve it again."""

@@ -24,11 +24,25 @@ from types import FrameType
 from urllib.parse import urlsplit, urlunsplit
 
 import uvicorn
+from starlette.applications import Starlette
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from crew_common.connection_limits import (
+    ConnectionLimits,
+    SheddingListener,
+    close_idlest,
+    limited_h11,
+    raise_open_file_limit,
+)
+from crew_common.tcp_listener import tcp_listener
 from crew_common.version import VERSION
+from crew_server.api.hosts import allowed_hosts
 from crew_server.app import EventHub, create_app
 from crew_server.clock import Clock
 from crew_server.store import Store
+
+# Computers and browsers hold streams open: room for many, and a slow client gets 10 s.
+SERVER_LIMITS = ConnectionLimits(max_connections=1000, header_timeout_s=10.0)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -49,6 +63,38 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=port_number, default=8765)
+    parser.add_argument(
+        "--public-url",
+        metavar="URL",
+        help="the URL Computers and browsers reach this server at (e.g. behind a proxy, or "
+        "with --host 0.0.0.0); shown in the Computers page's bootstrap line, and its host "
+        "is accepted in Host headers (default: the URL it serves on)",
+    )
+    parser.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="another host name requests may be addressed to (repeatable); requests with any "
+        "other Host get 400. Always allowed: --host, localhost, 127.0.0.1, ::1 and the host "
+        "of --public-url",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=SERVER_LIMITS.max_connections,
+        metavar="N",
+        help="connections served at once (default %(default)s); beyond it a new one closes "
+        "the connection idle the longest",
+    )
+    parser.add_argument(
+        "--header-timeout",
+        type=float,
+        default=SERVER_LIMITS.header_timeout_s,
+        metavar="SECONDS",
+        help="a connection that sends no whole request head for this long (after it opens "
+        "or after a response) is closed (default %(default)s)",
+    )
     parser.add_argument(
         "--dev",
         action="store_true",
@@ -89,20 +135,12 @@ def is_loopback(host: str) -> bool:
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
-    """A socket bound to host:port, as uvicorn would bind it; `OSError` when the port is taken.
+    """A socket bound to host:port, with TCP_NODELAY; `OSError` when the port is taken.
 
     Bound before anything is printed or stored, so a second server on a busy
     port stops before it mints a user token nobody can use.
     """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    listener = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind((host, port))
-    except OSError:
-        listener.close()
-        raise
-    return listener
+    return tcp_listener(host, port)
 
 
 def listen_failure(host: str, port: int, exc: OSError) -> str:
@@ -176,23 +214,46 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     # Only now: "serving" means the database is open and the user token exists.
     print(f"crew-server: serving {served_url(listener)}", flush=True)
-    app = create_app(store, clock, dev=args.dev)
+    public_url = (args.public_url or served_url(listener)).rstrip("/")
+    app = create_app(
+        store,
+        clock,
+        dev=args.dev,
+        public_url=public_url,
+        allowed_hosts=allowed_hosts(args.host, public_url, args.allowed_host),
+    )
+    limits = ConnectionLimits(args.max_connections, args.header_timeout)
+    raise_open_file_limit()
+    server, sock = http_server(app, listener, limits, args.log_level)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+        store.close()
+    return 0
+
+
+def http_server(
+    app: Starlette, listener: socket.socket, limits: ConnectionLimits, log_level: str
+) -> tuple[StoppingServer, SheddingListener]:
+    """uvicorn for `app` on `listener` (which it takes over), within `limits`: run it on the socket.
+
+    Idle and slow connections cannot take the server down: the cap, the header
+    timeout and the EMFILE handling of crew_common/connection_limits.py.
+    """
     config = uvicorn.Config(
         app,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
+        http=limited_h11(H11Protocol, limits),
+        log_level=log_level,
         access_log=False,
         lifespan="on",
         # a safety net: open streams end at once (below), anything else gets 3 s
         timeout_graceful_shutdown=3,
     )
     server = StoppingServer(config, app.state.hub)
-    try:
-        server.run(sockets=[listener])
-    finally:
-        store.close()
-    return 0
+    # Out of descriptors: an idle connection goes before a waiting one is shed.
+    sock = SheddingListener.take(listener, lambda: close_idlest(server.server_state.connections))
+    return server, sock
 
 
 def shown(location: str) -> str:

@@ -14,7 +14,9 @@ from contextlib import asynccontextmanager
 import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 
+from crew_server.api.hosts import HostAllowList
 from crew_server.api.http import Context, api_error, http_error, server_error
 from crew_server.api.routes import starlette_routes
 from crew_server.api.stream import PING_SECONDS, EventHub
@@ -34,12 +36,20 @@ def create_app(
     *,
     ping_seconds: float = PING_SECONDS,
     run_scheduler: bool = True,
+    public_url: str | None = None,
+    allowed_hosts: frozenset[str] | None = None,
 ) -> Starlette:
-    """The ASGI app. `dev` enables `POST /api/dev/clock` (which wants the user token too)."""
+    """The ASGI app. `dev` enables `POST /api/dev/clock` (which wants the user token too).
+
+    `public_url` is the URL Computers and browsers reach the server at (the
+    Computers page puts it in the bootstrap line); `allowed_hosts` the names a
+    request's `Host` may carry (crew_server/api/hosts.py). crew-server passes
+    both; in-process tests may leave them out (any Host, the request's URL).
+    """
     hub = EventHub()
     store.listener = hub.notify
     scheduler = ReminderScheduler(store, clock)
-    ctx = Context(store, clock, hub, scheduler, dev, ping_seconds)
+    ctx = Context(store, clock, hub, scheduler, dev, ping_seconds, public_url=public_url)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -56,6 +66,9 @@ def create_app(
         routes=[*starlette_routes(ctx), *web_routes(ctx)],
         exception_handlers={ApiError: api_error, HTTPException: http_error, 500: server_error},
         lifespan=lifespan,
+        middleware=[]
+        if allowed_hosts is None
+        else [Middleware(HostAllowList, allowed=allowed_hosts)],
     )
     app.state.store = store
     app.state.scheduler = scheduler

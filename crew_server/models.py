@@ -529,6 +529,11 @@ class StoredEvent(BaseModel):
     type: EventType
     at: str
     data: dict[str, Any]
+    malformed: str | None = Field(
+        default=None,
+        description="present when the stored data could not be read as an object: why; "
+        '`data` is then `{"stored": <what was stored>}`',
+    )
 
 
 class Turn(BaseModel):

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -208,14 +210,26 @@ class CrewServer:
 
 
 def start_crew_server(
-    tmp_path: Path, *, db: Path | str | None = None, port: int | None = None
+    tmp_path: Path,
+    *,
+    db: Path | str | None = None,
+    port: int | None = None,
+    args: Sequence[str] = (),
+    open_file_limit: int | None = None,
 ) -> CrewServer:
     """Start `crew-server --dev` on loopback and wait until `/health` answers.
 
     The user token goes to `tmp_path/user-token` at first start; a restart with the
     same `tmp_path` (and `db`) finds it there. `db` may be a PostgreSQL URL: several
     servers started with it (and one `tmp_path`) share the database and the token.
+    `args` go on the command line; `open_file_limit` is its RLIMIT_NOFILE (soft
+    and hard, as `ulimit -n` sets it).
     """
+
+    def limit_open_files() -> None:
+        if open_file_limit is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (open_file_limit, open_file_limit))
+
     tmp_path.mkdir(parents=True, exist_ok=True)
     db = db or tmp_path / "crew.db"
     user_token_file = tmp_path / USER_TOKEN_FILE
@@ -238,7 +252,9 @@ def start_crew_server(
                     "--dev",
                     "--user-token-file",
                     str(user_token_file),
+                    *args,
                 ],
+                preexec_fn=limit_open_files if open_file_limit is not None else None,
                 stdout=sink,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

@@ -60,6 +60,8 @@ class Context:
     ping_seconds: float
     # The web app's one-time sign-in links (minted by the user API, spent by /login).
     sign_in_codes: SignInCodes = field(default_factory=SignInCodes)
+    # The URL the server is reached at (crew-server --public-url); None: the request's.
+    public_url: str | None = None
 
     def user(self, request: Request) -> Actor:
         """The user, when the request carries the user token (with --dev too: an agent

@@ -86,6 +86,31 @@ class EventHub:
                 flag.set()
 
 
+# Event ids are 64-bit integers in both databases.
+MAX_EVENT_ID = 2**63 - 1
+
+
+def event_id(header: str | None) -> int | None:
+    """The id in a `Last-Event-ID` header; None when absent or empty. `Invalid` when it is
+    not one this server could have sent (not a decimal integer, or beyond 64 bits)."""
+    raw = (header or "").strip()
+    if not raw:
+        return None
+    # Checked before int(): Python refuses to convert more than 4,300 digits (ValueError).
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= len(str(MAX_EVENT_ID))):
+        raise Invalid(
+            f"Last-Event-ID must be an id this server sent (an integer up to {MAX_EVENT_ID}), "
+            f"not {raw[:40]!r}{'…' if len(raw) > 40 else ''}; reconnect without it to start afresh"
+        )
+    value = int(raw)
+    if value > MAX_EVENT_ID:
+        raise Invalid(
+            f"Last-Event-ID {value} is beyond any id this server sends ({MAX_EVENT_ID}); "
+            "reconnect without it to start afresh"
+        )
+    return value
+
+
 def event_stream(
     store: Store,
     hub: EventHub,
@@ -99,12 +124,9 @@ def event_stream(
     `superseded` event (`{"epoch": <the new epoch>}`) and ends.
     """
     computer_id = caller.computer_id
-    raw = (last_event_id or "").strip()
-    if raw and not (raw.isascii() and raw.isdigit()):
-        raise Invalid("Last-Event-ID must be an id this server sent (an integer)")
     # An id from before a database reset would hide every new event: start afresh.
     # One older than the replay log: wake every agent of this Computer first.
-    cursor, lost = store.replay_start(computer_id, int(raw) if raw else None)
+    cursor, lost = store.replay_start(computer_id, event_id(last_event_id))
     flag = hub.subscribe(computer_id)
 
     async def stream() -> AsyncIterator[bytes]:

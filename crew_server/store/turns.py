@@ -31,6 +31,26 @@ def turn_of(r: sqlite3.Row) -> dict[str, Any]:
     }
 
 
+def stored_event(r: sqlite3.Row) -> dict[str, Any]:
+    """A `turn_events` row as the API shows it. Data that is not a JSON object (a row
+    written by hand, a damaged database) comes as `{"stored": …}` with `malformed`
+    saying why: one bad row must not make its whole turn unreadable."""
+    event = {"index": r["idx"], "type": r["type"], "at": r["at"]}
+    try:
+        data = orjson.loads(r["data"])
+    except orjson.JSONDecodeError as exc:
+        text = str(r["data"])
+        return {
+            **event,
+            "data": {"stored": text[:4000]},
+            "malformed": f"its data is not JSON ({exc})",
+        }
+    if not isinstance(data, dict):
+        problem = f"its data is {type(data).__name__}, not an object"
+        return {**event, "data": {"stored": data}, "malformed": problem}
+    return {**event, "data": data}
+
+
 def fenced_turn(tx: Transaction, computer_id: str, turn_id: str, fence: int) -> tuple[str, int]:
     """Check a write for a turn carries a live fence: (agent id, next event index)."""
     row = tx.execute(
@@ -299,12 +319,7 @@ class Turns(StorePart):
             if row is None:
                 raise NotFound(f"no turn {turn_id}")
             events = [
-                {
-                    "index": e["idx"],
-                    "type": e["type"],
-                    "at": e["at"],
-                    "data": orjson.loads(e["data"]),
-                }
+                stored_event(e)
                 for e in tx.execute(
                     "SELECT idx, type, at, data FROM turn_events WHERE turn_id = ? AND idx >= ? "
                     "ORDER BY idx",

@@ -22,6 +22,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.templating import Jinja2Templates
 
+from crew_server.web.turn_events import shown_event
+
 HERE = Path(__file__).parent
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
@@ -81,7 +83,12 @@ def _environment() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters.update(
-        mentions=mentions, clock_time=clock_time, day_time=day_time, money=money, pretty=pretty
+        mentions=mentions,
+        clock_time=clock_time,
+        day_time=day_time,
+        money=money,
+        pretty=pretty,
+        shown_event=shown_event,
     )
     return env
 

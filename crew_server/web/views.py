@@ -220,6 +220,7 @@ def computers_page(
         **web.base(session, "computers", request),
         "computers": [{**c, "connected": c["id"] in listening} for c in web.store.list_computers()],
         "created": created,
-        "server_url": str(request.base_url).rstrip("/"),
+        # The configured URL, never the request's Host (a client chooses that).
+        "server_url": web.ctx.public_url or str(request.base_url).rstrip("/"),
     }
     return page(request, "computers.html", context, 201 if created else 200)

@@ -107,7 +107,8 @@ limit = int(sys.argv[2])
 resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
 
 async def main() -> None:
-    limits = ConnectionLimits(max_connections=10_000, header_timeout_s=600)
+    cap = int(sys.argv[3]) if len(sys.argv) > 3 else 10_000
+    limits = ConnectionLimits(max_connections=cap, header_timeout_s=600)
     server = IntrospectionServer(create_app(StaticView(), EventBus()), Path(sys.argv[1]), limits=limits)
     await server.start()
     sys.stdout.write("serving\\n")
@@ -174,3 +175,39 @@ def test_the_soft_open_file_limit_is_raised_to_the_hard_one() -> None:
     assert done.stdout.split() == ["4096", "4096", "4096", "4096"]
     assert raise_open_file_limit()[0] == resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     assert os.sysconf("SC_OPEN_MAX") > 0
+
+
+def health_over(path: Path) -> bool:
+    try:
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(path)), timeout=2) as client:
+            return client.get("http://computer/health").status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.mark.parametrize("cap", [64, 10_000])
+def test_health_answers_while_idle_connections_hold_the_cap_or_every_descriptor(cap: int) -> None:
+    # Issue 20: 64 idle connections (or all descriptors) kept /health out until they timed
+    # out; a long header timeout here, so only closing the idlest lets /health in.
+    with machine() as m:
+        path = m.root / "s" / "computer.sock"
+        child = subprocess.Popen(
+            [sys.executable, "-c", EMFILE_SERVER, str(path), "128", str(cap)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=ROOT,
+            env=m.env() | {"PYTHONPATH": str(ROOT)},
+        )
+        try:
+            assert child.stdout is not None and child.stdout.readline() == b"serving\n"
+            with idle_connections(path, 200) as conns:
+                wait_until("/health answers", lambda: health_over(path), 60)
+                assert closed_by_server(conns) > 200 - min(cap, 128)
+            assert child.stdin is not None
+            child.stdin.close()
+            assert child.wait(timeout=60) == 0
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
