@@ -40,6 +40,17 @@ _EPOCH_PARAM = {
     "schema": {"type": "integer", "minimum": 1, "maximum": 10**15 - 1},
 }
 
+# Agent writes are done once per key (contracts: idempotent agent writes).
+_IDEMPOTENCY_PARAM = {
+    "name": "Idempotency-Key",
+    "in": "header",
+    "required": False,
+    "description": "Done once per key, per agent and turn, kept 48 h: the same key and "
+    "request again get the first answer (header `Idempotent-Replayed: true`); the same key "
+    "with another request is refused (409 `idempotency_key_reused`); a key whose write was "
+    "done but whose answer was lost in a server stop gets 409 `already_done`.",
+    "schema": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": "^[!-~]+$"},
+}
 
 _PATH_PARAMS: dict[str, dict[str, Any]] = {
     "agent_id": UUID,
@@ -84,6 +95,8 @@ def build() -> dict[str, Any]:
         params += [{"name": n, "in": "query", "required": False, "schema": s} for n, s in op.query]
         if op.auth == "computer" and op.op_id != "connect":
             params.append(_EPOCH_PARAM)
+        if op.idempotent:
+            params.append(_IDEMPOTENCY_PARAM)
         if params:
             item["parameters"] = params
         # An operation without auth says so: `security: []`, not silence.

@@ -4,11 +4,15 @@ No httpx and, for `http://`, not even `http.client`: importing httpx costs
 ~80 ms and http.client ~12 ms (email parser, ssl) per run, and `crew` runs many
 times per turn (figures in crew_shim/README.md). A plain HTTP/1.1 exchange over
 a socket is all one JSON request needs; `https://` goes through http.client.
-One request, a 10 s deadline, never a retry: a retried reply could post twice.
+One 10 s deadline per command. Every write carries an `Idempotency-Key` derived from
+the command's request (`idempotency_key`): the server does a key once per agent and turn,
+so `crew` retries a refused or broken connection (and a 503) within its deadline, and the
+agent may run the same command again after a timeout.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -23,6 +27,8 @@ if TYPE_CHECKING:
 
 TIMEOUT_S = 10.0
 _MAX_ANSWER = 8 * 1024 * 1024
+_FIRST_PAUSE_S = 0.25  # between retries, doubling, within the one deadline
+KEY_HEADER = "Idempotency-Key"
 
 
 class Answer:
@@ -114,25 +120,51 @@ class CrewServer:
         return cls(url, token)
 
     def call(self, method: str, path: str, body: Any = None, *, effect: Effect) -> Answer:
-        """Send one request and return the answer; network failures become CrewErrors."""
+        """Send the request and return the answer; network failures become CrewErrors.
+
+        A write is retried with the same key until the deadline when the connection is
+        refused or breaks, or the server answers 503 (a full disk, a lost database).
+        """
         payload = b"" if body is None else json.dumps(body, ensure_ascii=False).encode("utf-8")
         headers = {"Authorization": f"Bearer {self._token}", "Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = "application/json"
+        if method != "GET":
+            headers[KEY_HEADER] = idempotency_key(method, path, payload)
         target = self._prefix + path
-        if self._https:
-            status, raw = self._exchange_https(method, target, headers, payload, effect)
-        else:
-            status, raw = self._exchange_plain(method, target, headers, payload, effect)
-        return Answer(status, _decode(raw))
+        deadline = time.monotonic() + self._timeout
+        pause = _FIRST_PAUSE_S
+        while True:
+            try:
+                if self._https:
+                    status, raw = self._exchange_https(method, target, headers, payload, effect)
+                else:
+                    status, raw = self._exchange_plain(
+                        method, target, headers, payload, effect, deadline
+                    )
+            except CrewError:
+                if method == "GET" or time.monotonic() + pause >= deadline:
+                    raise
+            else:
+                if status != 503 or method == "GET" or time.monotonic() + pause >= deadline:
+                    return Answer(status, _decode(raw))
+            time.sleep(pause)
+            pause *= 2
 
     def _exchange_plain(
-        self, method: str, target: str, headers: dict[str, str], payload: bytes, effect: Effect
+        self,
+        method: str,
+        target: str,
+        headers: dict[str, str],
+        payload: bytes,
+        effect: Effect,
+        deadline: float,
     ) -> tuple[int, bytes]:
-        deadline = time.monotonic() + self._timeout
         port = self._port or 80
         try:
-            sock = socket.create_connection((self._host, port), timeout=self._timeout)
+            sock = socket.create_connection(
+                (self._host, port), timeout=max(deadline - time.monotonic(), 0.001)
+            )
         except TimeoutError as exc:
             raise self._unreachable("no connection within the timeout", effect) from exc
         except OSError as exc:
@@ -200,6 +232,16 @@ class CrewServer:
     def _broken(self, exc: BaseException, effect: Effect) -> ServerTimeout:
         # The request may have reached the server before the connection broke.
         return ServerTimeout(f"the connection to the crew server broke ({exc}), so {effect.maybe}.")
+
+
+def idempotency_key(method: str, path: str, payload: bytes) -> str:
+    """The key of a write: the same command with the same request gives the same key.
+
+    The server scopes it to the agent and its turn, so the same reply in another turn
+    is a new write.
+    """
+    digest = hashlib.sha256(b"crew/1 %s %s\n%s" % (method.encode(), path.encode(), payload))
+    return "crew-" + digest.hexdigest()
 
 
 def parse_response(raw: bytes) -> tuple[int, bytes]:

@@ -46,7 +46,8 @@ def expect_success(answer: Answer, *, refusals: Refusals, command: str) -> Any:
     if answer.ok:
         return answer.data
     message = answer.error_message
-    if answer.error_code == "refused" and message:
+    # `already_done`: the same command was done before (idempotency key); its sentence says so.
+    if answer.error_code in ("refused", "already_done") and message:
         raise ServerRefused(message)
     if answer.status == 401:
         raise ServerRefused(

@@ -44,6 +44,9 @@ Sends the message on stdin to the room (trailing whitespace removed; at most
 
 If new messages arrived in the room since you last read it, the message is not
 sent: crew shows them. Then run crew reply again (as is or changed), or do nothing.
+
+The same message to the same room again in this turn is sent once: after a
+timeout, running the same crew reply again is safe.
 """
 
 TASK_HELP = f"""\

@@ -13,7 +13,10 @@ from crew_shim.times import check_mute, format_local, parse_duration, parse_rfc3
 
 _EFFECT = Effect(
     unsent="changed",
-    maybe="the change may have been made. Your next turn input shows whether the group is muted",
+    maybe=(
+        "the change may have been made. Running the same command again is safe: "
+        "the server does it once"
+    ),
 )
 
 

@@ -27,7 +27,10 @@ WHEN_OPTIONS = {"in": 1, "at": 1, "every": 1, "daily": 1, "weekly": 2}
 
 _EFFECT = Effect(
     unsent="changed",
-    maybe="the change may have been made. Check with crew remind list before trying again",
+    maybe=(
+        "the change may have been made. Running the same command again is safe: "
+        "the server does it once"
+    ),
 )
 
 

@@ -25,8 +25,8 @@ _HEREDOC_HINT = "crew reply <room-id> <<'EOF' (the message on the next lines, th
 _EFFECT = Effect(
     unsent="sent",
     maybe=(
-        "the message may have been sent. Do not send it again blindly: "
-        "if you do send it again, say it may be a repeat"
+        "the message may have been sent. Sending the same crew reply again is safe: "
+        "the server keeps it once"
     ),
 )
 

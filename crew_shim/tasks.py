@@ -220,7 +220,10 @@ def _call(method_path: tuple[str, str], request: Any, *, refusals: Refusals, com
     method, path = method_path
     effect = Effect(
         unsent="changed",
-        maybe="the change may have been made. Check with crew task list <room-id> before trying again",
+        maybe=(
+            "the change may have been made. Running the same command again is safe: "
+            "the server does it once"
+        ),
     )
     answer = CrewServer.from_environment().call(method, path, request, effect=effect)
     return expect_success(answer, refusals=refusals, command=command)

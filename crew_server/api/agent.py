@@ -144,6 +144,7 @@ OPS: list[Op] = [
         status=201,
         answer=m.ReplyAnswer,
         handler=reply,
+        idempotent=True,
     ),
     Op(
         "get",
@@ -166,6 +167,7 @@ OPS: list[Op] = [
         status=201,
         answer=m.Task,
         handler=create_task,
+        idempotent=True,
     ),
     Op(
         "post",
@@ -177,6 +179,7 @@ OPS: list[Op] = [
         status=201,
         answer=m.Task,
         handler=convert_task,
+        idempotent=True,
     ),
     Op(
         "post",
@@ -186,6 +189,7 @@ OPS: list[Op] = [
         "agent",
         answer=m.Task,
         handler=claim_task,
+        idempotent=True,
     ),
     Op(
         "post",
@@ -196,6 +200,7 @@ OPS: list[Op] = [
         m.TaskStatusSet,
         answer=m.Task,
         handler=task_status,
+        idempotent=True,
     ),
     Op(
         "post",
@@ -206,6 +211,7 @@ OPS: list[Op] = [
         m.TaskAssign,
         answer=m.Task,
         handler=assign_task,
+        idempotent=True,
     ),
     Op(
         "post",
@@ -217,6 +223,7 @@ OPS: list[Op] = [
         status=201,
         answer=m.Reminder,
         handler=create_reminder,
+        idempotent=True,
     ),
     Op(
         "get",
@@ -236,6 +243,7 @@ OPS: list[Op] = [
         "agent",
         status=204,
         handler=delete_reminder,
+        idempotent=True,
     ),
     Op(
         "put",
@@ -246,6 +254,7 @@ OPS: list[Op] = [
         m.MuteSet,
         answer=m.MuteAnswer,
         handler=mute,
+        idempotent=True,
     ),
     Op(
         "delete",
@@ -255,5 +264,6 @@ OPS: list[Op] = [
         "agent",
         status=204,
         handler=unmute,
+        idempotent=True,
     ),
 ]

@@ -35,3 +35,5 @@ class Op:
     query: tuple[tuple[str, dict[str, Any]], ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
     handler: Endpoint = field(kw_only=True)
+    # An agent write done once per `Idempotency-Key` (crew_server.api.idempotency).
+    idempotent: bool = field(default=False, kw_only=True)

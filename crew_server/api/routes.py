@@ -15,6 +15,7 @@ from starlette.routing import Route
 from crew_server import models as m
 from crew_server.api import agent, computer, user
 from crew_server.api.http import Context, json_response
+from crew_server.api.idempotency import idempotent
 from crew_server.api.operation import Op
 from crew_server.errors import Invalid
 
@@ -46,7 +47,9 @@ def _route(ctx: Context, path: str, ops: list[Op]) -> Route:
     Query parameters that none of the path's operations take are refused: a typo must
     not pass silently.
     """
-    handlers = {op.method.upper(): op.handler for op in ops}
+    handlers = {
+        op.method.upper(): idempotent(op.handler) if op.idempotent else op.handler for op in ops
+    }
     query = tuple(dict.fromkeys(name for op in ops for name, _ in op.query))
 
     async def endpoint(request: Request) -> Response:

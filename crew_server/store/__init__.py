@@ -3,7 +3,7 @@
 `Store` is the sum of its parts, one module per aggregate: `identities` (user,
 Computers, agents, tokens), `rooms`, `messages`, `positions` (and the unread
 claim), `turns`, `tasks`, `reminders`, `mutes`, `user_reads` (the web app's unread
-counts); `db` holds the connection, the
+counts), `writes` (idempotency keys of agent writes); `db` holds the connection, the
 transactions, the migrations and the SSE event log. Each part runs its
 statements through a `db.Transaction`; what parts share (a room's row, posting
 a message, claiming a room) are plain functions of a transaction.
@@ -33,6 +33,7 @@ from crew_server.store.rooms import Rooms
 from crew_server.store.tasks import Tasks
 from crew_server.store.turns import Turns
 from crew_server.store.user_reads import UserReads
+from crew_server.store.writes import AgentWrites
 
 __all__ = [
     "CLAIM_MAX_CHARS",
@@ -47,7 +48,17 @@ __all__ = [
 
 
 class Store(
-    Identities, Rooms, Messages, Positions, Turns, Tasks, Reminders, Mutes, UserReads, EventLog
+    Identities,
+    Rooms,
+    Messages,
+    Positions,
+    Turns,
+    Tasks,
+    Reminders,
+    Mutes,
+    UserReads,
+    AgentWrites,
+    EventLog,
 ):
     """The server's durable state and the operations on it (see the package docstring)."""
 

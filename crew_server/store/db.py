@@ -21,6 +21,8 @@ import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
 from importlib import resources
 from importlib.abc import Traversable
 from typing import Any, Protocol, TypeVar
@@ -178,6 +180,7 @@ class SqliteDatabase(Database):
             self.connection.execute("BEGIN IMMEDIATE")
             try:
                 yield tx
+                claim_pending(tx)
                 self.connection.execute("COMMIT")
             except BaseException:
                 # SQLite rolls back by itself on some errors (a full disk among them):
@@ -218,6 +221,9 @@ class Transaction:
         self._db = statements
         # Computers with new SSE events, told to the listener after the commit.
         self.touched: set[str] = set()
+        # False when the operation commits without doing what was asked (a HELD reply
+        # records delivery only): its idempotency key is not taken, a retry runs again.
+        self.effective = True
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
         """Run one statement."""
@@ -347,3 +353,39 @@ class EventLog(StorePart):
         with self._database.read() as tx:
             row = tx.execute("SELECT MAX(id) AS newest FROM computer_events").fetchone()
         return int(row["newest"] or 0)
+
+
+# ------------------------------------------------ idempotency keys (store/writes.py)
+
+
+@dataclass
+class PendingWrite:
+    """The key of the agent write the current request makes (set by the API)."""
+
+    agent_id: str
+    turn_id: str
+    key: str
+    fingerprint: str
+
+
+class DuplicateWrite(Exception):
+    """The key is already taken (another request with it committed first)."""
+
+
+PENDING: ContextVar[PendingWrite | None] = ContextVar("pending_write", default=None)
+
+
+def claim_pending(tx: Transaction) -> None:
+    """Take the current request's key inside its write transaction (both backends call
+    this before COMMIT); DuplicateWrite rolls the write back when the key is taken."""
+    pending = PENDING.get()
+    if pending is None or not tx.effective:
+        return
+    now = tx.now()
+    taken = tx.execute(
+        "INSERT INTO agent_writes (agent_id, turn_id, key, fingerprint, created_at) "
+        "VALUES (?, ?, ?, ?, ?) ON CONFLICT (agent_id, turn_id, key) DO NOTHING",
+        (pending.agent_id, pending.turn_id, pending.key, pending.fingerprint, now),
+    )
+    if taken.rowcount == 0:
+        raise DuplicateWrite(pending.key)

@@ -22,6 +22,7 @@ from crew_server.errors import (
     Unauthorized,
     UnknownModel,
 )
+from crew_server.store.answered import ack_answered_rooms
 from crew_server.store.db import StorePart, Transaction, new_id
 
 log = logging.getLogger("crew_server.store")
@@ -235,11 +236,17 @@ class Identities(StorePart):
                 "capacity = ?, connected_at = ? WHERE id = ? RETURNING epoch",
                 (hostname, platform, version, capacity, now, computer_id),
             ).fetchone()["epoch"]
-            interrupted = tx.execute(
+            lost = tx.execute(
                 "UPDATE turns SET status = 'interrupted', finished_at = ? "
-                "WHERE computer_id = ? AND status = 'running' AND fence < ?",
+                "WHERE computer_id = ? AND status = 'running' AND fence < ? "
+                "RETURNING id, agent_id",
                 (now, computer_id, epoch),
-            ).rowcount
+            ).fetchall()
+            # The Computer vanished mid-turn (kill -9): rooms those turns answered are
+            # read, before the new connection claims anything.
+            for turn in lost:
+                ack_answered_rooms(tx, str(turn["agent_id"]), str(turn["id"]))
+            interrupted = len(lost)
             tx.execute(
                 "DELETE FROM agent_tokens WHERE computer_id = ? AND epoch < ?", (computer_id, epoch)
             )

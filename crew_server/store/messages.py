@@ -9,6 +9,7 @@ import orjson
 
 from crew_server import rules
 from crew_server.errors import Held, Invalid, NotFound, Refused
+from crew_server.store.answered import ack_if_late
 from crew_server.store.db import StorePart, Transaction, new_id
 from crew_server.store.identities import USER, Actor, AgentIdentity
 from crew_server.store.message_view import select_messages
@@ -298,6 +299,7 @@ class Messages(StorePart):
                 )
                 # A fresh budget always takes the first unseen message: entry is set.
                 held = [entry] if entry is not None else []
+                tx.effective = False  # nothing posted: the same request may post later
             else:
                 actor = Actor("agent", agent.agent_id, agent.handle)
                 message = post(tx, target, actor, body)
@@ -308,6 +310,7 @@ class Messages(StorePart):
                     "UPDATE positions SET held_count = 0 WHERE agent_id = ? AND room_id = ?",
                     (agent.agent_id, target),
                 )
+                ack_if_late(tx, agent.agent_id)
                 if unseen is not None:
                     tx.execute(
                         "UPDATE positions SET delivered_seq = ?, "

@@ -37,7 +37,13 @@ import anyio
 
 from crew_server.clock import Clock
 from crew_server.errors import DatabaseUnavailable, StorageFull
-from crew_server.store.db import Cursor, Database, Transaction, migration_files
+from crew_server.store.db import (
+    Cursor,
+    Database,
+    Transaction,
+    claim_pending,
+    migration_files,
+)
 
 try:
     import psycopg
@@ -176,6 +182,7 @@ class PostgresDatabase(Database):
             connection.execute("BEGIN ISOLATION LEVEL SERIALIZABLE")
             try:
                 yield tx
+                claim_pending(tx)
                 if tx.touched:
                     connection.execute(
                         "SELECT pg_notify(%s, c) FROM unnest(%s::text[]) AS c",

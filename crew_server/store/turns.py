@@ -9,6 +9,7 @@ import orjson
 
 from crew_server import rules
 from crew_server.errors import Invalid, NotAnswered, NotConnected, NotFound, StaleTurn
+from crew_server.store.answered import ENDED_UNACKED, ack_answered_rooms
 from crew_server.store.db import StorePart, Transaction, new_id
 from crew_server.store.identities import connection_epoch, own_agent
 from crew_server.store.messages import post
@@ -247,6 +248,11 @@ class Turns(StorePart):
                     turn_id,
                 ),
             )
+            if status in ENDED_UNACKED:
+                agent_id = tx.execute(
+                    "SELECT agent_id FROM turns WHERE id = ?", (turn_id,)
+                ).fetchone()["agent_id"]
+                ack_answered_rooms(tx, agent_id, turn_id)
 
     def ack(
         self,

@@ -17,6 +17,16 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 FAULTS: dict[str, list[str]] = {
+    "a crew reply whose answer is lost, or whose server pauses past crew's 10 s: posted once": [
+        "tests/faults/test_idempotent_reply.py::test_a_reply_whose_answer_is_lost_is_retried_and_posted_once",
+        "tests/faults/test_idempotent_reply.py::test_a_reply_to_a_paused_server_lands_once_when_sent_again",
+        "tests/server/test_idempotency.py::test_the_same_key_again_gets_the_first_answer_and_posts_once",
+    ],
+    "kill -9 of the Computer right after crew reply returned: the message is answered once": [
+        "tests/faults/test_answered_once.py::test_kill_9_of_the_computer_right_after_crew_reply_answers_once",
+        "tests/server/test_answered_ack.py::test_a_turn_of_a_vanished_computer_acks_what_it_answered",
+        "tests/server/test_answered_ack.py::test_a_reply_landing_after_its_turn_failed_acks_that_room",
+    ],
     "kill -9 of the Computer during a turn; restart handles the messages, the turn is interrupted": [
         "tests/computer/test_process.py::test_kill_9_mid_turn_then_restart_handles_the_messages_again",
     ],

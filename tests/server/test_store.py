@@ -65,6 +65,7 @@ def test_a_database_of_an_older_schema_is_migrated_at_open_and_keeps_its_data(
         raw.execute("ALTER TABLE positions DROP COLUMN held_count")
         raw.execute("ALTER TABLE agents DROP COLUMN turn_time_limit_s")
         raw.execute("DROP TABLE user_reads")
+        raw.execute("DROP TABLE agent_writes")
         raw.execute("DELETE FROM schema_migrations WHERE version >= 2")
     again = Store(str(db), Clock())
     assert again.computer_by_token(token) == computer_id

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -154,7 +155,10 @@ def test_reminders_set_list_fire_cancel(world: World) -> None:
     titles = {r["title"] for r in _agent_get(world, "/agent/reminders", world.alice.token_file)}
     assert titles == {"later", "standup", "weekly review", "call"}
 
-    gone = world.crew("remind", "cancel", stored["stretch"]["id"])
+    # The same cancel again in the turn is the same write (its idempotency key): done once.
+    again = world.crew("remind", "cancel", stored["stretch"]["id"])
+    assert (again.code, again.stdout) == (0, cancel.stdout)
+    gone = world.crew("remind", "cancel", str(uuid.uuid4()))
     assert gone.code == 1
     world.check("remind cancel: unknown", gone)
 

@@ -1,0 +1,63 @@
+"""kill -9 of the Computer right after `crew reply` returned: answered exactly once.
+
+Real processes: crew-server, the Computer with its launcher and sandbox, the fake
+engine running the real `crew`. Before issue 22 the restarted Computer's next turn
+got the same message again and answered it a second time (the README's accepted
+window); now the server reads the room the interrupted turn answered when the
+Computer connects again. Counted from the server: the answer is there once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from crew_testkit.computer_proc import bootstrap_for, launch, machine
+from crew_testkit.waiting import wait_until
+from tests.computer.test_process import finished, need_sandbox, usable
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_kill_9_of_the_computer_right_after_crew_reply_answers_once(crew_server: Any) -> None:
+    need_sandbox()
+    with machine() as m:
+        m.log_in()
+        comp = crew_server.create_computer()
+        agent = crew_server.create_agent("once1", computer_id=comp["computer_id"])
+        dm = crew_server.create_room("dm", [agent["id"]])
+        crew_server.post(
+            dm["id"],
+            f"reply, then wait:\nFAKE:RUN printf 'answered once' | crew reply {dm['id']} && sleep 60",
+        )
+
+        def answers() -> list[str]:
+            return [
+                msg["body"]
+                for msg in crew_server.messages(dm["id"])
+                if msg["author"]["kind"] == "agent"
+            ]
+
+        first = launch(m, bootstrap_for(crew_server.url, comp["token"], m))
+        try:
+            usable(first)
+            wait_until("the reply posted", lambda: answers() == ["answered once"], 60)
+            first.proc.kill()  # kill -9, the ack never goes out
+            first.proc.wait(timeout=10)
+        finally:
+            first.stop()
+        second = launch(m, bootstrap_for(crew_server.url, comp["token"], m))
+        try:
+            usable(second)
+            wait_until(
+                "the first turn interrupted",
+                lambda: [t["status"] for t in crew_server.turns(agent["id"])] == ["interrupted"],
+                60,
+            )
+            # A later message gets its own turn; the first one must not come back with it.
+            crew_server.post(dm["id"], "and now?")
+            finished(crew_server, agent["id"], 2, 60)
+        finally:
+            assert second.stop() == 0, second.stderr()[-3000:]
+        assert answers().count("answered once") == 1, answers()
