@@ -16,6 +16,7 @@ attack then works, so the probe can see them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -211,29 +212,38 @@ class Box:
         )
 
 
-@pytest.fixture(params=["caller", "unprivileged"])
-def box(request: pytest.FixtureRequest, needs_bwrap: None) -> Iterator[Box]:
+@contextlib.contextmanager
+def made_box(who: str, prefix: str, probes: dict[str, str]) -> Iterator[Box]:
+    """A home for `crew-launcher sandbox` owned by its user (`who`: "caller" or
+    "unprivileged"), with `probes` (name → text) in the agent's directory."""
     if find_pasta() is None:
         required_in_ci("pasta (Debian package passt)")
     if find_nftables() is None:
-        required_in_ci("libnftables (Debian package nftables): the host-address check")
+        required_in_ci("libnftables (Debian package nftables): the sandbox's firewall")
     if not os.path.exists(SYSTEM_PYTHON):
         required_in_ci(f"{SYSTEM_PYTHON} (Debian package python3)")
     uid = os.getuid()
-    if request.param == "unprivileged" and uid == 0:
+    if who == "unprivileged" and uid == 0:
         uid = unprivileged_uid()
-    base = Path(tempfile.mkdtemp(prefix="crew-net-", dir="/var/tmp"))
+    base = Path(tempfile.mkdtemp(prefix=prefix, dir="/var/tmp"))
     base.chmod(0o755)
     b = Box(base, uid)
     for path in (b.home / "agent" / "work", b.home / "rt", b.home / ".crew" / "sockets"):
         path.mkdir(parents=True, mode=0o700)
-    (b.home / "agent" / "probe.py").write_text(PROBE)
+    for name, text in probes.items():
+        (b.home / "agent" / name).write_text(text)
     for path in [b.home, *b.home.rglob("*")]:
         os.lchown(path, uid, uid)
     try:
         yield b
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(params=["caller", "unprivileged"])
+def box(request: pytest.FixtureRequest, needs_bwrap: None) -> Iterator[Box]:
+    with made_box(request.param, "crew-net-", {"probe.py": PROBE}) as b:
+        yield b
 
 
 def _read_checks(stream: IO[str], until: str) -> dict[str, dict[str, Any]]:

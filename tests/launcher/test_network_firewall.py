@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,9 +31,8 @@ import pytest
 
 from sandbox_launcher.network import find_nftables, find_pasta
 from tests.launcher.helpers import LauncherProcess, engine_lines, make_layout, write_fake_opencode
-from tests.launcher.test_network import SYSTEM_PYTHON, Box, _free_port, _read_checks
+from tests.launcher.test_network import SYSTEM_PYTHON, Box, _free_port, _read_checks, made_box
 from tests.support.ci import required_in_ci
-from tests.support.users import unprivileged_uid
 
 NSENTER = "/usr/bin/nsenter"
 SETPRIV = "/usr/bin/setpriv"
@@ -227,28 +224,9 @@ class Holder:
 @pytest.fixture(params=["caller", "unprivileged"])
 def netbox(request: pytest.FixtureRequest, needs_bwrap: None) -> Iterator[Box]:
     """A home for `crew-launcher sandbox` (as `test_network.box`), owned by its user."""
-    if find_pasta() is None:
-        required_in_ci("pasta (Debian package passt)")
-    if find_nftables() is None:
-        required_in_ci("libnftables (Debian package nftables)")
-    if not os.path.exists(SYSTEM_PYTHON):
-        required_in_ci(f"{SYSTEM_PYTHON} (Debian package python3)")
-    uid = os.getuid()
-    if request.param == "unprivileged" and uid == 0:
-        uid = unprivileged_uid()
-    base = Path(tempfile.mkdtemp(prefix="crew-fw-", dir="/var/tmp"))
-    base.chmod(0o755)
-    b = Box(base, uid)
-    for path in (b.home / "agent" / "work", b.home / "rt", b.home / ".crew" / "sockets"):
-        path.mkdir(parents=True, mode=0o700)
-    (b.home / "agent" / "reach.py").write_text(REACH_PROBE)
-    (b.home / "agent" / "cap.py").write_text(CAP_PROBE)
-    for path in [b.home, *b.home.rglob("*")]:
-        os.lchown(path, uid, uid)
-    try:
+    probes = {"reach.py": REACH_PROBE, "cap.py": CAP_PROBE}
+    with made_box(request.param, "crew-fw-", probes) as b:
         yield b
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def _sandboxed(
