@@ -22,6 +22,7 @@ from crew_common.connection_limits import ConnectionLimits, raise_open_file_limi
 from crew_testkit.computer_proc import machine
 from crew_testkit.waiting import wait_until, wait_until_async
 from tests.computer.static_view import StaticView
+from tests.support.sockets import closed_by_server
 
 pytestmark = pytest.mark.timeout(120)
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,20 +42,6 @@ def idle_connections(path: Path, count: int) -> Iterator[list[socket.socket]]:
     finally:
         for conn in conns:
             conn.close()
-
-
-def closed_by_server(conns: list[socket.socket]) -> int:
-    """How many of `conns` the server has closed (EOF)."""
-    closed = 0
-    for conn in conns:
-        try:
-            if conn.recv(1) == b"":
-                closed += 1
-        except BlockingIOError:
-            pass
-        except OSError:
-            closed += 1
-    return closed
 
 
 @pytest.mark.anyio

@@ -20,6 +20,7 @@ import pytest
 
 from crew_testkit.crew_server_proc import computer_connection, start_crew_server
 from crew_testkit.waiting import wait_until
+from tests.support.sockets import closed_by_server
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -38,20 +39,6 @@ def idle_connections(url: str, count: int) -> Iterator[list[socket.socket]]:
     finally:
         for conn in conns:
             conn.close()
-
-
-def closed_by_server(conns: list[socket.socket]) -> int:
-    """How many of `conns` the server has closed (EOF or reset)."""
-    closed = 0
-    for conn in conns:
-        try:
-            if conn.recv(1) == b"":
-                closed += 1
-        except BlockingIOError:
-            pass
-        except OSError:
-            closed += 1
-    return closed
 
 
 def health_answers(url: str) -> bool:
