@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     # What keeping the token says is printed after the "serving" line, which comes first.
     said: list[str] = []
-    keep = write_token_to(args.user_token_file, said) if args.user_token_file else said.append
+    keep = write_token_to(args.user_token_file, said) if args.user_token_file else show_token(said)
     try:
         if args.reset_user_token:
             store.reset_user_token(keep)
@@ -217,8 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     # Only now: "serving" means the database is open and the user token exists.
     print(f"crew-server: serving {served_url(listener)}", flush=True)
     for line in said:
-        print(line if args.user_token_file else f"user token (shown once, keep it): {line}")
-    sys.stdout.flush()
+        print(line, flush=True)
     public_url = (args.public_url or served_url(listener)).rstrip("/")
     app = create_app(
         store,
@@ -268,6 +267,11 @@ def shown(location: str) -> str:
         return location
     netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
     return urlunsplit(parts._replace(netloc=netloc))
+
+
+def show_token(said: list[str]) -> Callable[[str], None]:
+    """Show a new user token once (into `said`): it is stored only as a hash."""
+    return lambda token: said.append(f"user token (shown once, keep it): {token}")
 
 
 def write_token_to(path: Path, said: list[str]) -> Callable[[str], None]:
