@@ -48,9 +48,10 @@ from computer_service.engine.base import (  # noqa: E402
     TurnRequest,
     TurnResult,
 )
-from computer_service.home import AgentHome, RunDirectory  # noqa: E402
+from computer_service.home import AgentHome  # noqa: E402
 from computer_service.parts import LocalParts  # noqa: E402
 from computer_service.parts_protocol import LauncherStatus  # noqa: E402
+from computer_service.run_dir import RunDirectory  # noqa: E402
 from computer_service.service import ComputerService  # noqa: E402
 from computer_service.upstream import AgentRecord  # noqa: E402
 from crew_common.layout import AgentPaths  # noqa: E402

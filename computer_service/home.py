@@ -1,11 +1,10 @@
-"""Agent home directories and this run's directory (computer.md §4).
+"""Agent home directories (computer.md §4).
 
 `AgentHome` prepares one agent: its persistent directory (AGENTS.md, `work/`
 with a MEMORY.md template, the engine's data dir and `session.json`) and its
 runtime directory for this run (token, OpenCode config/cache/state/tmp, the
-npm stub). `RunDirectory` owns `runtime/<run-id>/`: cleaned at start, `bin/crew`
-written, deleted at exit. Every file operation goes through `safe_fs`, since
-the agent can write both of its directories from inside the sandbox.
+npm stub). Every file operation goes through `safe_fs`, since the agent can
+write both of its directories from inside the sandbox.
 """
 
 from __future__ import annotations
@@ -14,10 +13,7 @@ import hashlib
 import logging
 import os
 import re
-import secrets
-import shlex
 import stat
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -35,7 +31,7 @@ from computer_service.texts import (
     render_agents_md,
     render_turn_input,
 )
-from crew_common.layout import NPM_STUB_LOCK, AgentPaths, bin_dir, run_dir
+from crew_common.layout import NPM_STUB_LOCK, AgentPaths
 
 log = logging.getLogger(__name__)
 
@@ -324,89 +320,3 @@ def _relative_path(path: Path, paths: AgentPaths) -> str:
 def _relative(exc: BaseException, paths: AgentPaths) -> str:
     """The error text with the crew home path taken out (reasons go to the server)."""
     return str(exc).replace(str(paths.crew_home) + "/", "").replace(str(paths.crew_home), "~crew")
-
-
-def crew_wrapper_script(interpreter: str) -> str:
-    """`bin/crew`: run the shim with this interpreter, isolated (no venv, no PYTHONPATH)."""
-    return f'#!/bin/sh\nexec {shlex.quote(interpreter)} -I -m crew_shim "$@"\n'
-
-
-STALE_RUNTIME_PREFIX = "runtime.stale-"
-
-
-class RunDirectory:
-    """`runtime/<run-id>/` of this Computer run: cleaned at start, deleted at exit."""
-
-    def __init__(self, crew_home: Path, run_id: str, interpreter: str | None = None) -> None:
-        self.crew_home = crew_home
-        self.run_id = run_id
-        self.interpreter = interpreter or sys.executable
-        self.path = run_dir(crew_home, run_id)
-        self.bin_dir = bin_dir(crew_home, run_id)
-
-    def prepare(self) -> None:
-        """Delete what earlier runs left in `runtime/`, create this run's dir and `bin/crew`.
-
-        What cannot be deleted never stops the Computer (one agent could
-        otherwise brick it for everyone, issue 12): `runtime/` is then moved
-        aside to `runtime.stale-<hex>`, and later starts try again to delete it.
-        Raises `AgentHomeError` with the reason (the Computer then exits 1).
-        """
-        try:
-            safe_fs.ensure_dir(self.crew_home, ".")
-            self._remove_stale()
-            safe_fs.ensure_dir(self.crew_home, "runtime")
-            try:
-                safe_fs.clear_dir(self.crew_home, "runtime")
-            except (UnsafePath, OSError) as exc:
-                aside = f"{STALE_RUNTIME_PREFIX}{secrets.token_hex(4)}"
-                log.warning("could not empty runtime/ (%s); moving it aside to %s", exc, aside)
-                safe_fs.move_aside(self.crew_home, "runtime", aside)
-                safe_fs.ensure_dir(self.crew_home, "runtime")
-            safe_fs.ensure_dir(self.crew_home, self.bin_dir)
-            safe_fs.write_file_atomic(
-                self.crew_home,
-                self.bin_dir / "crew",
-                crew_wrapper_script(self.interpreter).encode(),
-                mode=0o700,
-            )
-        except (UnsafePath, OSError) as exc:
-            raise AgentHomeError(f"cannot prepare the run directory {self.path}: {exc}") from exc
-
-    def _remove_stale(self) -> None:
-        """Try again to delete what earlier starts moved aside; log what still resists."""
-        with safe_fs.open_dir(self.crew_home, ".") as fd:
-            names = [n for n in os.listdir(fd) if n.startswith(STALE_RUNTIME_PREFIX)]
-        for name in names:
-            try:
-                safe_fs.remove_tree(self.crew_home, name)
-            except (UnsafePath, OSError) as exc:
-                log.warning("could not delete %s: %s", self.crew_home / name, exc)
-
-    def remove(self) -> None:
-        """Delete this run's directory (at exit). Logs, never raises."""
-        try:
-            safe_fs.remove_tree(self.crew_home, self.path)
-        except (UnsafePath, OSError) as exc:
-            log.warning("could not delete the run directory %s: %s", self.path, exc)
-
-    def interpreter_dirs(self) -> list[Path]:
-        """What `bin/crew` needs to read inside the sandbox: interpreter, stdlib, the shim.
-
-        The interpreter may live in `$HOME` (pyenv, a venv in a checkout), so
-        these are passed to the launcher as extra read roots.
-        """
-        import crew_shim
-
-        shim_dir = Path(crew_shim.__file__).resolve().parent
-        candidates = [
-            Path(sys.prefix),
-            Path(sys.base_prefix),
-            shim_dir,
-        ]
-        seen: list[Path] = []
-        for c in candidates:
-            c = c.resolve()
-            if c not in seen:
-                seen.append(c)
-        return seen

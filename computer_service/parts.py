@@ -21,7 +21,7 @@ from computer_service.engine.opencode import OpenCodeEngine
 from computer_service.engine.opencode_env import model_listing_env
 from computer_service.engine.user_opencode import UserOpenCode
 from computer_service.engine.warm import WarmEngine
-from computer_service.home import PRICE_TABLE_LIMIT, AgentHome, AgentHomeError, RunDirectory
+from computer_service.home import PRICE_TABLE_LIMIT, AgentHome, AgentHomeError
 from computer_service.launcher_client import (
     Frame,
     LauncherClient,
@@ -41,6 +41,7 @@ from computer_service.parts_protocol import (
     ModelsFailed,
     StartupFailed,
 )
+from computer_service.run_dir import RunDirectory, RunDirectoryError
 from computer_service.safe_fs import UnsafePath
 from computer_service.upstream import AgentRecord
 from computer_service.warm_pool import WarmPool, default_memory_budget
@@ -273,7 +274,7 @@ class LocalParts:
         """Clean `runtime/*`, create this run's dir and `bin/crew`; `StartupFailed` if not."""
         try:
             self.run_dir.prepare()
-        except AgentHomeError as exc:
+        except RunDirectoryError as exc:
             raise StartupFailed(str(exc)) from exc
 
     def remove_run_dir(self) -> None:

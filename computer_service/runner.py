@@ -16,8 +16,8 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
-from enum import StrEnum
-from typing import Any, Literal, Protocol
+from enum import Enum, StrEnum
+from typing import Any, Literal, Protocol, TypeVar
 
 import anyio
 
@@ -59,6 +59,16 @@ DEFAULT_TURN_TIME_LIMIT_S = 30 * 60
 
 Publish = Callable[[str, dict[str, Any]], None]
 TurnStatus = Literal["succeeded", "failed", "cancelled"]
+T = TypeVar("T")
+
+
+class Gone(Enum):
+    """What `Runner._or_gone` returns when the server says the agent is no longer ours."""
+
+    GONE = "gone"
+
+
+GONE = Gone.GONE
 
 
 class RunnerState(StrEnum):
@@ -312,17 +322,15 @@ class Runner:
             self._set_state(RunnerState.RUNNING)
             started = time.monotonic()
             try:
-                rooms = await self._upstream.claim_unread(
-                    self.agent.id, max_messages=self._retries.max_messages
+                rooms = await self._or_gone(
+                    self._upstream.claim_unread(
+                        self.agent.id, max_messages=self._retries.max_messages
+                    )
                 )
-            except StaleTurn:
-                self._fence_out()
-                return
-            except Superseded:
-                self._supersede()
-                return
             except UpstreamError as exc:
                 self._unreachable("claiming unread messages", exc)
+                return
+            if rooms is GONE:
                 return
             if not rooms:
                 self._retries.forget()
@@ -348,17 +356,20 @@ class Runner:
             for r in rooms
         ]
         try:
-            turn = await self._upstream.register_turn(
-                agent.id, turn_rooms, turn_input, self._engine.name, agent.model, plan.session_id
+            turn = await self._or_gone(
+                self._upstream.register_turn(
+                    agent.id,
+                    turn_rooms,
+                    turn_input,
+                    self._engine.name,
+                    agent.model,
+                    plan.session_id,
+                )
             )
-        except StaleTurn:
-            self._fence_out()
-            return
-        except Superseded:
-            self._supersede()
-            return
         except UpstreamError as exc:
             self._unreachable("registering the turn", exc)
+            return
+        if turn is GONE:
             return
         self.current_turn_id = turn.turn_id
         self.turn_started_at = datetime.now(UTC).isoformat(timespec="seconds")
@@ -475,45 +486,41 @@ class Runner:
         if result.session_id:
             self._keep_session(result.session_id)
         try:
-            await self._retrying(
-                "the ack", lambda: self._upstream.ack(self.agent.id, turn.turn_id, turn.fence)
+            acked = await self._or_gone(
+                self._retrying(
+                    "the ack", lambda: self._upstream.ack(self.agent.id, turn.turn_id, turn.fence)
+                )
             )
-        except StaleTurn:
-            self._fence_out()
-            return Outcome("cancelled", None, result.usage, count)
-        except Superseded:
-            self._supersede()
-            return Outcome("cancelled", None, result.usage, count)
         except Exception as exc:
             # The messages come back at the next turn (an answer may be repeated then).
             log.exception("agent %s: the ack failed", self.agent.handle)
             failed = _processing_failed(exc)
             failure = Failure(failed.cls, failed.reason, environment=True)
             return Outcome("failed", failure, result.usage, count)
+        if acked is GONE:
+            return Outcome("cancelled", None, result.usage, count)
         return Outcome("succeeded", None, result.usage, count)
 
     async def _ack_answered(self, turn: RegisteredTurn, *, checked: bool) -> bool:
         """Ack a failed turn whose answers went out; False when they did not (or the ack
         did not go through). `checked`: the server checks the agent replied in every room."""
         try:
-            await self._retrying(
-                "the ack",
-                lambda: self._upstream.ack(
-                    self.agent.id, turn.turn_id, turn.fence, only_if_answered=checked
-                ),
+            acked = await self._or_gone(
+                self._retrying(
+                    "the ack",
+                    lambda: self._upstream.ack(
+                        self.agent.id, turn.turn_id, turn.fence, only_if_answered=checked
+                    ),
+                )
             )
         except UpstreamRejected as exc:
             if exc.code != "not_answered":
                 log.warning("agent %s: the ack failed: %s", self.agent.handle, exc)
             return False
-        except StaleTurn:
-            self._fence_out()
-            return False
-        except Superseded:
-            self._supersede()
-            return False
         except UpstreamError as exc:
             log.warning("agent %s: the ack failed: %s", self.agent.handle, exc)
+            return False
+        if acked is GONE:
             return False
         log.info(
             "agent %s: the turn failed after its answers went out; its messages are read",
@@ -551,16 +558,14 @@ class Runner:
             reason,
         )
         try:
-            await self._retrying(
-                "setting the message aside",
-                lambda: self._upstream.ack(
-                    self.agent.id, turn.turn_id, turn.fence, set_aside={"reason": reason}
-                ),
+            await self._or_gone(
+                self._retrying(
+                    "setting the message aside",
+                    lambda: self._upstream.ack(
+                        self.agent.id, turn.turn_id, turn.fence, set_aside={"reason": reason}
+                    ),
+                )
             )
-        except StaleTurn:
-            self._fence_out()
-        except Superseded:
-            self._supersede()
         except UpstreamError as exc:
             # Not set aside: it comes back, fails again and is set aside then.
             log.warning("agent %s: setting the message aside failed: %s", self.agent.handle, exc)
@@ -573,22 +578,20 @@ class Runner:
         bound = FINISH_TIMEOUT_S + (0.0 if self._closing else self._retry_window_s)
         with anyio.CancelScope(shield=True), anyio.move_on_after(bound):
             try:
-                await self._retrying(
-                    "recording the turn",
-                    lambda: self._upstream.finish_turn(
-                        turn.turn_id,
-                        turn.fence,
-                        status,
-                        failure_body,
-                        usage.as_upstream(),
-                        event_count=outcome.event_count,
-                        engine_input=outcome.engine_input,
-                    ),
+                await self._or_gone(
+                    self._retrying(
+                        "recording the turn",
+                        lambda: self._upstream.finish_turn(
+                            turn.turn_id,
+                            turn.fence,
+                            status,
+                            failure_body,
+                            usage.as_upstream(),
+                            event_count=outcome.event_count,
+                            engine_input=outcome.engine_input,
+                        ),
+                    )
                 )
-            except StaleTurn:
-                self._fence_out()
-            except Superseded:
-                self._supersede()
             except UpstreamError as exc:
                 # The server marks it `interrupted` when the next Computer connects.
                 log.warning(
@@ -635,6 +638,21 @@ class Runner:
                 log.info("agent %s: %s failed (%s); retrying", self.agent.handle, what, exc)
             await anyio.sleep(delay)
             delay = min(delay * 2, 1.0)
+
+    async def _or_gone(self, call: Awaitable[T]) -> T | Gone:
+        """Await a call to the server; `GONE` when it says the agent is no longer ours.
+
+        `StaleTurn` (another Computer owns the agent) fences this runner out,
+        `Superseded` (another connection with this Computer's token) stops it:
+        either way the caller writes nothing more. Other errors are the caller's.
+        """
+        try:
+            return await call
+        except StaleTurn:
+            self._fence_out()
+        except Superseded:
+            self._supersede()
+        return GONE
 
     # State.
 

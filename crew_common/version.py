@@ -1,7 +1,8 @@
-"""The version every console script reports (`--version`) and the Computer sends upstream.
+"""The version the services' console scripts report (`--version`) and the Computer sends upstream.
 
 Kept equal to `pyproject.toml`'s (a test checks): reading the installed
-metadata instead would slow `crew`'s start-up, which runs many times a turn.
+metadata instead would slow start-up. `crew` has its own copy
+(`crew_shim.version`): the shim imports nothing outside its package.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ def error_line(line: str) -> str:
 
 def _dispatch(args: list[str]) -> int:
     if args[:1] == ["--version"]:
-        from crew_common.version import VERSION
+        from crew_shim.version import VERSION
 
         sys.stdout.write(f"crew {VERSION}\n")
         return 0

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from crew_common.version import VERSION
+from crew_shim.version import VERSION as SHIM_VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ("crew-computer", "crew-launcher", "crew", "crew-server")
@@ -32,8 +33,9 @@ def run(*argv: str | Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_version_is_the_packages() -> None:
+    """pyproject.toml's version, and its two copies: the shim's stands alone in the sandbox."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert project["version"] == VERSION
+    assert project["version"] == VERSION == SHIM_VERSION
     assert set(SCRIPTS) == set(project["scripts"])
 
 

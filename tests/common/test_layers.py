@@ -70,6 +70,12 @@ def test_common_is_standard_library_and_uvicorn_only() -> None:
     assert offending("crew_common", lambda name: _top(name) in allowed) == []
 
 
+def test_the_shim_is_standard_library_and_itself_only() -> None:
+    """`bin/crew` runs it in the sandbox, where only its own directory is granted (issue 21)."""
+    allowed = set(sys.stdlib_module_names) | {"crew_shim", "__future__"}
+    assert offending("crew_shim", lambda name: _top(name) in allowed) == []
+
+
 def test_relative_imports_are_resolved() -> None:
     assert _absolute("sandbox_launcher.app", False, "models", 1) == "sandbox_launcher.models"
     assert _absolute("sandbox_launcher", True, "app", 1) == "sandbox_launcher.app"

@@ -26,12 +26,13 @@ import orjson
 
 from computer_service.engine.base import Engine
 from computer_service.event_stream import Backoff
-from computer_service.home import AgentHome, AgentHomeError, RunDirectory
+from computer_service.home import AgentHome, AgentHomeError
 from computer_service.parts_protocol import (
     AgentPreparationFailed,
     LauncherStatus,
     StartupFailed,
 )
+from computer_service.run_dir import RunDirectory, RunDirectoryError
 from computer_service.upstream import AgentRecord
 from crew_common.layout import AgentPaths
 
@@ -86,7 +87,7 @@ class FakeParts:
     def prepare_run_dir(self) -> None:
         try:
             self.run.prepare()
-        except AgentHomeError as exc:
+        except RunDirectoryError as exc:
             raise StartupFailed(str(exc)) from exc
 
     def remove_run_dir(self) -> None:

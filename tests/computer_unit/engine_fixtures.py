@@ -22,7 +22,8 @@ from computer_service.engine.base import (
 )
 from computer_service.engine.opencode import Launcher, OpenCodeEngine
 from computer_service.engine.user_opencode import UserOpenCode
-from computer_service.home import AgentHome, RunDirectory
+from computer_service.home import AgentHome
+from computer_service.run_dir import RunDirectory
 from crew_common.layout import AgentPaths
 from crew_testkit.computer_proc import FAKE_OPENCODE as FAKE_OPENCODE_PATH
 
