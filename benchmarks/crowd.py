@@ -30,8 +30,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from crew_server.demo import LocalStack, local_stack  # noqa: E402
-from crew_server.scripted_model import Script  # noqa: E402
+from crew_harness.demo import LocalStack, local_stack  # noqa: E402
+from crew_harness.scripted_model import Script  # noqa: E402
 
 MODEL = "local/scripted"
 

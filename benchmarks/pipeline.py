@@ -55,6 +55,7 @@ from computer_service.run_dir import RunDirectory  # noqa: E402
 from computer_service.service import ComputerService  # noqa: E402
 from computer_service.upstream import AgentRecord  # noqa: E402
 from crew_common.layout import AgentPaths  # noqa: E402
+from crew_harness.waiting import wait_until, wait_until_async  # noqa: E402
 from crew_testkit.computer_proc import (  # noqa: E402
     FAKE_OPENCODE,
     Machine,
@@ -65,7 +66,6 @@ from crew_testkit.computer_proc import (  # noqa: E402
 from crew_testkit.crew_server_proc import CrewServer, start_crew_server  # noqa: E402
 from crew_testkit.rig import rig  # noqa: E402
 from crew_testkit.scripted import ScriptedEngine, sleeping  # noqa: E402
-from crew_testkit.waiting import wait_until, wait_until_async  # noqa: E402
 
 
 def dumps_of(work: Path) -> list[Path]:

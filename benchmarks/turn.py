@@ -80,8 +80,9 @@ from computer_service.engine.user_opencode import (  # noqa: E402
     read_user_providers,
 )
 from crew_common.layout import AgentPaths  # noqa: E402
-from crew_server.demo import LocalStack, local_stack, wait_for  # noqa: E402
-from crew_server.scripted_model import scenario  # noqa: E402
+from crew_harness.demo import LocalStack, local_stack  # noqa: E402
+from crew_harness.scripted_model import scenario  # noqa: E402
+from crew_harness.waiting import wait_until  # noqa: E402
 from sandbox_launcher.backend import Backend, open_backend  # noqa: E402
 from sandbox_launcher.launcher import Launcher, LauncherConfig  # noqa: E402
 from sandbox_launcher.network import NetworkPlan  # noqa: E402
@@ -396,7 +397,7 @@ def main() -> int:
             raise SystemExit(f"the sandbox is not usable: {stack.health['sandbox']['reason']}")
         agent = stack.create_agent("bench", "Bench", "Answers every message.", MODEL)
         room = stack.call("POST", "/api/rooms", json={"kind": "dm", "agent_ids": [agent["id"]]})
-        wait_for("the Computer to take the agent", lambda: session_ready(stack, agent["id"]), 30)
+        wait_until("the Computer to take the agent", lambda: session_ready(stack, agent["id"]), 30)
 
         watcher = TurnWatcher(stack)
         cpu = OurCpu(stack)
@@ -531,7 +532,7 @@ ENGINE_KINDS = {"trivial": "Please say ok.", "tool": "TOOLTURN: please write out
 
 def engine_main(engine: str, runs: int) -> int:
     """`--engine`: one engine against `opencode run`, trivial and tool turns (module doc)."""
-    from crew_server.scripted_model import Script
+    from crew_harness.scripted_model import Script
 
     times: dict[str, list[float]] = {
         f"{e} {k}": [] for e in (engine, "by hand") for k in ENGINE_KINDS
@@ -544,7 +545,7 @@ def engine_main(engine: str, runs: int) -> int:
             raise SystemExit(f"the sandbox is not usable: {stack.health['sandbox']['reason']}")
         agent = stack.create_agent("bench", "Bench", "Answers every message.", MODEL)
         room = stack.call("POST", "/api/rooms", json={"kind": "dm", "agent_ids": [agent["id"]]})
-        wait_for("the Computer to take the agent", lambda: session_ready(stack, agent["id"]), 30)
+        wait_until("the Computer to take the agent", lambda: session_ready(stack, agent["id"]), 30)
         watcher = TurnWatcher(stack)
         time.sleep(0.2)  # the stream is open
 

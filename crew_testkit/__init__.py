@@ -5,9 +5,10 @@ a `crew-computer`, the fake `opencode`, the scripted in-process engine) and wait
 the same way. That code used to live in `tests/`, so the benchmarks imported the
 test tree. It lives here instead, in an ordinary importable package: the test
 tree stays a set of tests and their own support, and `benchmarks/` imports no
-`tests.*`. Nothing here is used by the product itself.
+`tests.*`. Nothing here is used by the product itself. It builds on
+`crew_harness` (waiting, free ports, the scripted model, the demo's stack), which
+the demo shares with it; `crew_harness` never imports this package.
 
-- `waiting`: the one way to wait until something happened (sync and async).
 - `crew_server_proc`: a real `crew-server --dev` subprocess.
 - `computer_proc`: a real `crew-computer` subprocess on a temporary machine.
 - `fake_opencode`: a stand-in `opencode` executable (standard library only).

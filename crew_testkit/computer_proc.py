@@ -165,3 +165,19 @@ def bootstrap_for(server_url: str, token: str, m: Machine, **extra: Any) -> dict
         "engine_mode": "cold",  # the fake opencode speaks `run` only, not `serve`
         **extra,
     }
+
+
+def launcher_pids(parent: int) -> list[int]:
+    """The sandbox launcher processes whose parent is `parent` (the Computer)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat_fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat_fields[1]) == parent and b"sandbox_launcher" in cmdline:
+            pids.append(int(entry.name))
+    return pids

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
-import socket
 import subprocess
 import sys
 import time
@@ -27,7 +26,8 @@ from typing import Any
 
 import httpx
 
-from crew_testkit.waiting import WaitTimeout, wait_until
+from crew_harness.ports import free_port
+from crew_harness.waiting import WaitTimeout, wait_until
 
 START_TIMEOUT = 20.0
 USER_TOKEN_FILE = "user-token"
@@ -43,13 +43,6 @@ def computer_connection(client: httpx.Client, token: str) -> dict[str, str]:
     )
     answer.raise_for_status()
     return headers | {"Crew-Epoch": str(answer.json()["epoch"])}
-
-
-def free_port() -> int:
-    """A TCP port free on loopback right now (the server binds it a moment later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class CrewServer:

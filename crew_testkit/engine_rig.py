@@ -24,8 +24,8 @@ from computer_service.engine.warm import WarmEngine
 from computer_service.home import AgentHome
 from computer_service.parts import LocalParts
 from computer_service.upstream import AgentRecord
-from crew_server.demo import write_scripted_login
-from crew_server.scripted_model import ScriptedModel
+from crew_harness.demo import write_scripted_login
+from crew_harness.scripted_model import ScriptedModel
 
 MODEL = "local/scripted"
 

@@ -18,9 +18,9 @@ from computer_service.metrics import Metrics
 from computer_service.runner import Runner
 from computer_service.upstream import Upstream
 from crew_common.layout import AgentPaths
+from crew_harness.waiting import wait_until_async
 from crew_testkit.crew_server_proc import CrewServer
 from crew_testkit.scripted import ScriptedEngine
-from crew_testkit.waiting import wait_until_async
 
 MODEL = "local/scripted"
 

@@ -41,9 +41,16 @@ from typing import Any
 
 import httpx
 
-from crew_testkit.computer_proc import ComputerProc, Machine, bootstrap_for, launch, machine
+from crew_harness.waiting import wait_until
+from crew_testkit.computer_proc import (
+    ComputerProc,
+    Machine,
+    bootstrap_for,
+    launch,
+    launcher_pids,
+    machine,
+)
 from crew_testkit.crew_server_proc import CrewServer, start_crew_server
-from crew_testkit.waiting import wait_until
 
 FAULT_KINDS = ("launcher", "server", "disk", "computer")
 TOKEN = re.compile(r"\{\{(m\d{5,})\}\}")
@@ -201,22 +208,6 @@ class StormResult:
 
 
 # --------------------------------------------------------------- the processes
-
-
-def launcher_pids(parent: int) -> list[int]:
-    """The sandbox launcher processes whose parent is `parent` (the Computer)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat_fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if int(stat_fields[1]) == parent and b"sandbox_launcher" in cmdline:
-            pids.append(int(entry.name))
-    return pids
 
 
 @contextlib.contextmanager

@@ -24,7 +24,7 @@ from crew_common.unix_socket import (
     peer_checked_h11,
     peer_uid,
 )
-from crew_testkit.waiting import wait_until_async
+from crew_harness.waiting import wait_until_async
 from tests.support.ci import required_in_ci
 
 RAW_GET = (

@@ -23,6 +23,7 @@ import httpx
 import orjson
 import pytest
 
+from crew_harness.waiting import wait_until
 from crew_testkit.computer_proc import (
     READY_TIMEOUT_S,
     ComputerProc,
@@ -31,7 +32,6 @@ from crew_testkit.computer_proc import (
     launch,
     machine,
 )
-from crew_testkit.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 

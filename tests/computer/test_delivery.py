@@ -30,8 +30,8 @@ from computer_service.gate import TurnGate
 from computer_service.metrics import Metrics
 from computer_service.runner import Runner
 from computer_service.upstream import AgentRecord, UnreadRoom, Upstream
+from crew_harness.waiting import wait_until_async
 from crew_testkit.scripted import AT, ScriptedEngine, blocking, succeed
-from crew_testkit.waiting import wait_until_async
 from tests.computer.fakes import FakeCrewServer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]

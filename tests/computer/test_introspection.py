@@ -23,7 +23,7 @@ from computer_service.introspection import (
     TurnSummary,
     create_app,
 )
-from crew_testkit.waiting import wait_until_async
+from crew_harness.waiting import wait_until_async
 from tests.computer.static_view import StaticView
 
 OPENAPI = Path(__file__).resolve().parents[2] / "openapi" / "computer.yaml"

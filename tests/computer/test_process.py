@@ -14,16 +14,18 @@ from typing import Any
 import orjson
 import pytest
 
+from crew_harness.waiting import wait_until
 from crew_testkit.computer_proc import (
     FAKE_OPENCODE,
     ComputerProc,
     Machine,
     bootstrap_for,
     launch,
+    launcher_pids,
     machine,
 )
-from crew_testkit.waiting import wait_until
 from tests.support.ci import required_in_ci
+from tests.support.turns import finished
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -31,14 +33,6 @@ pytestmark = pytest.mark.timeout(120)
 def need_sandbox() -> None:
     if shutil.which("bwrap") is None:
         required_in_ci("bubblewrap (apt-get install bubblewrap)")
-
-
-def finished(server: Any, agent_id: str, count: int, timeout: float = 30) -> list[dict[str, Any]]:
-    def probe() -> list[dict[str, Any]] | None:
-        done = [t for t in server.turns(agent_id) if t["status"] != "running"]
-        return done if len(done) >= count else None
-
-    return wait_until(f"{count} finished turns", probe, timeout)
 
 
 def problem_of(server: Any, agent_id: str) -> str | None:
@@ -252,7 +246,7 @@ def test_rm_rf_from_inside_the_sandbox_is_repaired_before_the_next_turn(
             for n in (2, 3):
                 crew_server.post(dm["id"], f"again:\nFAKE:RUN echo turn{n} | crew reply {dm['id']}")
                 turns = finished(crew_server, agent["id"], n)
-                assert turns[0]["status"] == "succeeded", (n, turns[0]["failure"])
+                assert turns[-1]["status"] == "succeeded", (n, turns[-1]["failure"])
             assert (home / "work").is_dir() and (runtime / "cache").is_dir()
             assert data.is_dir() and not data.is_symlink()
             replies = [
@@ -346,21 +340,6 @@ def test_refused_token_or_unreachable_server_exit_1_without_the_token(crew_serve
             assert secret not in err
 
 
-def _launcher_pids(parent: int) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat_fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if int(stat_fields[1]) == parent and b"sandbox_launcher" in cmdline:
-            pids.append(int(entry.name))
-    return pids
-
-
 def test_a_dead_launcher_fails_the_turn_and_is_replaced(crew_server: Any) -> None:
     need_sandbox()
     with machine() as m:
@@ -375,14 +354,14 @@ def test_a_dead_launcher_fails_the_turn_and_is_replaced(crew_server: Any) -> Non
             usable(c)
             [running] = wait_until("the turn", lambda: crew_server.turns(agent["id"]))
             wait_until("its first event", lambda: crew_server.turn(running["id"])["events"])
-            [launcher] = _launcher_pids(c.proc.pid)
+            [launcher] = launcher_pids(c.proc.pid)
             os.kill(launcher, signal.SIGKILL)
             [crashed] = finished(crew_server, agent["id"], 1)
             assert crashed["status"] == "failed"
             assert crashed["failure"]["class"] == "process_crashed"
             # A new launcher takes over; the failed turn's message comes back with the next.
             wait_until(
-                "a new launcher", lambda: [p for p in _launcher_pids(c.proc.pid) if p != launcher]
+                "a new launcher", lambda: [p for p in launcher_pids(c.proc.pid) if p != launcher]
             )
             crew_server.post(dm["id"], "are you back?")
             turns = finished(crew_server, agent["id"], 2)
@@ -411,7 +390,7 @@ def test_an_unusable_replacement_launcher_is_every_agents_problem_until_one_is_u
             usable(c)
             wait_until("a runner", lambda: [r["state"] for r in c.get("/agents")] == ["idle"])
             opencode.unlink()
-            [launcher] = _launcher_pids(c.proc.pid)
+            [launcher] = launcher_pids(c.proc.pid)
             os.kill(launcher, signal.SIGKILL)
             reason = wait_until("the problem", lambda: problem_of(crew_server, agent["id"]))
             assert reason.startswith("engine unavailable"), reason
@@ -503,7 +482,7 @@ def test_a_vanished_session_is_restarted_and_its_turn_records_what_the_engine_go
             assert any(sessions.iterdir())
             shutil.rmtree(sessions)
             crew_server.post(dm["id"], "what did I say?")
-            second = finished(crew_server, agent["id"], 2)[0]  # newest first
+            second = finished(crew_server, agent["id"], 2)[-1]
             assert second["status"] == "succeeded", second["failure"]
         finally:
             assert c.stop() == 0, c.stderr()[-3000:]
@@ -537,7 +516,7 @@ def test_kill_9_mid_turn_then_restart_handles_the_messages_again(crew_server: An
                 "the engine running",
                 lambda: any(r["state"] == "running" for r in first.get("/agents")),
             )
-            launchers = _launcher_pids(first.proc.pid)
+            launchers = launcher_pids(first.proc.pid)
             first.proc.kill()
             first.proc.wait(timeout=10)
             # The launcher dies with it (parent-death signal / stdin closed).
@@ -553,7 +532,7 @@ def test_kill_9_mid_turn_then_restart_handles_the_messages_again(crew_server: An
         try:
             usable(second)
             turns = finished(crew_server, agent["id"], 2)
-            statuses = [t["status"] for t in reversed(turns)]
+            statuses = [t["status"] for t in turns]
             assert statuses[0] == "interrupted", statuses
             assert statuses[-1] == "succeeded", statuses
             assert len(run_dir_entries(m)) == 1  # the dead run's directory was cleaned

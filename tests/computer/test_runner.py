@@ -11,6 +11,7 @@ import pytest
 
 from computer_service.engine.base import SessionPlan
 from computer_service.upstream import RegisteredTurn, UnreadRoom, Upstream, UpstreamRejected
+from crew_harness.waiting import wait_until_async
 from crew_testkit.rig import rig
 from crew_testkit.scripted import (
     ScriptedEngine,
@@ -20,7 +21,6 @@ from crew_testkit.scripted import (
     succeed,
     wait_for_stop,
 )
-from crew_testkit.waiting import wait_until_async
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 

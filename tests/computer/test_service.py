@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Any
 
 import anyio
 import anyio.abc
@@ -16,20 +15,11 @@ from computer_service.event_stream import Backoff, agent_id_of
 from computer_service.parts_protocol import StartupFailed
 from computer_service.service import ComputerService
 from computer_service.upstream import Upstream, UpstreamUnavailable
+from crew_harness.waiting import wait_until_async
 from crew_testkit.crew_server_proc import start_crew_server
 from crew_testkit.scripted import ScriptedEngine, blocking
-from crew_testkit.waiting import wait_until_async
 from tests.computer.fakes import FakeParts
-
-
-async def finished(
-    server: Any, agent_id: str, count: int, timeout: float = 20
-) -> list[dict[str, Any]]:
-    def done() -> list[dict[str, Any]] | None:
-        turns = [t for t in reversed(server.turns(agent_id)) if t["status"] != "running"]
-        return turns if len(turns) >= count else None
-
-    return await wait_until_async(f"{count} finished turns", done, timeout)
+from tests.support.turns import finished_async
 
 
 @pytest.mark.anyio
@@ -54,7 +44,7 @@ async def test_reconnects_after_a_server_restart_and_handles_what_came_meanwhile
             with anyio.fail_after(20):
                 await service.roster.synced.wait()
             server.post(room["id"], "before the restart")
-            await finished(server, agent["id"], 1)
+            await finished_async(server, agent["id"], 1)
 
             server.stop()
             await wait_until_async(
@@ -62,7 +52,7 @@ async def test_reconnects_after_a_server_restart_and_handles_what_came_meanwhile
             )
             server = start_crew_server(tmp_path / "srv", db=server.db, port=port)
             server.post(room["id"], "while the Computer was away")
-            turns = await finished(server, agent["id"], 2, timeout=45)
+            turns = await finished_async(server, agent["id"], 2, timeout=45)
             assert [t["status"] for t in turns] == ["succeeded", "succeeded"]
             assert "while the Computer was away" in engine.inputs[1]
             assert "before the restart" not in engine.inputs[1]  # acked, not handled twice
@@ -165,12 +155,12 @@ async def test_server_restart_during_a_turn_loses_nothing_and_acks_once(tmp_path
                 "the engine's last events", lambda: service.metrics.events_reported > reported
             )
             server = start_crew_server(tmp_path / "srv", db=server.db, port=port)
-            [turn] = await finished(server, agent["id"], 1)
+            [turn] = await finished_async(server, agent["id"], 1)
             assert turn["status"] == "succeeded"  # the ack and the finish waited for the server
             [position] = server.positions(agent["id"])
             assert position["read_seq"] == position["delivered_seq"] == 1
             server.post(room["id"], "after the restart")
-            turns = await finished(server, agent["id"], 2)
+            turns = await finished_async(server, agent["id"], 2)
             assert turns[1]["status"] == "succeeded"
             assert "after the restart" in engine.inputs[1]
             assert "during the restart" not in engine.inputs[1]  # handled once, acked once

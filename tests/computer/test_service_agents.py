@@ -22,9 +22,10 @@ from computer_service.bootstrap import Bootstrap
 from computer_service.service import ComputerService
 from computer_service.upstream import AgentRecord
 from crew_common.version import VERSION
+from crew_harness.waiting import wait_until_async
 from crew_testkit.scripted import ScriptedEngine, blocking, fail, succeed, wait_for_stop
-from crew_testkit.waiting import wait_until_async
 from tests.computer.fakes import UNUSABLE, USABLE, FakeParts
+from tests.support.turns import finished_async
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -158,7 +159,7 @@ async def test_an_agent_that_breaks_its_home_mid_run_is_repaired_or_told_and_hea
         shutil.rmtree(tmp)
         tmp.symlink_to("/")
         crew_server.post(room["id"], "first")
-        [first] = await wait_until_async("a turn", lambda: finished(crew_server, agent["id"], 1))
+        [first] = await finished_async(crew_server, agent["id"], 1)
         assert first["status"] == "succeeded"
         assert (home / "work").is_dir() and tmp.is_dir() and not tmp.is_symlink()
 
@@ -175,8 +176,8 @@ async def test_an_agent_that_breaks_its_home_mid_run_is_repaired_or_told_and_hea
         # Fixed; the next message's wake-up (from the server) prepares it again and runs.
         (home / "work").unlink()
         crew_server.post(room["id"], "third")
-        turns = await wait_until_async("a turn", lambda: finished(crew_server, agent["id"], 2))
-        assert turns[0]["status"] == "succeeded"
+        turns = await finished_async(crew_server, agent["id"], 2)
+        assert turns[-1]["status"] == "succeeded"
         assert "second" in engine.inputs[-1] and "third" in engine.inputs[-1]
         await wait_until_async(
             "the problem cleared",
@@ -213,16 +214,10 @@ async def test_an_unusable_replacement_launcher_is_every_agents_problem_until_on
         assert crew_server.turns(agent["id"]) == []
 
         parts.status = USABLE
-        [turn] = await wait_until_async("a turn", lambda: finished(crew_server, agent["id"], 1))
+        [turn] = await finished_async(crew_server, agent["id"], 1)
         assert turn["status"] == "succeeded" and "are you there?" in engine.inputs[-1]
         assert problem_of(crew_server, agent["id"]) is None
         assert (await local.get("/health")).json()["sandbox"]["ok"] is True
-
-
-def finished(server: Any, agent_id: str, count: int) -> list[dict[str, Any]] | None:
-    """The agent's finished turns, newest first, once there are `count`."""
-    done = [t for t in server.turns(agent_id) if t["status"] != "running"]
-    return done if len(done) >= count else None
 
 
 async def test_a_settings_change_mid_turn_stops_the_old_runner_and_the_new_one_takes_over(
@@ -243,11 +238,7 @@ async def test_a_settings_change_mid_turn_stops_the_old_runner_and_the_new_one_t
             f"/api/agents/{agent['id']}", json={"name": "Renamed"}
         ).raise_for_status()
 
-        def two_turns() -> list[dict[str, Any]] | None:
-            done = [t for t in crew_server.turns(agent["id"]) if t["status"] != "running"]
-            return done if len(done) == 2 else None
-
-        newest, first = await wait_until_async("two finished turns", two_turns)
+        first, newest = await finished_async(crew_server, agent["id"], 2)
         assert first["status"] == "cancelled"  # the old runner's turn was stopped
         assert old.finished.is_set() and service.roster.runners[agent["id"]] is not old
         assert service.roster.runners[agent["id"]].agent.name == "Renamed"

@@ -22,8 +22,8 @@ from computer_service.bootstrap import Bootstrap
 from computer_service.parts_protocol import ModelsFailed, StartupFailed
 from computer_service.service import ComputerService
 from computer_service.upstream import Upstream
+from crew_harness.waiting import wait_until_async
 from crew_testkit.scripted import ScriptedEngine
-from crew_testkit.waiting import wait_until_async
 from tests.computer.fakes import UNUSABLE, FakeCrewServer, FakeParts, RecordingBackoff
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]

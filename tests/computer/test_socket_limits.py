@@ -19,8 +19,8 @@ import pytest
 from computer_service.event_bus import EventBus
 from computer_service.introspection import INTROSPECTION_LIMITS, IntrospectionServer, create_app
 from crew_common.connection_limits import ConnectionLimits, raise_open_file_limit
+from crew_harness.waiting import wait_until, wait_until_async
 from crew_testkit.computer_proc import machine
-from crew_testkit.waiting import wait_until, wait_until_async
 from tests.computer.static_view import StaticView
 from tests.support.sockets import closed_by_server
 

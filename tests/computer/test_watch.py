@@ -25,11 +25,12 @@ import pytest
 from computer_service.event_bus import EventBus
 from computer_service.introspection import Health, IntrospectionServer, create_app
 from computer_service.watch import ComputerUnavailable, status
+from crew_harness.waiting import wait_until
 from crew_testkit.computer_proc import ComputerProc, Machine, bootstrap_for, launch, machine
-from crew_testkit.waiting import wait_until
 from tests.computer.static_view import StaticView
-from tests.computer.test_process import finished, need_sandbox, usable
+from tests.computer.test_process import need_sandbox, usable
 from tests.support.ci import required_in_ci
+from tests.support.turns import finished
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -30,7 +30,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from crew_testkit.waiting import wait_until_async
+from crew_harness.waiting import wait_until_async
 
 STDERR_TAIL = 64 * 1024
 

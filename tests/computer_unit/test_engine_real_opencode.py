@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.e2e, pytest.mark.timeout(180)]
 async def test_real_opencode_turns_and_session(tmp_path: Path) -> None:
     if not OPENCODE.exists():
         required_in_ci("OpenCode (scripts/setup installs it into tools/opencode)")
-    from crew_server.scripted_model import ScriptedModel, opencode_provider
+    from crew_harness.scripted_model import ScriptedModel, opencode_provider
 
     with ScriptedModel() as model:
         # The user's own OpenCode config, JSONC with a comment: only `provider` is carried over.
@@ -69,7 +69,7 @@ async def test_a_key_in_the_computers_environment_reaches_the_model(tmp_path: Pa
     """`apiKey: "{env:MY_KEY}"`: resolved by the Computer, sent by the sandboxed OpenCode."""
     if not OPENCODE.exists():
         required_in_ci("OpenCode (scripts/setup installs it into tools/opencode)")
-    from crew_server.scripted_model import ScriptedModel, opencode_provider
+    from crew_harness.scripted_model import ScriptedModel, opencode_provider
 
     key = "sk-env-key-0123456789"
     with ScriptedModel(required_key=key) as model:

@@ -19,7 +19,7 @@ import anyio
 import pytest
 
 from computer_service.engine.base import FailureClass, SessionPlan
-from crew_testkit.waiting import wait_until_async
+from crew_harness.waiting import wait_until_async
 from tests.computer_unit.engine_fixtures import AUTH, BASE_PATH, Rig, sandboxed_rig
 from tests.launcher.helpers import processes_with
 

@@ -31,7 +31,7 @@ from computer_service.engine.user_opencode import (
 )
 from computer_service.launcher_client import LauncherClient
 from crew_common.layout import AgentPaths
-from crew_testkit.waiting import wait_until_async
+from crew_harness.waiting import wait_until_async
 from tests.computer_unit.engine_fixtures import (
     AGENT_TOKEN,
     AUTH,

@@ -26,16 +26,16 @@ from typing import Any
 import httpx
 import pytest
 
-from crew_server.demo import (
+from crew_harness.demo import (
     ComputerProcess,
     DemoError,
     start_computer,
     user_env,
     write_scripted_login,
 )
-from crew_server.scripted_model import Script, ScriptedModel
+from crew_harness.scripted_model import Script, ScriptedModel
+from crew_harness.waiting import wait_until
 from crew_testkit.crew_server_proc import CrewServer, start_crew_server
-from crew_testkit.waiting import wait_until
 from tests.e2e.opencode_by_hand import OPENCODE
 from tests.support.ci import required_in_ci
 

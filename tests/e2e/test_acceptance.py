@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from crew_server.scripted_model import ROOM_ID
-from crew_testkit.waiting import wait_until
+from crew_harness.scripted_model import ROOM_ID
+from crew_harness.waiting import wait_until
 from tests.e2e.chain import Chain
 from tests.e2e.opencode_by_hand import OPENCODE
 from tests.e2e.test_chain import REPLY_ROOM, having, heredoc, no_new_turn, tool_outputs

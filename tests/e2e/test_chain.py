@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
-from crew_server.scripted_model import ROOM_ID, message_text
-from crew_testkit.waiting import wait_until
+from crew_harness.scripted_model import ROOM_ID, message_text
+from crew_harness.waiting import wait_until
 from tests.e2e.chain import Chain
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]

@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from crew_server.demo import write_scripted_login
-from crew_server.scripted_model import ScriptedModel, scenario
+from crew_harness.demo import write_scripted_login
+from crew_harness.scripted_model import ScriptedModel, scenario
 from tests.e2e.opencode_by_hand import OPENCODE, ROOT
 from tests.support.ci import required_in_ci
 
@@ -100,7 +100,7 @@ def test_web_demo_runs_the_engine_asked_for_and_names_the_crew_home(tmp_path: Pa
     env = {k: v for k, v in os.environ.items() if k not in ("CREW_HOME",)}
     env["HOME"] = str(tmp_path)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "crew_server.demo", "--web", "--engine", "cold"],
+        [sys.executable, "-m", "crew_harness.demo", "--web", "--engine", "cold"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,

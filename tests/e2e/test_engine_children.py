@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from crew_server.scripted_model import Script, ScriptedModel
+from crew_harness.scripted_model import Script, ScriptedModel
 from crew_testkit.engine_rig import EngineRig
 from sandbox_launcher.tool_shell import system_programs
 from tests.e2e.opencode_by_hand import OPENCODE

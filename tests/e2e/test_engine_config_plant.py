@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from crew_server.scripted_model import Script, ScriptedModel
+from crew_harness.scripted_model import Script, ScriptedModel
 from crew_testkit.engine_rig import EngineRig
 from tests.e2e.opencode_by_hand import OPENCODE
 from tests.support.ci import required_in_ci

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from crew_testkit.waiting import wait_until
+from crew_harness.waiting import wait_until
 from tests.e2e.chain import ENGINE_MODES, Chain, running_chain
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]

@@ -9,7 +9,7 @@ import httpx
 import orjson
 import pytest
 
-from crew_server.scripted_model import (
+from crew_harness.scripted_model import (
     Chooser,
     Reply,
     Script,
@@ -19,7 +19,7 @@ from crew_server.scripted_model import (
     scenario,
     stream_chunks,
 )
-from crew_testkit.waiting import wait_until
+from crew_harness.waiting import wait_until
 from tests.e2e.opencode_by_hand import OPENCODE, OpenCodeHome, run_opencode, scripted_config
 from tests.support.ci import required_in_ci
 
@@ -342,7 +342,7 @@ def test_command_line_serves_a_script_file_and_refuses_a_bad_one(tmp_path: Path)
     bad = tmp_path / "bad.json"
     bad.write_text('{"rules": [{"match": "("}]}')
     refused = subprocess.run(
-        [sys.executable, "-m", "crew_server.scripted_model", "--script", str(bad)],
+        [sys.executable, "-m", "crew_harness.scripted_model", "--script", str(bad)],
         capture_output=True,
         text=True,
         timeout=30,
@@ -360,7 +360,7 @@ def test_command_line_serves_a_script_file_and_refuses_a_bad_one(tmp_path: Path)
         [
             sys.executable,
             "-m",
-            "crew_server.scripted_model",
+            "crew_harness.scripted_model",
             "--port",
             str(port),
             "--script",

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from crew_testkit.waiting import wait_until
+from crew_harness.waiting import wait_until
 from tests.e2e.chain import ENGINE_MODES, Chain, running_chain
 from tests.e2e.test_chain import having, heredoc, tool_outputs
 

@@ -21,9 +21,9 @@ from computer_service.engine.base import FailureClass, TurnResult
 from computer_service.engine.warm_channel import NotTheServer, ServerAddress, check_owner
 from computer_service.home import SessionRecord, write_session_record
 from crew_common.procfs import process_start_time
-from crew_server.scripted_model import Script, ScriptedModel
+from crew_harness.scripted_model import Script, ScriptedModel
+from crew_harness.waiting import wait_until
 from crew_testkit.engine_rig import MODEL, EngineRig, TurnRecord, comparable
-from crew_testkit.waiting import wait_until
 from tests.e2e.opencode_by_hand import OPENCODE
 from tests.support.ci import required_in_ci
 

@@ -18,7 +18,7 @@ import pytest
 
 from computer_service.bootstrap import TurnLimits
 from computer_service.engine.base import FailureClass
-from crew_server.scripted_model import Script, ScriptedModel
+from crew_harness.scripted_model import Script, ScriptedModel
 from crew_testkit.engine_rig import EngineRig
 from sandbox_launcher.limits import CGROUP_PREFIX, find_cgroup_parents
 from tests.e2e.opencode_by_hand import OPENCODE

@@ -8,8 +8,8 @@ from typing import Any
 
 import orjson
 
+from crew_harness.waiting import wait_until
 from crew_testkit.computer_proc import ComputerProc
-from crew_testkit.waiting import wait_until
 from tests.support.ci import required_in_ci
 
 
@@ -17,16 +17,6 @@ def need_sandbox() -> None:
     """bwrap is required in CI; locally its absence skips."""
     if shutil.which("bwrap") is None:
         required_in_ci("bubblewrap (apt-get install bubblewrap)")
-
-
-def finished(server: Any, agent_id: str, count: int, timeout: float = 30) -> list[dict[str, Any]]:
-    """The agent's finished turns, oldest first, once there are at least `count`."""
-
-    def probe() -> list[dict[str, Any]] | None:
-        done = [t for t in reversed(server.turns(agent_id)) if t["status"] != "running"]
-        return done if len(done) >= count else None
-
-    return wait_until(f"{count} finished turns", probe, timeout)
 
 
 def usable(c: ComputerProc) -> dict[str, Any]:

@@ -20,8 +20,8 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from crew_testkit.crew_server_proc import free_port
-from crew_testkit.waiting import wait_until
+from crew_harness.ports import free_port
+from crew_harness.waiting import wait_until
 
 _CLOSE = b""
 

@@ -18,10 +18,11 @@ from typing import Any
 
 import pytest
 
+from crew_harness.waiting import wait_until
 from crew_testkit.computer_proc import bootstrap_for, launch, machine
-from crew_testkit.waiting import wait_until
-from tests.faults.chain import finished, need_sandbox, read_positions, usable, wake_event
+from tests.faults.chain import need_sandbox, read_positions, usable, wake_event
 from tests.faults.sse_proxy import SSEProxy
+from tests.support.turns import finished
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from crew_testkit.waiting import wait_until
+from crew_harness.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -23,9 +23,9 @@ from typing import Any
 import httpx
 import pytest
 
+from crew_harness.waiting import wait_until
 from crew_testkit.computer_proc import bootstrap_for, launch, machine
 from crew_testkit.crew_server_proc import CrewServer, start_crew_server
-from crew_testkit.waiting import wait_until
 from tests.faults.chain import need_sandbox, read_positions, usable
 from tests.support.ci import required_in_ci
 

@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from crew_harness.waiting import wait_until
 from crew_testkit.computer_proc import bootstrap_for, launch, machine
 from crew_testkit.crew_server_proc import start_crew_server
-from crew_testkit.waiting import wait_until
-from tests.faults.chain import finished, need_sandbox, read_positions, usable
+from tests.faults.chain import need_sandbox, read_positions, usable
+from tests.support.turns import finished
 
 pytestmark = pytest.mark.timeout(180)
 

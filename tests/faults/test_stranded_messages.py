@@ -9,32 +9,16 @@ from __future__ import annotations
 
 import os
 import signal
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from crew_testkit.computer_proc import bootstrap_for, launch, machine
-from crew_testkit.waiting import wait_until
-from tests.faults.chain import finished, need_sandbox, read_positions, usable
+from crew_harness.waiting import wait_until
+from crew_testkit.computer_proc import bootstrap_for, launch, launcher_pids, machine
+from tests.faults.chain import need_sandbox, read_positions, usable
+from tests.support.turns import finished
 
 pytestmark = pytest.mark.timeout(150)
-
-
-def _launcher_pids(parent: int) -> list[int]:
-    """The sandbox launcher processes whose parent is `parent` (the Computer)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat_fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if int(stat_fields[1]) == parent and b"sandbox_launcher" in cmdline:
-            pids.append(int(entry.name))
-    return pids
 
 
 def test_a_launcher_killed_mid_turn_leaves_no_message_unanswered(crew_server: Any) -> None:
@@ -52,7 +36,7 @@ def test_a_launcher_killed_mid_turn_leaves_no_message_unanswered(crew_server: An
             [running] = wait_until("the turn", lambda: crew_server.turns(agent["id"]))
             # Its first event: the fake engine is under way (and has used up its ONCE).
             wait_until("its first event", lambda: crew_server.turn(running["id"])["events"])
-            [launcher] = _launcher_pids(c.proc.pid)
+            [launcher] = launcher_pids(c.proc.pid)
             os.kill(launcher, signal.SIGKILL)
             # No other message is posted: the runner must come back by itself.
             turns = finished(crew_server, agent["id"], 2, timeout=90)

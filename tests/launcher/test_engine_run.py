@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 import pytest
 
-from crew_testkit.waiting import wait_until
+from crew_harness.waiting import wait_until
 from sandbox_launcher.engine_run import DRAIN_GRACE_S, EngineRun
 from tests.launcher.helpers import processes_with
 

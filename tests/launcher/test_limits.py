@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from crew_testkit.waiting import wait_until
+from crew_harness.waiting import wait_until
 from sandbox_launcher.bwrap import LinuxMode, bwrap_argv, find_tools
 from sandbox_launcher.limits import (
     CgroupParents,

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from computer_service.parts import models_request
-from crew_server.demo import scripted_price_table
+from crew_harness.demo import scripted_price_table
 from sandbox_launcher.models import list_models
 from sandbox_launcher.schema import ModelsRequest
 from tests.launcher.helpers import CrewLayout, LauncherProcess, make_layout

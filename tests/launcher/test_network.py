@@ -32,7 +32,8 @@ from typing import IO, Any
 
 import pytest
 
-from crew_testkit.waiting import wait_until
+from crew_harness.ports import free_port
+from crew_harness.waiting import wait_until
 from sandbox_launcher.backend import BwrapBackend, open_backend
 from sandbox_launcher.bwrap import LinuxMode
 from sandbox_launcher.network import NetworkPlan, SandboxNetwork, find_nftables, find_pasta
@@ -121,13 +122,6 @@ for name, s in (("squat_received", squat), ("wide_received", wide)):
             got = None
     emit(name, got is not None, data=got)
 """
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port
 
 
 def _host_address() -> str | None:
@@ -276,8 +270,8 @@ def _attack(
     box: Box, mode: str, outside: tuple[str, int] | None
 ) -> tuple[dict[str, dict[str, Any]], dict[str, str | None], list[tuple[int, str]]]:
     """Run the probe; returns its checks, what the host reached, pasta seen, exit status."""
-    server_port, wide_port, forwarded_port = _free_port(), _free_port(), _free_port()
-    unforwarded = Server("127.0.0.1", _free_port(), "private-service")
+    server_port, wide_port, forwarded_port = free_port(), free_port(), free_port()
+    unforwarded = Server("127.0.0.1", free_port(), "private-service")
     forwarded = Server("127.0.0.1", forwarded_port, "local-model")
     abstract = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     abstract.bind(f"\0crew-net-{uuid.uuid4().hex[:8]}")
@@ -322,7 +316,7 @@ def _attack(
 @pytest.mark.parametrize("mode", ["hybrid", "tmpfs"])
 def test_the_network_attacks_fail_and_the_agents_work_does_not(box: Box, mode: str) -> None:
     address = _host_address()
-    outside_server = Server(address, _free_port(), "lan-service") if address else None
+    outside_server = Server(address, free_port(), "lan-service") if address else None
     outside = (address, outside_server.port) if address and outside_server else None
     try:
         checks, reached, pastas = _attack(box, mode, outside)
@@ -353,7 +347,7 @@ def test_the_network_attacks_fail_and_the_agents_work_does_not(box: Box, mode: s
 
 def test_the_real_server_gets_the_computer_after_a_squat(box: Box) -> None:
     """The crew server restarts while an agent squats its port: the Computer reaches only it."""
-    port = _free_port()
+    port = free_port()
     squat = (
         "import socket, sys; s = socket.socket(); "
         "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
@@ -399,8 +393,8 @@ def test_the_probe_sees_the_escapes_without_a_namespace(mode: LinuxMode, needs_b
         for path in (policy.tmp_dir, policy.agent_dir, policy.crew_home / "sockets"):
             path.mkdir(parents=True)
         (policy.agent_dir / "probe.py").write_text(PROBE)
-        server_port, wide_port, forwarded_port = _free_port(), _free_port(), _free_port()
-        unforwarded = Server("127.0.0.1", _free_port(), "private-service")
+        server_port, wide_port, forwarded_port = free_port(), free_port(), free_port()
+        unforwarded = Server("127.0.0.1", free_port(), "private-service")
         cfg = {
             "server_port": server_port,
             "wide_port": wide_port,

@@ -29,9 +29,10 @@ from typing import Any
 
 import pytest
 
+from crew_harness.ports import free_port
 from sandbox_launcher.network import find_nftables, find_pasta
 from tests.launcher.helpers import LauncherProcess, engine_lines, make_layout, write_fake_opencode
-from tests.launcher.test_network import SYSTEM_PYTHON, Box, _free_port, _read_checks, made_box
+from tests.launcher.test_network import SYSTEM_PYTHON, Box, _read_checks, made_box
 from tests.support.ci import required_in_ci
 
 NSENTER = "/usr/bin/nsenter"
@@ -272,7 +273,7 @@ def test_the_hosts_own_addresses_are_refused_and_egress_is_not(netbox: Box, mode
     host = HostNamespace()
     holders: list[Holder] = []
     try:
-        port, lan_port, server_port = _free_port(), _free_port(), _free_port()
+        port, lan_port, server_port = free_port(), free_port(), free_port()
         # "Ollama with OLLAMA_HOST=0.0.0.0": every address of the host, v4 and v6.
         wide = Holder("0.0.0.0,::", port, "host-service", host.enter(host.host))
         crew = Holder("127.0.0.1", server_port, "crew-server", host.enter(host.host))
@@ -319,7 +320,7 @@ def test_connections_past_the_cap_are_refused_and_closed_ones_free_it(
     netbox: Box, mode: str
 ) -> None:
     cap, tries = 16, 40
-    server_port = _free_port()
+    server_port = free_port()
     crew = Holder("127.0.0.1", server_port, "crew-server")
     try:
         probe = [SYSTEM_PYTHON, "-I", str(netbox.home / "agent" / "cap.py")]
@@ -352,7 +353,7 @@ def test_a_launcher_run_gets_the_cap_of_its_max_connections(
     cap, tries = 8, 20
     layout = make_layout(isolated_home)
     layout.add_agent("alice")
-    server_port = _free_port()
+    server_port = free_port()
     crew = Holder("127.0.0.1", server_port, "crew-server")
     launcher = LauncherProcess(
         layout,

@@ -12,7 +12,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from crew_testkit.waiting import wait_until
+from crew_harness.waiting import wait_until
 from sandbox_launcher.network import find_pasta
 from tests.launcher.helpers import LauncherProcess, children_of, make_layout, write_fake_opencode
 from tests.support.ci import required_in_ci

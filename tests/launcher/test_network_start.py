@@ -22,7 +22,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from crew_testkit.waiting import wait_until
+from crew_harness.waiting import wait_until
 from sandbox_launcher.engine_run import EngineRun
 from sandbox_launcher.network import (
     NetworkPlan,

@@ -16,7 +16,7 @@ import httpx
 import orjson
 import pytest
 
-from crew_testkit.waiting import wait_until
+from crew_harness.waiting import wait_until
 from tests.launcher.helpers import (
     CrewLayout,
     LauncherProcess,

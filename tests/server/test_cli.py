@@ -11,9 +11,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from crew_harness.ports import free_port
+from crew_harness.waiting import wait_until
 from crew_server.__main__ import is_loopback
-from crew_testkit.crew_server_proc import computer_connection, free_port
-from crew_testkit.waiting import wait_until
+from crew_testkit.crew_server_proc import computer_connection
 
 
 def run_until_healthy(db: Path, *extra: str, token_file: Path | None = None) -> tuple[str, str]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from crew_testkit.waiting import wait_until
+from crew_harness.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from crew_server.scripted_model import Chooser, scenario
+from crew_harness.scripted_model import Chooser, scenario
 
 SNAPSHOT = Path(__file__).resolve().parents[1] / "snapshots" / "turn-prompt.md"
 GROUP = "7d0c0000-0000-4000-8000-00000000aaaa"

@@ -17,10 +17,10 @@ import httpx
 import pytest
 from httpx_sse import connect_sse
 
+from crew_harness.waiting import wait_until
 from crew_server.store.db import migration_files
 from crew_testkit.crew_server_proc import CrewServer, computer_connection, start_crew_server
 from crew_testkit.postgres import PostgresCluster
-from crew_testkit.waiting import wait_until
 
 POSTS_PER_WRITER = 15
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from crew_harness.waiting import wait_until_async
 from crew_server.clock import iso, parse_iso
-from crew_testkit.waiting import wait_until_async
 from tests.server.world import Computer, World, bearer
 
 pytestmark = pytest.mark.anyio

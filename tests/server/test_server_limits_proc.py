@@ -18,8 +18,8 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
+from crew_harness.waiting import wait_until
 from crew_testkit.crew_server_proc import computer_connection, start_crew_server
-from crew_testkit.waiting import wait_until
 from tests.support.sockets import closed_by_server
 
 pytestmark = pytest.mark.timeout(120)

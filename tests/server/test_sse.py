@@ -18,11 +18,12 @@ import pytest
 import uvicorn
 from httpx_sse import ServerSentEvent, connect_sse
 
+from crew_harness.ports import free_port
+from crew_harness.waiting import wait_until
 from crew_server.app import create_app
 from crew_server.clock import Clock
 from crew_server.store import Store
-from crew_testkit.crew_server_proc import computer_connection, free_port, start_crew_server
-from crew_testkit.waiting import wait_until
+from crew_testkit.crew_server_proc import computer_connection, start_crew_server
 
 
 def read_events(

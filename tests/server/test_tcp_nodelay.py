@@ -18,12 +18,12 @@ import pytest
 
 from crew_common.connection_limits import ConnectionLimits
 from crew_common.tcp_listener import nodelay
+from crew_harness.scripted_model import ScriptedModel, scenario
+from crew_harness.waiting import wait_until
 from crew_server.__main__ import http_server, listening_socket, served_url
 from crew_server.app import create_app
 from crew_server.clock import Clock
-from crew_server.scripted_model import ScriptedModel, scenario
 from crew_server.store import Store
-from crew_testkit.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from crew_testkit.waiting import wait_until
+from crew_harness.waiting import wait_until
 from tests.shim.world import World
 
 pytestmark = pytest.mark.timeout(60)

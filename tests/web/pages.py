@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from crew_server.scripted_model import ROOM_ID
+from crew_harness.scripted_model import ROOM_ID
 
 REPLY_ROOM = rf"Reply with: crew reply (?P<room>{ROOM_ID})"
 DESKTOP = {"width": 1280, "height": 860}

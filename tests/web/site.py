@@ -16,10 +16,10 @@ import orjson
 import pytest
 from asgi_lifespan import LifespanManager
 
+from crew_harness.waiting import wait_until_async
 from crew_server.app import create_app
 from crew_server.clock import Clock
 from crew_server.store import Store
-from crew_testkit.waiting import wait_until_async
 
 
 @pytest.fixture

@@ -37,7 +37,7 @@ def test_the_web_demo_signs_in_from_its_link_and_stops_on_ctrl_c(browser: Any) -
     if not OPENCODE.exists():
         required_in_ci("OpenCode (scripts/setup installs it into tools/opencode)")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "crew_server.demo", "--web"],
+        [sys.executable, "-m", "crew_harness.demo", "--web"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,

@@ -11,7 +11,7 @@ import anyio
 import httpx
 import pytest
 
-from crew_testkit.waiting import wait_until_async
+from crew_harness.waiting import wait_until_async
 from tests.web.site import RawStream, Site, hidden, open_browser_stream, updates_in
 
 pytestmark = pytest.mark.anyio

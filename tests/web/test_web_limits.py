@@ -18,7 +18,7 @@ import anyio
 import anyio.abc
 import pytest
 
-from crew_testkit.waiting import wait_until_async
+from crew_harness.waiting import wait_until_async
 from tests.web.site import Site, hidden, open_browser_stream, updates_in
 
 pytestmark = pytest.mark.anyio

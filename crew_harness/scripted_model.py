@@ -15,7 +15,7 @@ say "when the prompt says `crew reply <room-id>`, call bash with
 `ok` (or `done` right after a tool result). Rules can also answer 401, 429,
 500 or hang. Every request is recorded for assertions.
 
-Run it as `python -m crew_server.scripted_model --port N --script FILE` (or
+Run it as `python -m crew_harness.scripted_model --port N --script FILE` (or
 `--scenario NAME` for a built-in script), or in-process with
 `ScriptedModel(script).start()`, which serves from a thread on a free port.
 
@@ -50,7 +50,7 @@ from starlette.types import Receive, Scope, Send
 
 from crew_common.tcp_listener import tcp_listener
 
-log = logging.getLogger("crew_server.scripted_model")
+log = logging.getLogger("crew_harness.scripted_model")
 
 MODEL_NAME = "scripted"
 TITLE_MARKER = "title generator"  # OpenCode's hidden title agent's system prompt
@@ -800,9 +800,9 @@ def opencode_provider(base_url: str, api_key: str = "scripted-key") -> dict[str,
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m crew_server.scripted_model --port N (--script FILE | --scenario NAME)`."""
+    """`python -m crew_harness.scripted_model --port N (--script FILE | --scenario NAME)`."""
     parser = argparse.ArgumentParser(
-        prog="python -m crew_server.scripted_model",
+        prog="python -m crew_harness.scripted_model",
         description="A scripted OpenAI-compatible chat-completions server (tests, demo, bench).",
     )
     parser.add_argument("--host", default="127.0.0.1")

@@ -1,6 +1,6 @@
 """The demo: the whole system on this machine, one agent answering one message.
 
-`scripts/demo` runs `python -m crew_server.demo`. It starts `crew-server`
+`scripts/demo` runs `python -m crew_harness.demo`. It starts `crew-server`
 (temporary database, `--dev`), the scripted model, and `crew-computer` (which
 starts the launcher, which runs the real `opencode` in the sandbox), all under
 one temporary directory, so it never touches the user's files. It creates a
@@ -22,28 +22,27 @@ import os
 import select
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import orjson
 
-from crew_server.scripted_model import (
+from crew_harness.ports import free_port
+from crew_harness.scripted_model import (
     MODEL_NAME,
     Script,
     ScriptedModel,
     opencode_provider,
     scenario,
 )
-
-T = TypeVar("T")
+from crew_harness.waiting import WaitTimeout, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLED_OPENCODE = ROOT / "tools" / "opencode" / "node_modules" / ".bin" / "opencode"
@@ -53,25 +52,6 @@ START_TIMEOUT_S = 30.0
 
 class DemoError(Exception):
     """Something in the chain did not come up or answer; the message says what to check."""
-
-
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float) -> T:
-    """Poll `probe` until it returns something other than None/False; raise DemoError."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value is not None and value is not False:
-            return value
-        if time.monotonic() > deadline:
-            raise DemoError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.05)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 # ---------------------------------------------------------------- the user's files
@@ -217,7 +197,7 @@ def start_server(root: Path) -> ServerProcess:
         except httpx.TransportError:
             return False
 
-    wait_for("crew-server to answer", answers, START_TIMEOUT_S)
+    wait_until("crew-server to answer", answers, START_TIMEOUT_S)
     return server
 
 
@@ -339,7 +319,7 @@ class LocalStack:
             done = [t for t in turns if t["status"] != "running"]
             return done[after] if len(done) > after else None
 
-        turn = wait_for("the agent's turn to finish", probe, timeout)
+        turn = wait_until("the agent's turn to finish", probe, timeout)
         record: dict[str, Any] = self.call("GET", f"/api/turns/{turn['id']}")
         return record
 
@@ -387,7 +367,7 @@ def local_stack(
             bootstrap["engine_mode"] = engine_mode  # default: warm where supported
         bootstrap.update(bootstrap_extra or {})
         computer = start_computer(user_env(home, crew_home), bootstrap, crew_home, root)
-        health = wait_for("the Computer's sandbox check", computer.health, START_TIMEOUT_S)
+        health = wait_until("the Computer's sandbox check", computer.health, START_TIMEOUT_S)
         yield LocalStack(root, server, model, computer, computer_id, http, health)
     finally:
         if computer is not None:
@@ -570,7 +550,7 @@ def run_web_demo(model: str | None, keep: bool, engine_mode: str | None = None) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m crew_server.demo [--model provider/model] [--keep] [--web]`."""
+    """`python -m crew_harness.demo [--model provider/model] [--keep] [--web]`."""
     parser = argparse.ArgumentParser(prog="scripts/demo", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--model",
@@ -602,7 +582,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.web:
             return run_web_demo(args.model, args.keep, args.engine)
         return run_demo(args.model, args.keep, timeout, args.engine)
-    except DemoError as exc:
+    except (DemoError, WaitTimeout) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
