@@ -100,11 +100,6 @@ def test_common_is_standard_library_and_uvicorn_only() -> None:
     assert_none(refused("crew_common", lambda i: i.top in allowed))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="crew_shim/__main__.py imports crew_common.version until helper `home`'s fix "
-    "(issue 21) lands; the lead removes this mark at merge",
-)
 def test_the_shim_imports_only_the_standard_library_and_itself() -> None:
     allowed = STANDARD_LIBRARY | {"crew_shim"}
     assert_none(refused("crew_shim", lambda i: i.top in allowed))
@@ -139,12 +134,6 @@ def test_a_forbidden_import_inside_a_function_is_named_with_its_line(tmp_path: P
     assert "crew_server/api/__init__.py:1 imports crew_server.store" in map(
         str, imports_of("crew_server", tmp_path)
     )
-
-
-def test_the_shim_is_standard_library_and_itself_only() -> None:
-    """`bin/crew` runs it in the sandbox, where only its own directory is granted (issue 21)."""
-    allowed = set(sys.stdlib_module_names) | {"crew_shim", "__future__"}
-    assert offending("crew_shim", lambda name: _top(name) in allowed) == []
 
 
 def test_relative_imports_are_resolved() -> None:
