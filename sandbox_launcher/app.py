@@ -20,10 +20,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from sandbox_launcher.engine_run import EngineRun
-from sandbox_launcher.launcher import Launcher, RequestRefused
-from sandbox_launcher.models import ModelsFailed, list_models
-from sandbox_launcher.schema import (
+from crew_common.launcher_wire import (
     ModelList,
     ModelsRequest,
     RunList,
@@ -35,6 +32,9 @@ from sandbox_launcher.schema import (
     StopResult,
     SweepResult,
 )
+from sandbox_launcher.engine_run import EngineRun
+from sandbox_launcher.launcher import Launcher, RequestRefused
+from sandbox_launcher.models import ModelsFailed, list_models
 from sandbox_launcher.warm_server import ServerFailed, rss_bytes
 
 log = logging.getLogger(__name__)

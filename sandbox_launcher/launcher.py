@@ -17,6 +17,13 @@ from pathlib import Path
 
 import anyio
 
+from crew_common.launcher_wire import (
+    EngineHealth,
+    Health,
+    RunRequest,
+    SandboxHealth,
+    ServerRequest,
+)
 from crew_common.layout import AgentPaths
 from sandbox_launcher.backend import Backend
 from sandbox_launcher.engine_run import EngineRun
@@ -26,13 +33,6 @@ from sandbox_launcher.network import NetworkPlan, free_loopback_port
 from sandbox_launcher.ownership import HandOverFailed, hand_over, shared_dir_readable
 from sandbox_launcher.paths import PathRefused, dir_below, is_inside
 from sandbox_launcher.policy import SandboxPolicy, check_read_dir
-from sandbox_launcher.schema import (
-    EngineHealth,
-    Health,
-    RunRequest,
-    SandboxHealth,
-    ServerRequest,
-)
 from sandbox_launcher.warm_server import NAMESPACE_PORT, WarmServer, WarmServers, server_command
 
 log = logging.getLogger(__name__)

@@ -49,6 +49,7 @@ from typing import IO
 
 import anyio
 
+from crew_common.launcher_wire import ServerInfo
 from crew_common.procfs import process_start_time
 from sandbox_launcher.engine_run import EXIT_GRACE_S, engine_channel, reap_group, spawn_cwd
 from sandbox_launcher.limits import (
@@ -64,7 +65,6 @@ from sandbox_launcher.network import (
     SandboxNetwork,
     sandbox_failure,
 )
-from sandbox_launcher.schema import ServerInfo
 
 log = logging.getLogger(__name__)
 

@@ -15,21 +15,21 @@ import orjson
 import pytest
 
 from computer_service.launcher_client import (
-    EngineArgs,
-    ExitFrame,
     LauncherClient,
     LauncherError,
-    LauncherProcess,
     LauncherRefused,
     LauncherUnavailable,
+    frame_of,
+    split_lines,
+)
+from computer_service.launcher_process import LauncherProcess, launcher_argv, launcher_command
+from crew_common.launcher_wire import (
+    EngineArgs,
+    ExitFrame,
     LineFrame,
     ModelsRequest,
     RunRequest,
     StartedFrame,
-    frame_of,
-    launcher_argv,
-    launcher_command,
-    split_lines,
 )
 from crew_testkit.computer_proc import FAKE_OPENCODE
 from tests.computer_unit.launcher_standin import StandinState, serve_standin
@@ -205,4 +205,5 @@ def test_request_models_forbid_extra_keys(tmp_path: Path) -> None:
     assert set(body) == {
         "run_id", "agent_id", "agent_dir", "runtime_dir", "bin_dir", "interpreter_dirs", "model",
         "session_id", "env", "stdin", "stdout_limit", "engine_args", "loopback_ports",
+        "publish_port",
     }  # fmt: skip

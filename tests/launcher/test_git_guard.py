@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import pytest
 
+from crew_common.launcher_wire import ServerRequest
 from sandbox_launcher.backend import BwrapBackend
 from sandbox_launcher.bwrap import LinuxMode
 from sandbox_launcher.git_guard import (
@@ -40,7 +41,6 @@ from sandbox_launcher.git_guard import (
     restore,
 )
 from sandbox_launcher.policy import SandboxPolicy
-from sandbox_launcher.schema import ServerRequest
 from sandbox_launcher.seatbelt import profile_text, seatbelt_params
 from tests.launcher.helpers import (
     CrewLayout,

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, settings
 from pydantic import BaseModel
 from schemathesis.checks import positive_data_acceptance
 
-from sandbox_launcher import schema as models
+from crew_common import launcher_wire as models
 from tests.launcher.helpers import CrewLayout, write_fake_opencode
 from tests.launcher.inprocess import SECRET, inprocess_app, inprocess_launcher
 

@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
+from crew_common.launcher_wire import RunRequest
 from sandbox_launcher.launcher import RequestRefused
-from sandbox_launcher.schema import RunRequest
 from tests.launcher.helpers import CrewLayout
 from tests.launcher.inprocess import SECRET, inprocess_app, inprocess_launcher
 

@@ -8,8 +8,8 @@ from typing import Any
 import httpx
 import pytest
 
+from crew_common.launcher_wire import ServerRequest
 from sandbox_launcher.launcher import RequestRefused
-from sandbox_launcher.schema import ServerRequest
 from tests.launcher.helpers import CrewLayout
 from tests.launcher.inprocess import SECRET, inprocess_app, inprocess_launcher
 
