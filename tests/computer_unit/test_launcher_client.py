@@ -13,6 +13,7 @@ from pathlib import Path
 import anyio
 import orjson
 import pytest
+from pydantic import ValidationError
 
 from computer_service.launcher_client import (
     LauncherClient,
@@ -26,6 +27,7 @@ from computer_service.launcher_process import LauncherProcess, launcher_argv, la
 from crew_common.launcher_wire import (
     EngineArgs,
     ExitFrame,
+    Health,
     LineFrame,
     ModelsRequest,
     RunRequest,
@@ -87,6 +89,34 @@ def test_frame_of() -> None:
     for bad in (b"nope", b'{"t":"what"}', b'{"t":"line"}', b"[1]"):
         with pytest.raises(LauncherError):
             frame_of(bad)
+
+
+def test_frames_are_read_with_the_launchers_models() -> None:
+    """What the launcher's own models refuse, the client refuses: one schema, both ends."""
+    for bad in (
+        b'{"t":"started"}',  # no pid
+        b'{"t":"started","pid":"five"}',
+        b'{"t":"exit","code":0}',  # no stderr_tail
+        b'{"t":"log"}',
+    ):
+        with pytest.raises(LauncherError, match="malformed"):
+            frame_of(bad)
+
+
+def test_the_client_reads_what_a_newer_launcher_may_add() -> None:
+    """Deliberately loose: a launcher started from newer files (an upgrade in place) may
+    add a field to any answer, or a new reason to the exit frame; neither loses a run."""
+    started = frame_of(b'{"t":"started","pid":5,"cgroup":"/crew/r1"}')
+    assert started == StartedFrame(t="started", pid=5)
+    ended = frame_of(b'{"t":"exit","code":1,"signal":null,"stderr_tail":"","reason":"quota"}')
+    assert isinstance(ended, ExitFrame) and ended.reason == "quota" and ended.code == 1
+    health = Health.model_validate(
+        {"sandbox": {"ok": True, "backend": "bwrap", "gpu": "none"}, "engine": None, "extra": 1}
+    )
+    assert health.sandbox.ok
+    # Not loose where the document is closed: an unknown backend is no sandbox it knows.
+    with pytest.raises(ValidationError):
+        Health.model_validate({"sandbox": {"ok": True, "backend": "chroot"}, "engine": None})
 
 
 async def test_client_against_standin(tmp_path: Path, sock: Path) -> None:
