@@ -199,7 +199,7 @@ def test_a_valid_request_becomes_the_sandboxed_engine_argv(
     assert engine[-2:] == ["--model", "local/scripted"]
     assert run.stdin == body["stdin"].encode()
     assert run.env["TMPPREFIX"].endswith("/tmp/zsh")
-    launcher.runs[run.run_id] = run
+    launcher.add_run(run)
     with pytest.raises(RequestRefused) as busy:
         launcher.prepare(RunRequest.model_validate({**body, "run_id": "another"}))
     assert busy.value.status == 409
