@@ -35,7 +35,7 @@ from crew_common.launcher_wire import (
 from sandbox_launcher.engine_run import EngineRun
 from sandbox_launcher.launcher import Launcher, RequestRefused
 from sandbox_launcher.models import ModelsFailed, list_models
-from sandbox_launcher.warm_server import rss_bytes
+from sandbox_launcher.warm_server import WarmServer, rss_bytes
 
 log = logging.getLogger(__name__)
 
@@ -193,9 +193,7 @@ def create_app(launcher: Launcher, secret: str) -> ASGIApp:
 
     async def sweep_server(request: Request) -> Response:
         agent_id = request.path_params["agent_id"]
-        server = launcher.servers.get(agent_id)
-        if server is None:
-            return error(404, "unknown_server", f"agent {agent_id} has no warm server")
+        server = _known(launcher.servers.get(agent_id), agent_id)
         killed = await anyio.to_thread.run_sync(server.sweep)
         await anyio.to_thread.run_sync(launcher.server_turn_ended, agent_id, False)
         rss = rss_bytes(server.pid) if server.pid is not None else None
@@ -203,17 +201,13 @@ def create_app(launcher: Launcher, secret: str) -> ASGIApp:
 
     async def server_limit(request: Request) -> Response:
         agent_id = request.path_params["agent_id"]
-        server = launcher.servers.peek(agent_id)
-        if server is None:
-            return error(404, "unknown_server", f"agent {agent_id} has no warm server")
+        server = _known(launcher.servers.peek(agent_id), agent_id)
         hit = await anyio.to_thread.run_sync(server.check_limits)
         return JSONResponse(ServerLimitHit(agent_id=agent_id, limit_hit=hit))
 
     async def stop_server(request: Request) -> Response:
         agent_id = request.path_params["agent_id"]
-        server = launcher.servers.remove(agent_id)
-        if server is None:
-            return error(404, "unknown_server", f"agent {agent_id} has no warm server")
+        server = _known(launcher.servers.remove(agent_id), agent_id)
         code = await anyio.to_thread.run_sync(server.stop)
         await anyio.to_thread.run_sync(launcher.server_turn_ended, agent_id, True)
         return JSONResponse(ServerStopped(agent_id=agent_id, exit_code=code))
@@ -231,6 +225,13 @@ def create_app(launcher: Launcher, secret: str) -> ASGIApp:
     handlers = {404: _not_found, 405: _not_allowed, RequestRefused: _refused}
     app = Starlette(routes=routes, exception_handlers=handlers)
     return BearerAuth(app, secret)
+
+
+def _known(server: WarmServer | None, agent_id: str) -> WarmServer:
+    """The agent's server as the registry found it; `RequestRefused` (404) for none."""
+    if server is None:
+        raise RequestRefused(404, "unknown_server", f"agent {agent_id} has no warm server")
+    return server
 
 
 async def _refused(request: Request, exc: Exception) -> Response:
