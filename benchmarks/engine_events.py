@@ -34,13 +34,8 @@ from computer_service.engine.base import EngineEvent, SessionPlan, TurnRequest  
 from computer_service.engine.events import engine_event_of  # noqa: E402
 from computer_service.engine.opencode import OpenCodeEngine  # noqa: E402
 from computer_service.engine.user_opencode import UserOpenCode  # noqa: E402
-from computer_service.launcher_client import (  # noqa: E402
-    FRAME_LIMIT,
-    Frame,
-    RunRequest,
-    frame_of,
-    split_lines,
-)
+from computer_service.launcher_client import FRAME_LIMIT, frame_of, split_lines  # noqa: E402
+from crew_common.launcher_wire import Frame, RunRequest  # noqa: E402
 
 SAMPLES = Path(__file__).resolve().parents[1] / "tests" / "samples" / "opencode"
 TARGET_US = 30.0

@@ -79,6 +79,7 @@ from computer_service.engine.user_opencode import (  # noqa: E402
     read_auth,
     read_user_providers,
 )
+from crew_common.launcher_wire import EngineArgs, RunRequest  # noqa: E402
 from crew_common.layout import AgentPaths  # noqa: E402
 from crew_harness.demo import LocalStack, local_stack  # noqa: E402
 from crew_harness.scripted_model import scenario  # noqa: E402
@@ -86,7 +87,6 @@ from crew_harness.waiting import wait_until  # noqa: E402
 from sandbox_launcher.backend import Backend, open_backend  # noqa: E402
 from sandbox_launcher.launcher import Launcher, LauncherConfig  # noqa: E402
 from sandbox_launcher.network import NetworkPlan  # noqa: E402
-from sandbox_launcher.schema import EngineArgs, RunRequest  # noqa: E402
 from sandbox_launcher.tool_shell import tool_shell_base  # noqa: E402
 
 MODEL = "local/scripted"

@@ -170,7 +170,8 @@ def _run(args: argparse.Namespace) -> int:
         stdin_fd = sys.stdin.fileno()
         bootstrap = _bootstrap_from_stdin(stdin_fd)
     # Imported here: the engine side is only needed once the bootstrap is valid.
-    from computer_service.launcher_client import LauncherUnavailable, check_launcher_starts
+    from computer_service.launcher_client import LauncherUnavailable
+    from computer_service.launcher_process import check_launcher_starts
     from computer_service.parts import LocalParts
 
     try:

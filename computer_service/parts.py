@@ -23,18 +23,12 @@ from computer_service.engine.user_opencode import UserOpenCode
 from computer_service.engine.warm import WarmEngine
 from computer_service.home import PRICE_TABLE_LIMIT, AgentHome, AgentHomeError
 from computer_service.launcher_client import (
-    Frame,
     LauncherClient,
     LauncherError,
     LauncherNotListening,
-    LauncherProcess,
     LauncherUnavailable,
-    ModelsRequest,
-    RunRequest,
-    ServerInfo,
-    ServerRequest,
-    launcher_argv,
 )
+from computer_service.launcher_process import LauncherProcess, launcher_argv
 from computer_service.parts_protocol import (
     AgentPreparationFailed,
     LauncherStatus,
@@ -45,6 +39,7 @@ from computer_service.run_dir import RunDirectory, RunDirectoryError
 from computer_service.safe_fs import UnsafePath
 from computer_service.upstream import AgentRecord
 from computer_service.warm_pool import WarmPool, default_memory_budget
+from crew_common.launcher_wire import Frame, ModelsRequest, RunRequest, ServerInfo, ServerRequest
 from crew_common.layout import AgentPaths
 from crew_common.unix_socket import remove_dead_sockets
 

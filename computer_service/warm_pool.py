@@ -31,7 +31,8 @@ import httpx
 
 from computer_service.engine.warm_channel import ServerAddress, server_client
 from computer_service.engine.warm_events import server_password
-from computer_service.launcher_client import LauncherError, ServerInfo, ServerRequest
+from computer_service.launcher_client import LauncherError
+from crew_common.launcher_wire import ServerInfo, ServerRequest
 
 log = logging.getLogger(__name__)
 

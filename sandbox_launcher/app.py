@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hmac
 import logging
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import orjson
@@ -20,10 +20,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from sandbox_launcher.engine_run import EngineRun
-from sandbox_launcher.launcher import Launcher, RequestRefused
-from sandbox_launcher.models import ModelsFailed, list_models
-from sandbox_launcher.schema import (
+from crew_common.launcher_wire import (
     ModelList,
     ModelsRequest,
     RunList,
@@ -35,11 +32,15 @@ from sandbox_launcher.schema import (
     StopResult,
     SweepResult,
 )
-from sandbox_launcher.warm_server import ServerFailed, rss_bytes
+from sandbox_launcher.engine_run import EngineRun
+from sandbox_launcher.launcher import Launcher, RequestRefused
+from sandbox_launcher.models import ModelsFailed, list_models
+from sandbox_launcher.warm_server import WarmServer, rss_bytes
 
 log = logging.getLogger(__name__)
 
 MAX_BODY = 40 * 1024 * 1024
+RequestT = TypeVar("RequestT", bound=BaseModel)
 
 
 class JSONResponse(Response):
@@ -89,7 +90,7 @@ class RunStream(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         run = self.run
-        self.launcher.runs[run.run_id] = run
+        self.launcher.add_run(run)
 
         async def emit(data: bytes) -> None:
             await send({"type": "http.response.body", "body": data, "more_body": True})
@@ -147,18 +148,8 @@ def create_app(launcher: Launcher, secret: str) -> ASGIApp:
         return JSONResponse(launcher.health())
 
     async def start_run(request: Request) -> Response:
-        body = await _capped_body(request)
-        if body is None:
-            return error(413, "too_large", f"the request body is over {MAX_BODY} bytes")
-        try:
-            run_request = RunRequest.model_validate_json(body)
-        except ValidationError as exc:
-            return error(400, "invalid_request", _validation_message(exc, "run request"))
-        try:
-            run = launcher.prepare(run_request)
-        except RequestRefused as exc:
-            return error(exc.status, exc.code, exc.message)
-        return RunStream(launcher, run)
+        run_request = await _body(request, RunRequest, "run request")
+        return RunStream(launcher, launcher.prepare(run_request))
 
     async def stop_run(request: Request) -> Response:
         run_id = request.path_params["run_id"]
@@ -175,13 +166,7 @@ def create_app(launcher: Launcher, secret: str) -> ASGIApp:
         return await (start_run if request.method == "POST" else list_runs)(request)
 
     async def models(request: Request) -> Response:
-        body = await _capped_body(request)
-        if body is None:
-            return error(413, "too_large", f"the request body is over {MAX_BODY} bytes")
-        try:
-            models_request = ModelsRequest.model_validate_json(body)
-        except ValidationError as exc:
-            return error(400, "invalid_request", _validation_message(exc, "models request"))
+        models_request = await _body(request, ModelsRequest, "models request")
         if launcher.config.opencode is None:
             return error(503, "engine_missing", "opencode was not found when the launcher started")
         # A stop ends a listing at once (`listings`): it must not hold the shutdown up.
@@ -203,31 +188,12 @@ def create_app(launcher: Launcher, secret: str) -> ASGIApp:
         if request.method == "GET":
             listing = await anyio.to_thread.run_sync(launcher.servers.listing)
             return JSONResponse(ServerList(servers=listing))
-        body = await _capped_body(request)
-        if body is None:
-            return error(413, "too_large", f"the request body is over {MAX_BODY} bytes")
-        try:
-            server_request = ServerRequest.model_validate_json(body)
-        except ValidationError as exc:
-            return error(400, "invalid_request", _validation_message(exc, "server request"))
-        try:
-            server = launcher.prepare_server(server_request)
-        except RequestRefused as exc:
-            return error(exc.status, exc.code, exc.message)
-        launcher.servers.by_agent[server.agent_id] = server  # claimed before the first await
-        try:
-            info = await server.start()
-        except (ServerFailed, OSError) as exc:
-            launcher.servers.by_agent.pop(server.agent_id, None)
-            log.warning("warm server of agent %s did not start: %s", server.agent_id, exc)
-            return error(502, "server_failed", f"the warm server did not start: {exc}")
-        return JSONResponse(info)
+        server_request = await _body(request, ServerRequest, "server request")
+        return JSONResponse(await launcher.start_server(server_request))
 
     async def sweep_server(request: Request) -> Response:
         agent_id = request.path_params["agent_id"]
-        server = launcher.servers.get(agent_id)
-        if server is None:
-            return error(404, "unknown_server", f"agent {agent_id} has no warm server")
+        server = _known(launcher.servers.get(agent_id), agent_id)
         killed = await anyio.to_thread.run_sync(server.sweep)
         await anyio.to_thread.run_sync(launcher.server_turn_ended, agent_id, False)
         rss = rss_bytes(server.pid) if server.pid is not None else None
@@ -235,18 +201,13 @@ def create_app(launcher: Launcher, secret: str) -> ASGIApp:
 
     async def server_limit(request: Request) -> Response:
         agent_id = request.path_params["agent_id"]
-        # Not `servers.get`: a server the limit killed is still to be asked about.
-        server = launcher.servers.by_agent.get(agent_id)
-        if server is None:
-            return error(404, "unknown_server", f"agent {agent_id} has no warm server")
+        server = _known(launcher.servers.peek(agent_id), agent_id)
         hit = await anyio.to_thread.run_sync(server.check_limits)
         return JSONResponse(ServerLimitHit(agent_id=agent_id, limit_hit=hit))
 
     async def stop_server(request: Request) -> Response:
         agent_id = request.path_params["agent_id"]
-        server = launcher.servers.by_agent.pop(agent_id, None)
-        if server is None:
-            return error(404, "unknown_server", f"agent {agent_id} has no warm server")
+        server = _known(launcher.servers.remove(agent_id), agent_id)
         code = await anyio.to_thread.run_sync(server.stop)
         await anyio.to_thread.run_sync(launcher.server_turn_ended, agent_id, True)
         return JSONResponse(ServerStopped(agent_id=agent_id, exit_code=code))
@@ -261,8 +222,21 @@ def create_app(launcher: Launcher, secret: str) -> ASGIApp:
         Route("/runs/{run_id}/stop", stop_run, methods=["POST"]),
         Route("/models", models, methods=["POST"]),
     ]
-    app = Starlette(routes=routes, exception_handlers={404: _not_found, 405: _not_allowed})
+    handlers = {404: _not_found, 405: _not_allowed, RequestRefused: _refused}
+    app = Starlette(routes=routes, exception_handlers=handlers)
     return BearerAuth(app, secret)
+
+
+def _known(server: WarmServer | None, agent_id: str) -> WarmServer:
+    """The agent's server as the registry found it; `RequestRefused` (404) for none."""
+    if server is None:
+        raise RequestRefused(404, "unknown_server", f"agent {agent_id} has no warm server")
+    return server
+
+
+async def _refused(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestRefused)
+    return error(exc.status, exc.code, exc.message)
 
 
 async def _not_found(request: Request, exc: Exception) -> Response:
@@ -279,14 +253,20 @@ async def _not_allowed(request: Request, exc: Exception) -> Response:
     return answer
 
 
-async def _capped_body(request: Request) -> bytes | None:
-    """The request body, or None once it grows over `MAX_BODY` (capped as it arrives)."""
+async def _body(request: Request, model: type[RequestT], what: str) -> RequestT:
+    """The request body read as `model` (`what` names it); raises `RequestRefused` (413, 400).
+
+    The body is capped as it arrives: reading stops once it grows over `MAX_BODY`.
+    """
     body = bytearray()
     async for chunk in request.stream():
         body += chunk
         if len(body) > MAX_BODY:
-            return None
-    return bytes(body)
+            raise RequestRefused(413, "too_large", f"the request body is over {MAX_BODY} bytes")
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        raise RequestRefused(400, "invalid_request", _validation_message(exc, what)) from exc
 
 
 def _validation_message(exc: ValidationError, what: str) -> str:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 from crew_common.engine_user import EngineIdentity, EngineUserMissing, engine_identity
+from crew_common.launcher_wire import SandboxHealth
 from sandbox_launcher import landlock
 from sandbox_launcher.bwrap import (
     SETPRIV_CANDIDATES,
@@ -43,7 +44,6 @@ from sandbox_launcher.network import (
     sandbox_resolver,
 )
 from sandbox_launcher.policy import SandboxPolicy
-from sandbox_launcher.schema import SandboxHealth
 from sandbox_launcher.seatbelt import SANDBOX_EXEC, seatbelt_argv
 from sandbox_launcher.tool_shell import system_programs, write_tool_shells
 

@@ -28,6 +28,7 @@ import anyio
 import orjson
 from anyio.abc import ByteReceiveStream, Process, SocketStream
 
+from crew_common.launcher_wire import ExitFrame, RunInfo
 from sandbox_launcher.limits import WATCH_INTERVAL_S, LimitHit, ResourceWatch, RunCgroup, TurnLimits
 from sandbox_launcher.network import (
     NetworkUnavailable,
@@ -35,7 +36,6 @@ from sandbox_launcher.network import (
     SandboxNetwork,
     sandbox_failure,
 )
-from sandbox_launcher.schema import ExitFrame, RunInfo
 
 log = logging.getLogger(__name__)
 
@@ -290,6 +290,7 @@ class EngineRun:
             self.reason,
         )
         return ExitFrame(
+            t="exit",
             code=code if code >= 0 else None,
             signal=-code if code < 0 else None,
             stderr_tail=_tail_text(bytes(self._stderr)),

@@ -29,9 +29,10 @@ With `--tool-shell MODE ARGS…` it is every sandbox's `$SHELL` instead
 below the engine's and execs `bash ARGS…` (`tool_shell`).
 """
 
-import _ctypes
 import posix
 import sys
+
+from sandbox_launcher._libc import SetupError, errno_text, libc_call
 
 _SYS_CREATE_RULESET = 444  # the same number on every architecture
 _SYS_ADD_RULE = 445
@@ -54,44 +55,8 @@ EXIT_SETUP_FAILED = 126  # what `env` uses for "found but could not run"
 DEFAULT_PATH = "/bin:/usr/bin"  # os.defpath, for a command given without a slash
 
 
-class SetupError(Exception):
-    """The helper could not confine this process; the command must not run."""
-
-
 class LandlockError(SetupError):
     """Landlock could not be applied; the command must not run."""
-
-
-# ---- libc through `_ctypes` (what `ctypes` itself is built on) ----
-
-
-class _Long(_ctypes._SimpleCData):  # ctypes.c_long
-    _type_ = "l"
-
-
-class _LibcFunction(_ctypes.CFuncPtr):  # a CDLL function returning long, errno kept
-    _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
-    _restype_ = _Long
-
-
-_libc: dict[str, _LibcFunction] = {}
-
-
-def libc_call(name: str, *args: int | bytes | None) -> int:
-    """`name(args…)` from libc. Integers go as C longs (syscall() and prctl() read
-    longs), bytes as a pointer to their buffer, None as NULL."""
-    function = _libc.get(name)
-    if function is None:
-        # dlopen(NULL): this process's own symbols, libc included (typeshed wants a name).
-        libc = _ctypes.dlopen(None, 0)  # type: ignore[arg-type]
-        function = _LibcFunction(_ctypes.dlsym(libc, name))
-        _libc[name] = function
-    return int(function(*(_Long(a) if isinstance(a, int) else a for a in args)))
-
-
-def errno_text() -> str:
-    err = _ctypes.get_errno()
-    return f"{posix.strerror(err)} (errno {err})"
 
 
 def _u64(value: int) -> bytes:

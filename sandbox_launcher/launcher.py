@@ -17,6 +17,14 @@ from pathlib import Path
 
 import anyio
 
+from crew_common.launcher_wire import (
+    EngineHealth,
+    Health,
+    RunRequest,
+    SandboxHealth,
+    ServerInfo,
+    ServerRequest,
+)
 from crew_common.layout import AgentPaths
 from sandbox_launcher.backend import Backend
 from sandbox_launcher.engine_run import EngineRun
@@ -26,14 +34,13 @@ from sandbox_launcher.network import NetworkPlan, free_loopback_port
 from sandbox_launcher.ownership import HandOverFailed, hand_over, shared_dir_readable
 from sandbox_launcher.paths import PathRefused, dir_below, is_inside
 from sandbox_launcher.policy import SandboxPolicy, check_read_dir
-from sandbox_launcher.schema import (
-    EngineHealth,
-    Health,
-    RunRequest,
-    SandboxHealth,
-    ServerRequest,
+from sandbox_launcher.warm_server import (
+    NAMESPACE_PORT,
+    ServerFailed,
+    WarmServer,
+    WarmServers,
+    server_command,
 )
-from sandbox_launcher.warm_server import NAMESPACE_PORT, WarmServer, WarmServers, server_command
 
 log = logging.getLogger(__name__)
 
@@ -214,6 +221,10 @@ class Launcher:
             disk_dirs=(policy.agent_dir, policy.runtime_dir),
         )
 
+    def add_run(self, run: EngineRun) -> None:
+        """Record a run whose stream begins: `/runs` lists it, `/runs/{id}/stop` finds it."""
+        self.runs[run.run_id] = run
+
     def run_ended(self, run_id: str) -> None:
         """Forget a run that ended; undo what it planted in git hooks and config (`git_guard`)."""
         self.runs.pop(run_id, None)
@@ -287,6 +298,22 @@ class Launcher:
             limits=self.limits,
             disk_dirs=(policy.agent_dir, policy.runtime_dir),
         )
+
+    async def start_server(self, request: ServerRequest) -> ServerInfo:
+        """Prepare the agent's warm server and start it; raises `RequestRefused`.
+
+        Answers once the server listens; one that does not start is forgotten (502).
+        """
+        server = self.prepare_server(request)
+        self.servers.claim(server)  # before the first await: a second start is refused
+        try:
+            return await server.start()
+        except (ServerFailed, OSError) as exc:
+            self.servers.remove(server.agent_id)
+            log.warning("warm server of agent %s did not start: %s", server.agent_id, exc)
+            raise RequestRefused(
+                502, "server_failed", f"the warm server did not start: {exc}"
+            ) from exc
 
     def _hand_over(self, backend: Backend, policy: SandboxPolicy) -> None:
         """A root launcher's engine user gets the agent's directories and the run's `bin/`."""

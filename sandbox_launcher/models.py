@@ -30,9 +30,9 @@ from typing import Any
 
 import anyio
 
+from crew_common.launcher_wire import ModelsRequest
 from crew_common.layout import NPM_STUB_LOCK
 from sandbox_launcher.engine_run import reap_group
-from sandbox_launcher.schema import ModelsRequest
 
 log = logging.getLogger(__name__)
 

@@ -47,7 +47,7 @@ uses `posix` and `_ctypes` only.
 import _ctypes
 import sys
 
-from sandbox_launcher.landlock import SetupError, errno_text, libc_call
+from sandbox_launcher._libc import SetupError, errno_text, libc_call
 
 # struct sock_filter opcodes (linux/bpf_common.h)
 _LD_W_ABS = 0x20

@@ -22,6 +22,7 @@ from types import FrameType
 
 import uvicorn
 
+from crew_common.launcher_wire import EngineHealth, SandboxHealth
 from crew_common.unix_socket import bind_private_socket, peer_checked_h11, private_dir
 from sandbox_launcher.app import create_app
 from sandbox_launcher.backend import open_backend
@@ -35,7 +36,6 @@ from sandbox_launcher.launcher import (
 )
 from sandbox_launcher.limits import MIB, TurnLimits, find_cgroup_parents
 from sandbox_launcher.mounts import unjudged_mounts
-from sandbox_launcher.schema import EngineHealth, SandboxHealth
 from sandbox_launcher.selftest import self_test
 from sandbox_launcher.tool_shell import tool_shell_base
 from sandbox_launcher.toolchains import read_only_roots, toolchain_roots

@@ -49,6 +49,7 @@ from typing import IO
 
 import anyio
 
+from crew_common.launcher_wire import ServerInfo
 from crew_common.procfs import process_start_time
 from sandbox_launcher.engine_run import EXIT_GRACE_S, engine_channel, reap_group, spawn_cwd
 from sandbox_launcher.limits import (
@@ -64,7 +65,6 @@ from sandbox_launcher.network import (
     SandboxNetwork,
     sandbox_failure,
 )
-from sandbox_launcher.schema import ServerInfo
 
 log = logging.getLogger(__name__)
 
@@ -459,22 +459,34 @@ class WarmServers:
     """The warm servers of this launcher, one per agent at most."""
 
     def __init__(self) -> None:
-        self.by_agent: dict[str, WarmServer] = {}
+        self._by_agent: dict[str, WarmServer] = {}
 
     def get(self, agent_id: str) -> WarmServer | None:
-        server = self.by_agent.get(agent_id)
+        server = self._by_agent.get(agent_id)
         if server is not None and server.process is not None and not server.alive():
             # It died on its own (killed by its agent, crashed): forget it, reap it.
-            self.by_agent.pop(agent_id, None)
+            self._by_agent.pop(agent_id, None)
             server.stop()
             return None
         return server
 
+    def peek(self, agent_id: str) -> WarmServer | None:
+        """The agent's server even when it died: a limit kills it, and its hit is still asked."""
+        return self._by_agent.get(agent_id)
+
+    def claim(self, server: WarmServer) -> None:
+        """Record a server about to start, so that a second start for its agent is refused."""
+        self._by_agent[server.agent_id] = server
+
+    def remove(self, agent_id: str) -> WarmServer | None:
+        """Forget the agent's server (it is stopping or did not start); it, if there was one."""
+        return self._by_agent.pop(agent_id, None)
+
     def listing(self) -> list[ServerInfo]:
-        return [s.info() for s in list(self.by_agent.values()) if s.alive() and s.pid]
+        return [s.info() for s in list(self._by_agent.values()) if s.alive() and s.pid]
 
     def stop_all(self) -> None:
         """Stop every server (launcher shutdown); blocking."""
-        while self.by_agent:
-            _, server = self.by_agent.popitem()
+        while self._by_agent:
+            _, server = self._by_agent.popitem()
             server.stop()

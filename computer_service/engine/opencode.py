@@ -50,20 +50,18 @@ from computer_service.engine.user_opencode import (
     read_user_providers,
 )
 from computer_service.home import ENGINE_NAME, copy_price_table, plan_session, read_session_record
-from computer_service.launcher_client import (
+from computer_service.launcher_client import LauncherError, LauncherRefused, LauncherUnavailable
+from computer_service.safe_fs import UnsafePath
+from crew_common.launcher_wire import (
     DEFAULT_STDOUT_LIMIT,
     EngineArgs,
     ExitFrame,
     Frame,
-    LauncherError,
-    LauncherRefused,
-    LauncherUnavailable,
     LineFrame,
     LogFrame,
     RunRequest,
     StartedFrame,
 )
-from computer_service.safe_fs import UnsafePath
 from crew_common.layout import AgentPaths
 
 log = logging.getLogger(__name__)

@@ -74,8 +74,8 @@ from computer_service.engine.warm_events import (
     session_of,
 )
 from computer_service.home import ENGINE_NAME, SESSION_ID
-from computer_service.launcher_client import ExitFrame, ServerRequest
 from computer_service.warm_pool import AgentServer, WarmPool
+from crew_common.launcher_wire import ExitFrame, ServerRequest
 from crew_common.layout import AgentPaths
 
 log = logging.getLogger(__name__)

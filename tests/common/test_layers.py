@@ -6,7 +6,7 @@ names the file, the line and the forbidden import.
 
 The arrows docs/architecture.md draws, and the ones it rules out:
 - `sandbox_launcher` and `crew_common` import neither the Computer nor the server;
-- `crew_common` is the standard library and uvicorn only;
+- `crew_common` is the standard library, uvicorn and pydantic only;
 - `crew_shim` (it runs inside the sandbox, from a copied package) imports only
   the standard library and itself;
 - `crew_server` imports nothing of the Computer or the launcher, and the Computer
@@ -95,8 +95,9 @@ def test_launcher_and_common_import_neither_the_computer_nor_the_server(package:
     assert_none(refused(package, none_of({"computer_service", "crew_server"})))
 
 
-def test_common_is_standard_library_and_uvicorn_only() -> None:
-    allowed = STANDARD_LIBRARY | {"crew_common", "uvicorn"}
+def test_common_is_standard_library_uvicorn_and_pydantic_only() -> None:
+    # pydantic: the launcher API's wire models (`crew_common/launcher_wire.py`).
+    allowed = STANDARD_LIBRARY | {"crew_common", "uvicorn", "pydantic"}
     assert_none(refused("crew_common", lambda i: i.top in allowed))
 
 

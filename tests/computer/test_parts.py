@@ -13,17 +13,14 @@ import pytest
 
 from computer_service.bootstrap import Bootstrap
 from computer_service.launcher_client import (
-    ExitFrame,
-    Frame,
     LauncherError,
     LauncherNotListening,
     LauncherRefused,
     LauncherUnavailable,
-    ModelsRequest,
-    StartedFrame,
 )
 from computer_service.parts import CurrentLauncher, LocalParts, models_request
 from computer_service.parts_protocol import ModelsFailed
+from crew_common.launcher_wire import ExitFrame, Frame, ModelsRequest, StartedFrame
 
 pytestmark = pytest.mark.anyio
 
@@ -109,7 +106,7 @@ class RunClient:
         if self.refuse:
             raise LauncherNotListening("cannot reach the launcher: connection refused")
         yield StartedFrame(t="started", pid=1)
-        yield ExitFrame(t="exit", code=0)
+        yield ExitFrame(t="exit", code=0, stderr_tail="")
 
     async def aclose(self) -> None:
         return None

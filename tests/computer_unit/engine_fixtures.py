@@ -159,7 +159,7 @@ async def sandboxed_rig(tmp_path: Path, opencode_path: str = FAKE_OPENCODE) -> A
     """
     import importlib.util
 
-    from computer_service.launcher_client import LauncherProcess, launcher_argv
+    from computer_service.launcher_process import LauncherProcess, launcher_argv
     from tests.support.ci import required_in_ci
 
     if importlib.util.find_spec("sandbox_launcher.__main__") is None:

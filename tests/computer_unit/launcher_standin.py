@@ -41,7 +41,7 @@ class StandinState:
     opencode_path: str
     health: dict[str, Any] = field(
         default_factory=lambda: {
-            "sandbox": {"ok": True, "backend": "none", "reason": None},
+            "sandbox": {"ok": True, "backend": "bwrap", "reason": None},
             "engine": {"path": "fake", "version": "0.0.0"},
         }
     )

@@ -1,35 +1,32 @@
-"""LauncherClient against the in-test stand-in; LauncherProcess with a child stand-in."""
+"""LauncherClient against the in-test stand-in; the frames and answers it reads."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import anyio
 import orjson
 import pytest
+from pydantic import ValidationError
 
 from computer_service.launcher_client import (
-    EngineArgs,
-    ExitFrame,
     LauncherClient,
     LauncherError,
-    LauncherProcess,
     LauncherRefused,
     LauncherUnavailable,
+    frame_of,
+    split_lines,
+)
+from crew_common.launcher_wire import (
+    EngineArgs,
+    ExitFrame,
+    Health,
     LineFrame,
     ModelsRequest,
     RunRequest,
     StartedFrame,
-    frame_of,
-    launcher_argv,
-    launcher_command,
-    split_lines,
 )
 from crew_testkit.computer_proc import FAKE_OPENCODE
 from tests.computer_unit.launcher_standin import StandinState, serve_standin
@@ -37,7 +34,6 @@ from tests.computer_unit.launcher_standin import StandinState, serve_standin
 pytestmark = pytest.mark.anyio
 
 FAKE = str(FAKE_OPENCODE)
-STANDIN = str(Path(__file__).resolve().parent / "launcher_standin.py")
 
 
 @pytest.fixture
@@ -89,6 +85,34 @@ def test_frame_of() -> None:
             frame_of(bad)
 
 
+def test_frames_are_read_with_the_launchers_models() -> None:
+    """What the launcher's own models refuse, the client refuses: one schema, both ends."""
+    for bad in (
+        b'{"t":"started"}',  # no pid
+        b'{"t":"started","pid":"five"}',
+        b'{"t":"exit","code":0}',  # no stderr_tail
+        b'{"t":"log"}',
+    ):
+        with pytest.raises(LauncherError, match="malformed"):
+            frame_of(bad)
+
+
+def test_the_client_reads_what_a_newer_launcher_may_add() -> None:
+    """Deliberately loose: a launcher started from newer files (an upgrade in place) may
+    add a field to any answer, or a new reason to the exit frame; neither loses a run."""
+    started = frame_of(b'{"t":"started","pid":5,"cgroup":"/crew/r1"}')
+    assert started == StartedFrame(t="started", pid=5)
+    ended = frame_of(b'{"t":"exit","code":1,"signal":null,"stderr_tail":"","reason":"quota"}')
+    assert isinstance(ended, ExitFrame) and ended.reason == "quota" and ended.code == 1
+    health = Health.model_validate(
+        {"sandbox": {"ok": True, "backend": "bwrap", "gpu": "none"}, "engine": None, "extra": 1}
+    )
+    assert health.sandbox.ok
+    # Not loose where the document is closed: an unknown backend is no sandbox it knows.
+    with pytest.raises(ValidationError):
+        Health.model_validate({"sandbox": {"ok": True, "backend": "chroot"}, "engine": None})
+
+
 async def test_client_against_standin(tmp_path: Path, sock: Path) -> None:
     state = StandinState(secret="s3cret", opencode_path=FAKE)
     async with serve_standin(sock, state), LauncherClient(sock, "s3cret") as client:
@@ -135,69 +159,6 @@ async def test_unreachable_launcher(tmp_path: Path) -> None:
             _ = [f async for f in client.run(run_request(tmp_path, "hi"))]
 
 
-def test_launcher_argv() -> None:
-    argv = launcher_argv(
-        Path("/c"), "run-1", Path("/c/sockets/l.sock"), mode="tmpfs", opencode_path="/x/oc"
-    )
-    assert argv == [
-        *launcher_command(), "serve", "--crew-home", "/c",
-        "--run-id", "run-1", "--socket", "/c/sockets/l.sock", "--mode", "tmpfs", "--opencode", "/x/oc",
-    ]  # fmt: skip
-    assert "--mode" not in launcher_argv(Path("/c"), "r", Path("/s"))
-    # `python -I`, importing from exactly this interpreter's directories (a `--user` install).
-    python, isolated, _, boot, module, path = launcher_command()
-    assert (python, isolated, module) == (sys.executable, "-I", "sandbox_launcher")
-    assert orjson.loads(path) == [p for p in sys.path if p and Path(p).is_absolute()]
-    assert "sys.path[:] = " in boot
-    roots = (Path("/srv/repo"), Path("/home/u/src"))
-    assert launcher_argv(Path("/c"), "r", Path("/s"), read_only_roots=roots)[-4:] == [
-        "--read-only-root", "/srv/repo", "--read-only-root", "/home/u/src",
-    ]  # fmt: skip
-
-
-@pytest.mark.timeout(60)
-async def test_launcher_process_lifecycle(tmp_path: Path, sock: Path) -> None:
-    proc = LauncherProcess([sys.executable, STANDIN, str(sock), FAKE], sock)
-    await proc.start(ready_timeout_s=30)
-    async with proc.client() as client:
-        assert (await client.health()).sandbox.ok  # the secret went over stdin
-    assert await proc.stop() == 0  # closing stdin ends it
-
-
-@pytest.mark.timeout(60)
-async def test_launcher_process_death_is_seen(tmp_path: Path, sock: Path) -> None:
-    proc = LauncherProcess([sys.executable, STANDIN, str(sock), FAKE], sock)
-    await proc.start(ready_timeout_s=30)
-    assert proc.pid is not None
-    os.kill(proc.pid, signal.SIGKILL)
-    with anyio.fail_after(10):
-        assert await proc.wait() == -signal.SIGKILL
-    async with proc.client() as client:
-        with pytest.raises(LauncherUnavailable):
-            await client.health()
-    await proc.stop()
-
-
-@pytest.mark.timeout(30)
-async def test_launcher_that_exits_before_ready(tmp_path: Path) -> None:
-    proc = LauncherProcess(
-        [sys.executable, "-c", "import sys; print('boom', file=sys.stderr); sys.exit(3)"],
-        tmp_path / "s",
-    )
-    with pytest.raises(LauncherUnavailable, match="exit status 3"):
-        await proc.start(ready_timeout_s=10)
-
-
-@pytest.mark.timeout(30)
-async def test_launcher_that_stays_silent(tmp_path: Path) -> None:
-    proc = LauncherProcess(
-        [sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "s", stop_grace_s=0.5
-    )
-    with pytest.raises(LauncherUnavailable, match="did not say ready"):
-        await proc.start(ready_timeout_s=0.5)
-    assert proc.returncode is not None
-
-
 def test_request_models_forbid_extra_keys(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         EngineArgs.model_validate({"model": "m", "title": "t", "dir": "/", "argv": ["rm"]})
@@ -205,4 +166,5 @@ def test_request_models_forbid_extra_keys(tmp_path: Path) -> None:
     assert set(body) == {
         "run_id", "agent_id", "agent_dir", "runtime_dir", "bin_dir", "interpreter_dirs", "model",
         "session_id", "env", "stdin", "stdout_limit", "engine_args", "loopback_ports",
+        "publish_port",
     }  # fmt: skip

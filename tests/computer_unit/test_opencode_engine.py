@@ -587,7 +587,7 @@ async def test_launcher_dying_mid_turn_fails_the_turn_as_crashed(tmp_path: Path)
     import signal
     import sys
 
-    from computer_service.launcher_client import LauncherProcess
+    from computer_service.launcher_process import LauncherProcess
     from tests.computer_unit.engine_fixtures import FAKE_OPENCODE, short_dir
 
     rig = make_rig(tmp_path)

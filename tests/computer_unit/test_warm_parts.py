@@ -25,8 +25,9 @@ from computer_service.engine.warm_events import (
     retry_status,
     run_line,
 )
-from computer_service.launcher_client import LauncherRefused, ServerInfo, ServerRequest
+from computer_service.launcher_client import LauncherRefused
 from computer_service.warm_pool import MAX_FAILED_STARTS, WarmPool
+from crew_common.launcher_wire import ServerInfo, ServerRequest
 
 S = "ses_abc"
 MB = 1024 * 1024
@@ -214,6 +215,7 @@ class FakeLauncher:
             pid=10_000 + len(self.started),
             start_time=1,
             port=4000 + len(self.started),
+            started_at="2026-01-01T00:00:00.000+00:00",
             rss_bytes=self.rss,
             listener_pid=10_000 + len(self.started),
             listener_start_time=1,

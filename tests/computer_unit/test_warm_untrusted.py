@@ -34,8 +34,8 @@ from computer_service.engine.base import (
     TurnResult,
 )
 from computer_service.engine.warm import WarmEngine
-from computer_service.launcher_client import ServerInfo, ServerRequest
 from computer_service.warm_pool import WarmPool
+from crew_common.launcher_wire import ServerInfo, ServerRequest
 from crew_common.layout import AgentPaths
 from crew_common.procfs import process_start_time
 
@@ -142,6 +142,7 @@ class Launcher:
             pid=os.getpid(),
             start_time=started,
             port=self.port,
+            started_at="2026-01-01T00:00:00.000+00:00",
             listener_pid=os.getpid(),
             listener_start_time=started,
         )

@@ -6,11 +6,11 @@ from pathlib import Path
 
 from starlette.types import ASGIApp
 
+from crew_common.launcher_wire import EngineHealth, SandboxHealth
 from sandbox_launcher.app import create_app
 from sandbox_launcher.backend import BwrapBackend
 from sandbox_launcher.bwrap import BwrapTools, LinuxMode
 from sandbox_launcher.launcher import Launcher, LauncherConfig
-from sandbox_launcher.schema import EngineHealth, SandboxHealth
 from tests.launcher.helpers import CrewLayout
 
 SECRET = "in-process-secret-0123456789"

@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import pytest
 
+from crew_common.launcher_wire import ServerRequest
 from sandbox_launcher.backend import BwrapBackend
 from sandbox_launcher.bwrap import LinuxMode
 from sandbox_launcher.git_guard import (
@@ -40,7 +41,6 @@ from sandbox_launcher.git_guard import (
     restore,
 )
 from sandbox_launcher.policy import SandboxPolicy
-from sandbox_launcher.schema import ServerRequest
 from sandbox_launcher.seatbelt import profile_text, seatbelt_params
 from tests.launcher.helpers import (
     CrewLayout,
@@ -416,7 +416,7 @@ async def test_a_warm_servers_turns_are_undone_at_each_sweep_and_at_its_stop(
     launcher = inprocess_launcher(layout, fake_opencode)
     body = server_body(layout, "alice", OPENCODE_SERVER_PASSWORD=PASSWORD)
     server = launcher.prepare_server(ServerRequest.model_validate(body))
-    launcher.servers.by_agent["alice"] = server  # as the app does (never started here)
+    launcher.servers.claim(server)  # as `Launcher.start_server` does (never started here)
     transport = httpx.ASGITransport(app=inprocess_app(launcher))
     headers = {"Authorization": f"Bearer {SECRET}"}
     hook = work / "repo" / ".git" / "hooks" / "pre-commit"

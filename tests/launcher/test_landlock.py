@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from sandbox_launcher import landlock, landlock_exec
-from sandbox_launcher.landlock import SetupError, minimal_roots, parse_args, sibling_grants
+from sandbox_launcher._libc import SetupError
+from sandbox_launcher.landlock import minimal_roots, parse_args, sibling_grants
 from tests.launcher.helpers import PYTHON
 from tests.support.ci import required_in_ci
 

@@ -16,9 +16,9 @@ import httpx
 import pytest
 
 from computer_service.parts import models_request
+from crew_common.launcher_wire import ModelsRequest
 from crew_harness.demo import scripted_price_table
 from sandbox_launcher.models import list_models
-from sandbox_launcher.schema import ModelsRequest
 from tests.launcher.helpers import CrewLayout, LauncherProcess, make_layout
 from tests.launcher.inprocess import SECRET, inprocess_app, inprocess_launcher
 from tests.support.ci import required_in_ci

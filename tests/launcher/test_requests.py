@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
+from crew_common.launcher_wire import RunRequest
 from sandbox_launcher.launcher import RequestRefused
-from sandbox_launcher.schema import RunRequest
 from tests.launcher.helpers import CrewLayout
 from tests.launcher.inprocess import SECRET, inprocess_app, inprocess_launcher
 
@@ -199,7 +199,7 @@ def test_a_valid_request_becomes_the_sandboxed_engine_argv(
     assert engine[-2:] == ["--model", "local/scripted"]
     assert run.stdin == body["stdin"].encode()
     assert run.env["TMPPREFIX"].endswith("/tmp/zsh")
-    launcher.runs[run.run_id] = run
+    launcher.add_run(run)
     with pytest.raises(RequestRefused) as busy:
         launcher.prepare(RunRequest.model_validate({**body, "run_id": "another"}))
     assert busy.value.status == 409
@@ -262,3 +262,26 @@ def test_engine_read_paths_cover_installs_in_home(
         (),
         (script, isolated_home / "bin" / "mynode"),
     )
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("path", "what"),
+    [("/runs", "run request"), ("/models", "models request"), ("/servers", "server request")],
+)
+async def test_every_body_is_read_alike(
+    alice: CrewLayout, fake_opencode: Path, path: str, what: str
+) -> None:
+    """Capped, then validated: the same 413 and the same 400 (naming the request) everywhere."""
+    from sandbox_launcher.app import MAX_BODY
+
+    async with _client(inprocess_launcher(alice, fake_opencode)) as client:
+        over = await client.post(path, content=b"x" * (MAX_BODY + 1))
+        assert over.status_code == 413 and over.json()["error"] == {
+            "code": "too_large",
+            "message": f"the request body is over {MAX_BODY} bytes",
+        }
+        bad = await client.post(path, content=b'{"env": {"EVIL": "sekrit-value"}')
+        assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_request"
+        assert bad.json()["error"]["message"].startswith(f"invalid {what}: ")
+        assert "sekrit-value" not in bad.text

@@ -6,7 +6,9 @@ foreign-architecture and x32 calls that must never pass.
 
 from __future__ import annotations
 
+import ast
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -158,3 +160,12 @@ def test_x32_calls_are_killed() -> None:
 def test_unknown_machine_is_refused() -> None:
     with pytest.raises(seccomp.SeccompUnsupported, match="riscv64"):
         seccomp.program("riscv64")
+
+
+def test_the_filter_imports_nothing_of_landlock() -> None:
+    """Both confinements take libc from `_libc`: `landlock` installs the filter, never back."""
+    tree = ast.parse(Path(seccomp.__file__).read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert "sandbox_launcher._libc" in imported
+    assert not {name for name in imported if name and "landlock" in name}

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from crew_common.launcher_wire import SERVER_PASSWORD_KEY
 from sandbox_launcher import landlock, landlock_exec
 from sandbox_launcher.backend import NO_RG_NOTE, NO_TOOL_DOMAIN_NOTE, TMPFS_NOTE, health_note
 from sandbox_launcher.bwrap import LinuxMode, bwrap_argv
-from sandbox_launcher.schema import SERVER_PASSWORD_KEY
 from sandbox_launcher.tool_shell import tool_shell_path, tool_shell_script, write_tool_shells
 from tests.launcher.helpers import PYTHON
 from tests.launcher.test_argv import CMD, TOOLS, policy

@@ -75,7 +75,7 @@ async def test_the_limit_route_answers_the_hit_and_404_without_a_server(
     async with httpx.AsyncClient(transport=transport, base_url="http://l", headers=headers) as c:
         gone = await c.get("/servers/alice/limit")
         assert gone.status_code == 404 and gone.json()["error"]["code"] == "unknown_server"
-        launcher.servers.by_agent["alice"] = server
+        launcher.servers.claim(server)
         clean = await c.get("/servers/alice/limit")
         assert clean.json() == {"agent_id": "alice", "limit_hit": None}
         counters(tmp_path, oom_kill=2)

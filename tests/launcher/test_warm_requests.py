@@ -8,8 +8,8 @@ from typing import Any
 import httpx
 import pytest
 
+from crew_common.launcher_wire import ServerRequest
 from sandbox_launcher.launcher import RequestRefused
-from sandbox_launcher.schema import ServerRequest
 from tests.launcher.helpers import CrewLayout
 from tests.launcher.inprocess import SECRET, inprocess_app, inprocess_launcher
 
@@ -88,7 +88,7 @@ def test_the_server_runs_sandboxed_as_serve_on_loopback_with_the_runs_environmen
     ]
     assert server.env["OPENCODE_SERVER_PASSWORD"] == PASSWORD
     assert server.env["PWD"] == str(layout.agent_dir("alice") / "work")
-    launcher.servers.by_agent["alice"] = server  # claimed, as the app does before starting
+    launcher.servers.claim(server)  # as `Launcher.start_server` does before starting
     with pytest.raises(RequestRefused) as refused:
         launcher.prepare_server(request)
     assert refused.value.code == "server_exists"

@@ -1,16 +1,32 @@
-"""The launcher's HTTP shapes (launcher.md, docs/contracts.md). `openapi/launcher.yaml` matches them.
+"""The launcher API's wire shapes, one copy for both ends (launcher.md, docs/contracts.md).
+
+The launcher validates the requests it receives with these models and writes
+its answers and run frames with them; the Computer's client builds its
+requests and parses the answers and frames with the very same models.
+`openapi/launcher.yaml` states them (tests/launcher/test_openapi.py compares
+the two).
 
 Requests are strict (`extra="forbid"`): the launcher builds the engine argv
 itself from typed fields, never from a free argv, and an unknown field is an
-error rather than something silently ignored.
+error rather than something silently ignored. Answers and frames ignore
+fields they do not know (`_Answer`): a launcher started from newer files
+(an upgrade in place while the Computer runs) may add one.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 from crew_common.model_id import MODEL_PATTERN
 
@@ -84,6 +100,11 @@ def check_env(env: dict[str, str], refused: list[str], what: str) -> dict[str, s
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class _Answer(BaseModel):
+    # Spelled out although it is pydantic's default: the client's tolerance is deliberate.
+    model_config = ConfigDict(extra="ignore")
 
 
 class EngineArgs(_Strict):
@@ -179,34 +200,55 @@ class ModelsRequest(_Strict):
         return text
 
 
-class StartedFrame(BaseModel):
-    t: Literal["started"] = "started"
+# The reasons a run (or a warm server) ended at a resource limit (limits.py).
+LimitHit = Literal["process_limit", "memory_limit", "shm_full", "disk_limit"]
+LIMIT_HITS: tuple[LimitHit, ...] = get_args(LimitHit)
+ExitReason = Literal["stopped", "output_too_large", LimitHit]
+
+
+class StartedFrame(_Answer):
+    t: Literal["started"]
     pid: int
     published_port: int | None = None  # the host-loopback port of `publish_port`
 
 
-class LineFrame(BaseModel):
-    t: Literal["line"] = "line"
+class LineFrame(_Answer):
+    t: Literal["line"]
     data: str
 
 
-class ExitFrame(BaseModel):
-    """The last frame. `code` is the exit status (null when killed by `signal`)."""
+class LogFrame(_Answer):
+    """An OpenCode log line about a model request (`stream`, `stream error`)."""
 
-    t: Literal["exit"] = "exit"
+    t: Literal["log"]
+    line: str
+
+
+class ExitFrame(_Answer):
+    """The last frame. `code` is the exit status (null when killed by `signal`).
+
+    The launcher writes every field; `signal` and `reason` have defaults for
+    the exit frames the Computer's warm engine makes of a server's turn.
+    `reason` is one of `ExitReason` (the schema says so), but read as any
+    text: a reason a newer launcher adds leaves the run's end to its exit
+    status instead of refusing the frame, and with it the run's result.
+    """
+
+    model_config = ConfigDict(json_schema_serialization_defaults_required=True)
+
+    t: Literal["exit"]
     code: int | None
-    signal: int | None
+    signal: int | None = None
     stderr_tail: str
-    # process_limit, memory_limit, shm_full: the run hit a resource limit (limits.py).
-    reason: (
-        Literal[
-            "stopped", "output_too_large", "process_limit", "memory_limit", "shm_full", "disk_limit"
-        ]
-        | None
+    reason: Annotated[str | None, WithJsonSchema(TypeAdapter(ExitReason | None).json_schema())] = (
+        None
     )
 
 
-class SandboxHealth(BaseModel):
+Frame = StartedFrame | LineFrame | LogFrame | ExitFrame
+
+
+class SandboxHealth(_Answer):
     ok: bool
     backend: Literal["bwrap", "seatbelt"]
     mode: Literal["hybrid", "tmpfs"] | None = None
@@ -219,17 +261,17 @@ class SandboxHealth(BaseModel):
     network: Literal["namespace", "shared"] | None = None
 
 
-class EngineHealth(BaseModel):
+class EngineHealth(_Answer):
     path: str
     version: str | None = None
 
 
-class Health(BaseModel):
+class Health(_Answer):
     sandbox: SandboxHealth
     engine: EngineHealth | None
 
 
-class RunInfo(BaseModel):
+class RunInfo(_Answer):
     run_id: str
     agent_id: str
     pid: int | None
@@ -237,25 +279,25 @@ class RunInfo(BaseModel):
     bytes_out: int
 
 
-class RunList(BaseModel):
+class RunList(_Answer):
     runs: list[RunInfo]
 
 
-class StopResult(BaseModel):
+class StopResult(_Answer):
     run_id: str
     stopping: bool
 
 
-class ModelList(BaseModel):
+class ModelList(_Answer):
     models: list[str]
 
 
-class ErrorBody(BaseModel):
+class ErrorBody(_Strict):  # the document closes the error shape
     code: str
     message: str
 
 
-class ErrorResponse(BaseModel):
+class ErrorResponse(_Strict):
     error: ErrorBody
 
 
@@ -277,7 +319,7 @@ class ServerRequest(_Strict):
     runtime_dir: str = Field(max_length=4096)
     bin_dir: str = Field(max_length=4096)
     interpreter_dirs: list[str] = Field(default_factory=list, max_length=32)
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict, repr=False)  # holds the server's password
     # Host-loopback ports the server's sandbox reaches, as a run's `loopback_ports`.
     loopback_ports: list[Port] = Field(default_factory=list, max_length=32)
 
@@ -297,13 +339,13 @@ class ServerRequest(_Strict):
         return None
 
 
-class ServerInfo(BaseModel):
+class ServerInfo(_Answer):
     """A warm server: its host pid and start time (to recognise the very process) and its port."""
 
     agent_id: str
     pid: int
     start_time: int  # field 22 of /proc/<pid>/stat: a reused pid has another
-    port: int  # on the host's 127.0.0.1
+    port: Port  # on the host's 127.0.0.1: the Computer connects to it
     started_at: str
     rss_bytes: int | None = None
     # The process holding the host side of `port`: the server itself, or (in its own
@@ -312,17 +354,17 @@ class ServerInfo(BaseModel):
     listener_start_time: int
 
 
-class ServerList(BaseModel):
+class ServerList(_Answer):
     servers: list[ServerInfo]
 
 
-class SweepResult(BaseModel):
+class SweepResult(_Answer):
     agent_id: str
     killed: int
     rss_bytes: int | None = None  # the server's, after the sweep
 
 
-class ServerLimitHit(BaseModel):
+class ServerLimitHit(_Answer):
     """`GET /servers/{agent_id}/limit`: the limit the server's sandbox ran into, if any.
 
     A hit ends the server (as it ends a cold run); the Computer fails the turn
@@ -330,9 +372,9 @@ class ServerLimitHit(BaseModel):
     """
 
     agent_id: str
-    limit_hit: Literal["process_limit", "memory_limit", "shm_full", "disk_limit"] | None
+    limit_hit: LimitHit | None
 
 
-class ServerStopped(BaseModel):
+class ServerStopped(_Answer):
     agent_id: str
     exit_code: int | None
