@@ -286,7 +286,7 @@ async def test_session_continues_then_vanished_session_restarts_once(tmp_path: P
         rig.use(client)
         first = await rig.turn("one")
         assert first.status == "succeeded" and first.session_id
-        rig.home.save_session(first.session_id, "local/scripted")
+        # The engine kept the session of the succeeded turn.
         plan = rig.plan()
         assert plan.session_id == first.session_id
         second = await rig.turn("two", plan=plan)
