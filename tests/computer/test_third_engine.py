@@ -4,11 +4,13 @@ A toy third engine, a few dozen lines, goes through the service and the
 roster unchanged (the test swaps the parts' engine, as `parts.py` chooses
 one): its turn is recorded upstream, and what it says of itself shows in
 `/agents`, `/health` and `/metrics`; its `maintain` runs for the service's
-life and is cancelled at the stop.
+life and is cancelled at the stop. The service and the roster know the
+engine only by its protocol: they import nothing else of `engine/`.
 """
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 from typing import Any
 
@@ -102,3 +104,20 @@ async def test_a_third_engine_runs_a_turn_and_reports_through_the_service(
         assert (await local.get("/health")).json()["warm"]["servers"] == 1
         assert "crew_echo_turns_total 1" in (await local.get("/metrics")).text.splitlines()
     assert engine.maintained  # cancelled with the service's task group
+
+
+@pytest.mark.parametrize("module", ["service.py", "roster.py", "runner.py"])
+def test_the_service_knows_an_engine_only_by_its_protocol(module: str) -> None:
+    import computer_service
+
+    source = Path(computer_service.__file__).with_name(module).read_text()
+    engine_modules = {
+        node.module
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.ImportFrom)
+        and node.module is not None
+        and node.module.startswith("computer_service.engine")
+    }
+    # `failures`: the pure rules the runner applies to a turn's events (reply refusals).
+    assert engine_modules <= {"computer_service.engine.base", "computer_service.engine.failures"}
+    assert "isinstance(self.engine" not in source and "isinstance(engine" not in source
