@@ -90,7 +90,7 @@ class ColdAttempts:
         self.on_event = on_event
         self.stop = stop
 
-    async def attempt(self, session_id: str | None) -> Attempt:
+    async def attempt_in(self, session_id: str | None) -> Attempt:
         """One `opencode run` through the launcher (module doc)."""
         turn, request, paths = self.turn, self.turn.request, self.turn.paths
         on_event, stop = self.on_event, self.stop

@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 class Attempts(Protocol):
     """The attempts of one turn, run one way (`Way.attempts` opens them)."""
 
-    async def attempt(self, session_id: str | None) -> Attempt:
+    async def attempt_in(self, session_id: str | None) -> Attempt:
         """One attempt in session `session_id` (None: a new session). What went wrong
         with the engine is in the attempt; a bug raises (the turn is `process_crashed`)."""
         ...
@@ -149,7 +149,7 @@ async def run_attempts(
     """Steps 2 to 4 of a turn (module doc): attempt, classify, once more if the session vanished."""
     request, secrets = turn.request, turn.secrets
     async with way.attempts(turn, on_event, stop) as attempts:
-        a = await attempts.attempt(request.plan.session_id)
+        a = await attempts.attempt_in(request.plan.session_id)
         result = attempt_result(a, stop, secrets)
         if _vanished(request, result):
             log.info(
@@ -157,7 +157,7 @@ async def run_attempts(
                 request.agent_id,
                 request.plan.session_id,
             )
-            first, a = a, await attempts.attempt(None)
+            first, a = a, await attempts.attempt_in(None)
             add_usage(a.usage, first.usage)
             result = attempt_result(a, stop, secrets)
         if await attempts.settle(a):

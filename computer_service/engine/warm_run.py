@@ -163,7 +163,7 @@ class WarmRun:
 
     # ---- one attempt ----
 
-    async def attempt(
+    async def prompt(
         self,
         server: AgentServer,
         turn: PreparedTurn,
@@ -443,13 +443,13 @@ class WarmTurn:
         self._cold: Attempts | None = None
         self._cold_stack = cold_stack
 
-    async def attempt(self, session_id: str | None) -> Attempt:
+    async def attempt_in(self, session_id: str | None) -> Attempt:
         """On the server; a server that broke before it took the first prompt: cold."""
         if self._cold is not None:
-            return await self._cold.attempt(session_id)
+            return await self._cold.attempt_in(session_id)
         assert self.server is not None
         first = self.last is None
-        a = await self.way.attempt(self.server, self.turn, session_id, self.on_event, self.stop)
+        a = await self.way.prompt(self.server, self.turn, session_id, self.on_event, self.stop)
         if first and not a.prompt_sent and a.broken is not None:
             log.warning(
                 "agent %s: its warm server broke before the turn (%s); running it cold",
@@ -458,7 +458,7 @@ class WarmTurn:
             )
             server, self.server = self.server, None
             await self.way.pool.release(server, broken=True)
-            return await (await self.go_cold()).attempt(session_id)
+            return await (await self.go_cold()).attempt_in(session_id)
         if first:
             self.way.pool.counters.warm_turns += 1
         self.last = a
@@ -501,7 +501,7 @@ class NoTimeLeft:
 
     limit_s: float
 
-    async def attempt(self, session_id: str | None) -> Attempt:
+    async def attempt_in(self, session_id: str | None) -> Attempt:
         return Attempt(
             launcher_failure=Failure(
                 FailureClass.PROCESS_CRASHED,

@@ -64,7 +64,7 @@ class ScriptedWay:
         finally:
             self.open -= 1
 
-    async def attempt(self, session_id: str | None) -> Attempt:
+    async def attempt_in(self, session_id: str | None) -> Attempt:
         self.sessions.append(session_id)
         for event in self.events:
             await self.on_event(event)

@@ -174,7 +174,7 @@ class Cold:
         self.cold_turns += 1
         yield self
 
-    async def attempt(self, session_id: str | None) -> Attempt:
+    async def attempt_in(self, session_id: str | None) -> Attempt:
         return Attempt(session_id="ses_cold", lines=1, exit=ExitFrame(t="exit", code=0))
 
     async def settle(self, last: Attempt) -> bool:
