@@ -31,8 +31,10 @@ import anyio  # noqa: E402
 import orjson  # noqa: E402
 
 from computer_service.engine.base import EngineEvent, SessionPlan, TurnRequest  # noqa: E402
+from computer_service.engine.cold_run import ColdRun  # noqa: E402
 from computer_service.engine.events import engine_event_of  # noqa: E402
-from computer_service.engine.opencode import OpenCodeEngine  # noqa: E402
+from computer_service.engine.pipeline import OpenCodeEngine  # noqa: E402
+from computer_service.engine.preparation import Preparation  # noqa: E402
 from computer_service.engine.user_opencode import UserOpenCode  # noqa: E402
 from computer_service.launcher_client import FRAME_LIMIT, frame_of, split_lines  # noqa: E402
 from crew_common.launcher_wire import Frame, RunRequest  # noqa: E402
@@ -101,8 +103,7 @@ def main() -> int:
         auth = tmp / "auth.json"
         auth.write_text('{"local":{"type":"api","key":"k"}}')
         os.environ["HOME"] = str(tmp)
-        engine = OpenCodeEngine(
-            InProcessLauncher(lines),
+        preparation = Preparation(
             crew_home=tmp / "crew",
             run_id="bench",
             server_url="http://127.0.0.1:9",
@@ -111,6 +112,7 @@ def main() -> int:
             base_path="/usr/bin:/bin",
             lang="C.UTF-8",
         )
+        engine = OpenCodeEngine(preparation, ColdRun(InProcessLauncher(lines)))
         request = TurnRequest(
             agent_id="agent", model="local/m", plan=SessionPlan(None),
             render_input=lambda new: "hi", max_steps=10**9,

@@ -1,29 +1,24 @@
 """Agent home directories (computer.md §4).
 
 `AgentHome` prepares one agent: its persistent directory (AGENTS.md, `work/`
-with a MEMORY.md template, the engine's data dir and `session.json`) and its
-runtime directory for this run (token, OpenCode config/cache/state/tmp, the
-npm stub). Every file operation goes through `safe_fs`, since the agent can
-write both of its directories from inside the sandbox.
+with a MEMORY.md template, the engine's data dir, whose `session.json` is
+`engine/session.py`'s) and its runtime directory for this run (token,
+OpenCode config/cache/state/tmp, the npm stub). Every file operation goes
+through `safe_fs`, since the agent can write both of its directories from
+inside the sandbox.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
-import re
 import stat
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from computer_service import safe_fs
-from computer_service.engine.base import SessionPlan
 from computer_service.safe_fs import UnsafePath
 from computer_service.texts import (
     MEMORY_TEMPLATE,
@@ -35,91 +30,12 @@ from crew_common.layout import NPM_STUB_LOCK, AgentPaths
 
 log = logging.getLogger(__name__)
 
-ENGINE_NAME = "opencode"
-SESSION_FILE_LIMIT = 64 * 1024
-# The session ids a run request may carry (the launcher's SESSION_PATTERN): the agent can
-# edit session.json, and an id the launcher refuses would fail every turn from then on.
-SESSION_ID = re.compile(r"ses_[A-Za-z0-9]{1,100}")
-PRICE_TABLE_LIMIT = 32 * 1024 * 1024
-
-
 # What may stay in the engine's global config directory (`_clear_engine_config`).
 ENGINE_CONFIG_KEPT = frozenset({"package-lock.json", "node_modules", ".gitignore"})
 
 
 class AgentHomeError(Exception):
     """Preparing an agent's directories failed; the message says why and what to do."""
-
-
-@dataclass(frozen=True)
-class SessionRecord:
-    """The content of `engines/opencode/session.json`."""
-
-    engine: str
-    model: str
-    agents_md_digest: str
-    session_id: str
-
-    def to_json(self) -> bytes:
-        return orjson.dumps(
-            {
-                "engine": self.engine,
-                "model": self.model,
-                "agents_md_sha256": self.agents_md_digest,
-                "session_id": self.session_id,
-            }
-        )
-
-    @classmethod
-    def from_json(cls, data: bytes) -> SessionRecord | None:
-        """Parse a record; None for anything malformed (the agent may have edited it)."""
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            return None
-        if not isinstance(obj, dict):
-            return None
-        fields = [obj.get(k) for k in ("engine", "model", "agents_md_sha256", "session_id")]
-        if not all(isinstance(f, str) and f for f in fields):
-            return None
-        engine, model, digest, session_id = (str(f) for f in fields)
-        if not SESSION_ID.fullmatch(session_id):
-            return None
-        return cls(engine, model, digest, session_id)
-
-
-def agents_md_digest(agents_md: str) -> str:
-    """The digest that ties a saved session to the AGENTS.md it started with."""
-    return hashlib.sha256(agents_md.encode("utf-8")).hexdigest()
-
-
-def plan_session(
-    record: SessionRecord | None, engine: str, model: str, agents_md: str
-) -> SessionPlan:
-    """Continue the saved session only when engine, model and AGENTS.md are all unchanged."""
-    if (
-        record is not None
-        and record.engine == engine
-        and record.model == model
-        and record.agents_md_digest == agents_md_digest(agents_md)
-    ):
-        return SessionPlan(record.session_id)
-    return SessionPlan(None)
-
-
-def read_session_record(paths: AgentPaths) -> SessionRecord | None:
-    """The saved session of an agent; None when missing, malformed or not a regular file."""
-    try:
-        data = safe_fs.read_regular_file(paths.crew_home, paths.session_file, SESSION_FILE_LIMIT)
-    except UnsafePath as exc:
-        log.warning("agent %s: ignoring the saved session: %s", paths.agent_id, exc)
-        return None
-    return None if data is None else SessionRecord.from_json(data)
-
-
-def write_session_record(paths: AgentPaths, record: SessionRecord) -> None:
-    """Save the session record (temp file + rename, 0600). Raises `UnsafePath`."""
-    safe_fs.write_file_atomic(paths.crew_home, paths.session_file, record.to_json())
 
 
 def local_now() -> datetime:
@@ -131,7 +47,7 @@ class AgentHome:
     """One agent's directories and texts, for one run of the Computer.
 
     Satisfies the runner's `AgentWorkspace`: `agents_md`, `repair`,
-    `render_input`, `save_session`.
+    `render_input`.
     """
 
     def __init__(
@@ -279,38 +195,6 @@ class AgentHome:
         """The turn input for these unread rooms, stamped with the local time now."""
         size = self.memory_size() if new_session else None
         return render_turn_input(self._clock(), rooms, self.agent, new_session, size)
-
-    def save_session(self, session_id: str, model: str) -> None:
-        """Record the session to continue next turn; raises `AgentHomeError` on failure."""
-        record = SessionRecord(ENGINE_NAME, model, agents_md_digest(self._agents_md), session_id)
-        try:
-            write_session_record(self.paths, record)
-        except (UnsafePath, OSError) as exc:
-            raise AgentHomeError(
-                f"cannot save the session of agent @{self.agent.handle}: {_relative(exc, self.paths)}"
-            ) from exc
-
-    def copy_price_table(self, source: Path) -> bool:
-        """Copy the user's OpenCode price table into this agent's cache dir (see below)."""
-        return copy_price_table(self.paths, source)
-
-
-def copy_price_table(paths: AgentPaths, source: Path) -> bool:
-    """Copy the user's OpenCode price table into the agent's cache dir when newer.
-
-    Returns True when copied. Never raises: a failed copy only costs the turn
-    its prices (cost 0), so it is logged and the turn goes on.
-    """
-    dest = paths.cache_dir / "opencode" / "models.json"
-    try:
-        return safe_fs.copy_if_newer(source, paths.crew_home, dest, PRICE_TABLE_LIMIT)
-    except (UnsafePath, OSError) as exc:
-        log.warning(
-            "agent %s: price table not copied (costs will read 0): %s",
-            paths.agent_id,
-            _relative(exc, paths),
-        )
-        return False
 
 
 def _relative_path(path: Path, paths: AgentPaths) -> str:

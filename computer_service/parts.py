@@ -17,11 +17,14 @@ import anyio
 from computer_service import safe_fs
 from computer_service.bootstrap import TOKEN_ENV, Bootstrap
 from computer_service.engine.base import Engine
-from computer_service.engine.opencode import OpenCodeEngine
+from computer_service.engine.cold_run import ColdRun
 from computer_service.engine.opencode_env import model_listing_env
+from computer_service.engine.pipeline import OpenCodeEngine
+from computer_service.engine.preparation import PRICE_TABLE_LIMIT, Preparation
 from computer_service.engine.user_opencode import UserOpenCode
-from computer_service.engine.warm import WarmEngine
-from computer_service.home import PRICE_TABLE_LIMIT, AgentHome, AgentHomeError
+from computer_service.engine.warm_pool import WarmPool, default_memory_budget
+from computer_service.engine.warm_run import WarmRun
+from computer_service.home import AgentHome, AgentHomeError
 from computer_service.launcher_client import (
     LauncherClient,
     LauncherError,
@@ -38,7 +41,6 @@ from computer_service.parts_protocol import (
 from computer_service.run_dir import RunDirectory, RunDirectoryError
 from computer_service.safe_fs import UnsafePath
 from computer_service.upstream import AgentRecord
-from computer_service.warm_pool import WarmPool, default_memory_budget
 from crew_common.launcher_wire import Frame, ModelsRequest, RunRequest, ServerInfo, ServerRequest
 from crew_common.layout import AgentPaths
 from crew_common.unix_socket import remove_dead_sockets
@@ -279,8 +281,7 @@ class LocalParts:
     def engine(self) -> Engine:
         """The OpenCode engine, following whichever launcher is current: warm or cold."""
         launcher = CurrentLauncher(self)
-        cold = OpenCodeEngine(
-            launcher,
+        preparation = Preparation(
             crew_home=self.crew_home,
             run_id=self.run_id,
             server_url=self.bootstrap.server_url,
@@ -288,8 +289,9 @@ class LocalParts:
             interpreter_dirs=self.run_dir.interpreter_dirs(),
             loopback_ports=list(self.bootstrap.sandbox_loopback_ports),
         )
+        cold = ColdRun(launcher)
         if self.engine_mode() == "cold":
-            return cold
+            return OpenCodeEngine(preparation, cold)
         budget = self.bootstrap.warm_memory_mb
         pool = WarmPool(
             launcher,
@@ -297,7 +299,7 @@ class LocalParts:
             idle_timeout_s=float(self.bootstrap.warm_idle_timeout_s),
             server_ceiling=self.bootstrap.warm_server_max_mb * 1024 * 1024,
         )
-        return WarmEngine(cold, pool)
+        return OpenCodeEngine(preparation, WarmRun(cold, pool), pool=pool)
 
     def engine_mode(self) -> str:
         """The bootstrap's `engine_mode`, else warm where supported (Linux with bwrap)."""

@@ -26,7 +26,6 @@ from anyio.abc import TaskGroup
 
 from computer_service.delivery import RETRY_BASE_S, RETRY_WINDOW_S
 from computer_service.engine.base import Engine
-from computer_service.engine.warm import WarmEngine
 from computer_service.gate import TurnGate
 from computer_service.introspection import AgentDetail, AgentRow, DayUsage, TurnSummary
 from computer_service.metrics import Metrics
@@ -267,9 +266,7 @@ class Roster:
 
     def _engine_row(self, agent_id: str) -> dict[str, object] | None:
         """How this agent's turns run (warm server or cold), for `/agents`."""
-        if isinstance(self.engine, WarmEngine):
-            return self.engine.pool.agent_status(agent_id)
-        return {"engine_mode": "cold"} if self.engine is not None else None
+        return self.engine.agent_status(agent_id) if self.engine is not None else None
 
     def agent_detail(self, agent_id: str) -> AgentDetail | None:
         """`GET /agents/{id}`; None for an unknown agent."""

@@ -27,7 +27,6 @@ from computer_service.engine.base import (
     EngineEvent,
     Failure,
     FailureClass,
-    SessionPlan,
     TurnRequest,
     TurnResult,
     Usage,
@@ -98,10 +97,6 @@ class AgentWorkspace(Protocol):
 
     def render_input(self, rooms: list[UnreadRoom], new_session: bool) -> str:
         """The turn input for these unread rooms (texts.md)."""
-        ...
-
-    def save_session(self, session_id: str, model: str) -> None:
-        """Record the session a succeeded turn used (raises on failure)."""
         ...
 
 
@@ -183,8 +178,6 @@ class Runner:
         self.retry_at: str | None = None
         # The retry is the provider's own time (a rate limit's Retry-After): wakes wait for it.
         self._retry_firm = False
-        # The last session could not be saved: the next turn starts a new one.
-        self._session_lost = False
         self.recent: deque[TurnRecord] = deque(maxlen=RECENT_TURNS)
         self._woken = anyio.Event()
         self._stop: anyio.Event | None = None
@@ -347,9 +340,6 @@ class Runner:
     ) -> None:
         agent = self.agent
         plan = self._engine.plan_session(agent.id, agent.model, self._workspace.agents_md)
-        if self._session_lost:
-            # The session the last turn used was never saved: do not continue an older one.
-            plan = SessionPlan(None)
         turn_input = self._workspace.render_input(rooms, plan.is_new)
         turn_rooms = [
             TurnRoom(room_id=r.room.id, from_seq=r.seq_range()[0], to_seq=r.seq_range()[1])
@@ -483,8 +473,8 @@ class Runner:
         if refused is not None:
             # The agent tried to answer and could not: the user is still waiting. No ack.
             return Outcome("failed", refused, result.usage, count)
-        if result.session_id:
-            self._keep_session(result.session_id)
+        # The engine kept the session for the next turn (None: it could not, one starts anew).
+        self.session_id = result.session_id
         try:
             acked = await self._or_gone(
                 self._retrying(
@@ -527,26 +517,6 @@ class Runner:
             self.agent.handle,
         )
         return True
-
-    def _keep_session(self, session_id: str) -> None:
-        """Save the session a succeeded turn used; one that cannot be saved is only logged.
-
-        The reply went out, so the turn still succeeds and is acked; the next
-        turn starts a new session rather than continue an older one.
-        """
-        try:
-            self._workspace.save_session(session_id, self.agent.model)
-        except Exception as exc:
-            log.warning(
-                "agent %s: the session could not be saved (%s); the next turn starts a new one",
-                self.agent.handle,
-                exc,
-            )
-            self._session_lost = True
-            self.session_id = None
-            return
-        self._session_lost = False
-        self.session_id = session_id
 
     async def _set_aside(self, turn: RegisteredTurn, failure: Failure) -> None:
         """Mark the claim read unanswered; the server tells the room why."""

@@ -26,7 +26,6 @@ from typing import BinaryIO
 import anyio
 
 from computer_service.bootstrap import Bootstrap
-from computer_service.engine.warm import WarmEngine
 from computer_service.event_stream import SUPERSEDED, Backoff, EventStream
 from computer_service.gate import TurnGate
 from computer_service.home_lock import CrewHomeBusy, CrewHomeLock
@@ -154,8 +153,7 @@ class ComputerService:
         self.roster.unavailable = unavailable
         if unavailable is None:
             self.roster.engine = self.parts.engine()
-            if isinstance(self.roster.engine, WarmEngine):
-                self.metrics.sections.append(self.roster.engine.pool.counters.lines)
+            self.metrics.sections.append(self.roster.engine.metric_lines)
 
     async def main_loop(self) -> None:
         """Follow the event stream and run turns until stdin closes, SIGTERM or SIGINT."""
@@ -167,8 +165,8 @@ class ComputerService:
                 tasks.start_soon(self._report_models)
             if self.roster.unavailable is None:
                 tasks.start_soon(self._keep_launcher)
-            if isinstance(self.roster.engine, WarmEngine):
-                # Stops idle warm servers; stops them all when the loop ends.
+            if self.roster.engine is not None:
+                # The engine's housekeeping (idle warm servers); cleans up when the loop ends.
                 tasks.start_soon(self.roster.engine.maintain)
             tasks.start_soon(self.events.follow)
             await self.stop_requested.wait()
@@ -389,11 +387,8 @@ class ComputerService:
 
     def _warm_health(self) -> WarmHealth | None:
         engine = self.roster.engine
-        return (
-            WarmHealth.model_validate(engine.pool.health())
-            if isinstance(engine, WarmEngine)
-            else None
-        )
+        health = engine.health() if engine is not None else None
+        return WarmHealth.model_validate(health) if health is not None else None
 
     def agent_rows(self) -> list[AgentRow]:
         """`GET /agents`: runners and agents with a problem, by handle."""

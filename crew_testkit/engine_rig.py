@@ -2,9 +2,9 @@
 
 `EngineRig` starts what `LocalParts` starts for a real Computer (the launcher
 process, the run directory, agent homes) but no crew server: turns are driven
-by hand, as the runner would (plan the session, run, save the session), so
-the same scripted turns can go through the cold and the warm engine and their
-events be compared. The user's OpenCode login (the scripted model's) is
+by hand, as the runner would (plan the session, run; the engine keeps the
+session), so the same scripted turns can go through the cold and the warm way
+and their events be compared. The user's OpenCode login (the scripted model's) is
 written into `$HOME`, which the test suite points at a temporary directory.
 """
 
@@ -19,8 +19,8 @@ import anyio
 
 from computer_service.bootstrap import Bootstrap, TurnLimits
 from computer_service.engine.base import EngineEvent, StopSignal, TurnRequest, TurnResult
-from computer_service.engine.opencode import OpenCodeEngine
-from computer_service.engine.warm import WarmEngine
+from computer_service.engine.pipeline import OpenCodeEngine
+from computer_service.engine.warm_run import WarmRun
 from computer_service.home import AgentHome
 from computer_service.parts import LocalParts
 from computer_service.upstream import AgentRecord
@@ -63,7 +63,7 @@ class EngineRig:
         )
         self.parts = LocalParts(self.bootstrap)
         self.homes: dict[str, AgentHome] = {}
-        self.warm: WarmEngine
+        self.warm: OpenCodeEngine
         self.cold: OpenCodeEngine
 
     async def __aenter__(self) -> EngineRig:
@@ -73,12 +73,16 @@ class EngineRig:
             raise RuntimeError(f"the launcher is not usable: {status.unavailable_reason()}")
         self.parts.prepare_run_dir()
         engine = self.parts.engine()
-        assert isinstance(engine, WarmEngine)
-        self.warm, self.cold = engine, engine.cold
+        assert isinstance(engine, OpenCodeEngine) and isinstance(engine.way, WarmRun)
+        # The same Computer's engine, every turn the cold way (sessions shared, as both
+        # ways share them when a warm turn falls back to cold).
+        cold = OpenCodeEngine(engine.preparation, engine.way.cold, sessions=engine.sessions)
+        self.warm, self.cold = engine, cold
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         with anyio.CancelScope(shield=True):
+            assert self.warm.pool is not None
             await self.warm.pool.close()
             await self.parts.stop_launcher()
             self.parts.remove_run_dir()
@@ -91,7 +95,7 @@ class EngineRig:
         self.homes[agent_id] = home
         return home
 
-    def engine(self, kind: str) -> OpenCodeEngine | WarmEngine:
+    def engine(self, kind: str) -> OpenCodeEngine:
         return self.warm if kind == "warm" else self.cold
 
     async def turn(
@@ -103,7 +107,7 @@ class EngineRig:
         stop: StopSignal | None = None,
         wall_clock_limit_s: float = 120.0,
     ) -> TurnRecord:
-        """One turn of `agent_id` with input `text`, as the runner runs it (session saved)."""
+        """One turn of `agent_id` with input `text`, as the runner runs it."""
         home = self.homes[agent_id]
         engine = self.engine(kind)
         plan = engine.plan_session(agent_id, MODEL, home.agents_md)
@@ -120,8 +124,6 @@ class EngineRig:
             record.events.append(event)
 
         record.result = await engine.run_turn(request, on_event, stop or anyio.Event())
-        if record.result.status == "succeeded" and record.result.session_id:
-            home.save_session(record.result.session_id, MODEL)
         return record
 
 

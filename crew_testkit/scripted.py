@@ -99,6 +99,18 @@ class ScriptedEngine:
     def plan_session(self, agent_id: str, model: str, agents_md: str) -> SessionPlan:
         return SessionPlan(None)
 
+    async def maintain(self) -> None:
+        return None
+
+    def health(self) -> dict[str, object] | None:
+        return None
+
+    def agent_status(self, agent_id: str) -> dict[str, object]:
+        return {"engine_mode": "cold"}
+
+    def metric_lines(self) -> list[str]:
+        return []
+
     async def run_turn(
         self, request: TurnRequest, on_event: EventSink, stop: StopSignal
     ) -> TurnResult:

@@ -1,8 +1,10 @@
 """The engine boundary: run one turn (input, session, model) → events → a result.
 
-The runner only knows this interface. The real implementation
-(`computer_service.engine.opencode.OpenCodeEngine`) runs `opencode run` through
-the sandbox launcher; tests swap in a scripted engine, never monkeypatch.
+The runner and the service only know this interface: `Engine` says all they
+ask of an engine (its turns, and what `/agents`, `/health` and `/metrics`
+show of it). The real implementation (`computer_service.engine.pipeline.OpenCodeEngine`)
+runs OpenCode in the sandbox, cold or on a warm server; `parts.py` chooses it.
+Tests swap in a scripted engine, never monkeypatch.
 """
 
 from __future__ import annotations
@@ -93,9 +95,14 @@ class EngineEvent:
 
 @dataclass(frozen=True)
 class SessionPlan:
-    """Whether the next turn continues a saved session (`session_id`) or starts anew."""
+    """Whether the next turn continues a saved session (`session_id`) or starts anew.
+
+    `agents_md_digest` ties the session the turn ends in to the AGENTS.md the
+    plan was made for (the engine's own plans carry it; None: made by hand).
+    """
 
     session_id: str | None
+    agents_md_digest: str | None = None
 
     @property
     def is_new(self) -> bool:
@@ -120,7 +127,11 @@ class TurnRequest:
 
 @dataclass
 class TurnResult:
-    """How a turn ended. `status` is what the runner records upstream."""
+    """How a turn ended. `status` is what the runner records upstream.
+
+    `session_id` is the session the turn ran in; after a success, the one the
+    agent's next turn continues (None: none was kept, the next one starts anew).
+    """
 
     status: Literal["succeeded", "failed", "cancelled"]
     failure: Failure | None = None
@@ -140,7 +151,11 @@ class StopSignal(Protocol):
 
 
 class Engine(Protocol):
-    """Runs turns. `run_turn` never raises: unexpected errors become `process_crashed`."""
+    """Runs turns. `run_turn` never raises: unexpected errors become `process_crashed`.
+
+    The engine owns its sessions: `plan_session` before a turn, and keeping
+    the session of a turn that succeeded is part of `run_turn`.
+    """
 
     name: str
 
@@ -152,4 +167,21 @@ class Engine(Protocol):
         self, request: TurnRequest, on_event: EventSink, stop: StopSignal
     ) -> TurnResult:
         """Run one turn; report each event through `on_event`, in order."""
+        ...
+
+    async def maintain(self) -> None:
+        """For the service's life (its task group runs it): housekeeping, cleanup when
+        cancelled. An engine with nothing to keep returns at once."""
+        ...
+
+    def health(self) -> dict[str, object] | None:
+        """The `warm` section of `/health` (`WarmHealth`), or None for an engine without servers."""
+        ...
+
+    def agent_status(self, agent_id: str) -> dict[str, object]:
+        """How this agent's turns run, for `/agents` (`AgentEngine`: at least `engine_mode`)."""
+        ...
+
+    def metric_lines(self) -> list[str]:
+        """The engine's own Prometheus lines for `/metrics` (none: an empty list)."""
         ...

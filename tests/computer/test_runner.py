@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +42,8 @@ async def test_success_reports_events_in_order_then_acks(crew_server: Any, crew_
         assert engine.inputs[0] == turn["input"]  # the engine got exactly what was recorded
         assert turn["rooms"][0]["room_id"] == r.room["id"]
         assert turn["usage"]["input_tokens"] == 10
-        # The session was saved for the next turn.
-        session = crew_home / "agents" / r.runner.agent.id / "engines" / "opencode" / "session.json"
-        assert f"ses-{r.runner.agent.id[:8]}" in session.read_text()
+        # The session the engine kept for the next turn.
+        assert r.runner.row()["session_id"] == f"ses-{r.runner.agent.id[:8]}"
         assert r.runner.last_result == "succeeded"
         assert r.metrics.turns["succeeded"] == 1
         # Acked: a new wake-up finds nothing unread and starts no turn.
@@ -242,42 +240,6 @@ async def test_an_engine_breaking_its_contract_fails_the_turn_as_processing_fail
         r.runner.wake()
         turns = await r.user.finished(r.runner.agent.id, 2)
         assert turns[1]["status"] == "succeeded" and "contract" in engine.inputs[1]
-
-
-async def test_a_session_that_cannot_be_saved_still_acks_and_starts_a_new_session(
-    crew_server: Any, crew_home: Path, tmp_path: Path
-) -> None:
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-
-    class Continuing(ScriptedEngine):
-        def plan_session(self, agent_id: str, model: str, agents_md: str) -> SessionPlan:
-            return SessionPlan("ses-saved-earlier")
-
-    async def plant_then_succeed(
-        engine: ScriptedEngine, request: Any, on_event: Any, stop: Any
-    ) -> Any:
-        # What a hostile agent could do from inside its sandbox during the turn.
-        engine_dir = crew_home / "agents" / request.agent_id / "engines" / "opencode"
-        shutil.rmtree(engine_dir)
-        engine_dir.symlink_to(elsewhere)
-        return await succeed(engine, request, on_event, stop)
-
-    engine = Continuing(script=[plant_then_succeed])
-    async with rig(crew_server, crew_home, engine) as r:
-        await r.user.post(r.room["id"], "save me")
-        r.runner.wake()
-        [turn] = await r.user.finished(r.runner.agent.id, 1)
-        # The reply went out: the turn succeeded and its message was marked read.
-        assert turn["status"] == "succeeded" and turn["session_id"] == "ses-saved-earlier"
-        assert list(elsewhere.iterdir()) == []  # nothing written through the link
-        assert r.runner.row()["session_id"] is None
-        await r.user.post(r.room["id"], "next one")
-        r.runner.wake()
-        turns = await r.user.finished(r.runner.agent.id, 2)
-        assert "save me" not in engine.inputs[1] and "next one" in engine.inputs[1]
-        # The unsaved session is not continued: the next turn starts a new one.
-        assert turns[1]["status"] == "succeeded" and turns[1]["session_id"] is None
 
 
 async def test_the_turn_record_holds_the_input_of_a_restarted_session(

@@ -1,4 +1,4 @@
-"""A prepared agent + an OpenCodeEngine wired to a launcher (stand-in or real), for engine tests."""
+"""A prepared agent + a cold OpenCodeEngine wired to a launcher (stand-in or real), for engine tests."""
 
 from __future__ import annotations
 
@@ -20,7 +20,9 @@ from computer_service.engine.base import (
     TurnRequest,
     TurnResult,
 )
-from computer_service.engine.opencode import Launcher, OpenCodeEngine
+from computer_service.engine.cold_run import ColdRun, Launcher
+from computer_service.engine.pipeline import OpenCodeEngine
+from computer_service.engine.preparation import Preparation
 from computer_service.engine.user_opencode import UserOpenCode
 from computer_service.home import AgentHome
 from computer_service.run_dir import RunDirectory
@@ -65,8 +67,8 @@ class Rig:
         return self.home.paths
 
     def use(self, launcher: Launcher, **kw: Any) -> OpenCodeEngine:
-        self.engine = OpenCodeEngine(
-            launcher,
+        """The cold engine on `launcher`; `kw` are `Preparation`'s (`stdout_limit`, `environ`)."""
+        preparation = Preparation(
             crew_home=self.crew_home,
             run_id=self.run.run_id,
             server_url="http://127.0.0.1:9",
@@ -75,9 +77,9 @@ class Rig:
             user=self.user,
             base_path=BASE_PATH,
             lang="C.UTF-8",
-            end_grace_s=kw.pop("end_grace_s", 2.0),
             **kw,
         )
+        self.engine = OpenCodeEngine(preparation, ColdRun(launcher, end_grace_s=2.0))
         return self.engine
 
     def plan(self, model: str = "local/scripted") -> SessionPlan:

@@ -55,7 +55,7 @@ async def test_real_opencode_turns_and_session(tmp_path: Path) -> None:
             types = [e.type for e in rig.events]
             assert types[0] == "step_start" and types[-1] == "step_finish" and "text" in types
             assert first.usage.input_tokens > 0 and first.usage.cost > 0
-            rig.home.save_session(first.session_id, "local/scripted")
+            # The engine kept the session of the succeeded turn.
             plan = rig.plan()
             assert plan.session_id == first.session_id
             second = await rig.turn("Again.", plan=plan)
@@ -82,7 +82,7 @@ async def test_a_key_in_the_computers_environment_reaches_the_model(tmp_path: Pa
             # A login for another provider only: never this turn's key, never passed on.
             rig.user.auth_file.write_text(json.dumps({"other": {"type": "api", "key": "sk-x"}}))
             assert rig.engine is not None
-            rig.engine.environ = {**os.environ, "MY_KEY": key}
+            rig.engine.preparation.environ = {**os.environ, "MY_KEY": key}
             result = await rig.turn("Say ok.")
             assert result.status == "succeeded", (result.failure, [e.data for e in rig.events])
         chats = model.requests()

@@ -108,7 +108,7 @@ async def test_stop_ends_the_turn(rig: Rig) -> None:
 
 async def test_output_cap(rig: Rig) -> None:
     assert rig.engine is not None
-    rig.engine.stdout_limit = 1024 * 1024
+    rig.engine.preparation.stdout_limit = 1024 * 1024
     result = await rig.turn("FAKE:FLOOD")
     assert result.failure is not None and result.failure.cls is FailureClass.OUTPUT_TOO_LARGE
 

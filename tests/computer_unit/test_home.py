@@ -1,26 +1,20 @@
-"""Agent homes: modes, templates, sessions, planted links and FIFOs."""
+"""Agent homes: modes, templates, planted links and FIFOs."""
 
 from __future__ import annotations
 
 import os
 import stat
 import subprocess
-import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-import orjson
 import pytest
 
 from computer_service.home import (
     NPM_STUB_LOCK,
     AgentHome,
     AgentHomeError,
-    SessionRecord,
-    agents_md_digest,
-    plan_session,
-    read_session_record,
 )
 from computer_service.texts import MEMORY_TEMPLATE, render_agents_md
 from crew_common.layout import AgentPaths
@@ -177,92 +171,6 @@ def test_symlinked_agents_md_is_replaced_not_followed(tmp_path: Path) -> None:
     assert not home.paths.agents_md.is_symlink()
 
 
-def test_session_roundtrip_and_plan(tmp_path: Path) -> None:
-    home = make_home(tmp_path)
-    home.prepare("t")
-    assert read_session_record(home.paths) is None
-    home.save_session("ses_abc", "local/m1")
-    assert mode(home.paths.session_file) == 0o600
-    record = read_session_record(home.paths)
-    assert record == SessionRecord(
-        "opencode", "local/m1", agents_md_digest(home.agents_md), "ses_abc"
-    )
-    on_disk = orjson.loads(home.paths.session_file.read_bytes())
-    assert on_disk["session_id"] == "ses_abc" and on_disk["engine"] == "opencode"
-
-
-@pytest.mark.parametrize(
-    ("engine", "model", "agents_md", "continues"),
-    [
-        ("opencode", "local/m1", "AGENTS v1", True),
-        ("opencode", "local/m2", "AGENTS v1", False),
-        ("opencode", "local/m1", "AGENTS v2", False),
-        ("other", "local/m1", "AGENTS v1", False),
-    ],
-)
-def test_plan_session_table(engine: str, model: str, agents_md: str, continues: bool) -> None:
-    record = SessionRecord("opencode", "local/m1", agents_md_digest("AGENTS v1"), "ses_1")
-    plan = plan_session(record, engine, model, agents_md)
-    assert plan.session_id == ("ses_1" if continues else None)
-    assert plan.is_new is not continues
-    assert plan_session(None, engine, model, agents_md).is_new
-
-
-@pytest.mark.parametrize(
-    "content",
-    [
-        b"",
-        b"not json",
-        b"[]",
-        b'{"engine":"opencode"}',
-        b'{"engine":1,"model":"m","agents_md_sha256":"d","session_id":"s"}',
-    ],
-)
-def test_malformed_session_file_counts_as_none(tmp_path: Path, content: bytes) -> None:
-    home = make_home(tmp_path)
-    home.prepare("t")
-    home.paths.session_file.write_bytes(content)
-    assert read_session_record(home.paths) is None
-
-
-@pytest.mark.timeout(10)
-def test_fifo_session_counts_as_none_never_blocks(tmp_path: Path) -> None:
-    home = make_home(tmp_path)
-    home.prepare("t")
-    os.mkfifo(home.paths.session_file)
-    out: list[object] = []
-    t = threading.Thread(target=lambda: out.append(read_session_record(home.paths)))
-    t.start()
-    t.join(5)
-    assert not t.is_alive() and out == [None]
-    # Saving replaces the FIFO with a regular file.
-    home.save_session("ses_new", "m")
-    assert stat.S_ISREG(os.lstat(home.paths.session_file).st_mode)
-
-
-def test_symlinked_session_counts_as_none(tmp_path: Path) -> None:
-    home = make_home(tmp_path)
-    home.prepare("t")
-    real = tmp_path / "real.json"
-    real.write_bytes(SessionRecord("opencode", "m", "d", "ses_x").to_json())
-    home.paths.session_file.symlink_to(real)
-    assert read_session_record(home.paths) is None
-
-
-def test_symlinked_engines_dir_counts_as_none_and_save_fails(tmp_path: Path) -> None:
-    home = make_home(tmp_path)
-    home.prepare("t")
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    engines = home.paths.agent_dir / "engines"
-    os.rename(engines, tmp_path / "old-engines")
-    engines.symlink_to(elsewhere)
-    assert read_session_record(home.paths) is None
-    with pytest.raises(AgentHomeError, match="symlink"):
-        home.save_session("ses", "m")
-    assert list(elsewhere.iterdir()) == []
-
-
 def test_memory_size_and_render_input(tmp_path: Path) -> None:
     home = make_home(tmp_path)
     home.prepare("t")
@@ -272,36 +180,6 @@ def test_memory_size_and_render_input(tmp_path: Path) -> None:
     assert text.startswith("It is Tuesday 2026-10-06 09:00 (+00:00).\nThis is a new session")
     assert "over the 16 KB limit" in text
     assert "new session" not in home.render_input([], new_session=False)
-
-
-def test_price_table_copy(tmp_path: Path) -> None:
-    home = make_home(tmp_path)
-    home.prepare("t")
-    src = tmp_path / "models.json"
-    assert home.copy_price_table(src) is False  # no source: nothing, no error
-    src.write_text('{"prices":1}')
-    os.utime(src, (1_000_000, 1_000_000))
-    assert home.copy_price_table(src) is True
-    dest = home.paths.cache_dir / "opencode" / "models.json"
-    assert dest.read_text() == '{"prices":1}'
-    assert home.copy_price_table(src) is False  # not older: skipped
-    os.utime(src, (2_000_000, 2_000_000))
-    assert home.copy_price_table(src) is True
-
-
-def test_price_table_never_through_a_link_and_failure_only_logged(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    home = make_home(tmp_path)
-    home.prepare("t")
-    src = tmp_path / "models.json"
-    src.write_text("{}")
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    (home.paths.cache_dir / "opencode").symlink_to(elsewhere)
-    assert home.copy_price_table(src) is False
-    assert list(elsewhere.iterdir()) == []
-    assert "price table not copied" in caplog.text
 
 
 def test_before_every_turn_opencodes_config_dirs_hold_only_the_computers_files(

@@ -30,6 +30,7 @@ from computer_service.engine.user_opencode import (
     strip_jsonc,
 )
 from computer_service.launcher_client import LauncherClient
+from crew_common.launcher_wire import MAX_STDIN
 from crew_common.layout import AgentPaths
 from crew_harness.waiting import wait_until_async
 from tests.computer_unit.engine_fixtures import (
@@ -286,7 +287,7 @@ async def test_session_continues_then_vanished_session_restarts_once(tmp_path: P
         rig.use(client)
         first = await rig.turn("one")
         assert first.status == "succeeded" and first.session_id
-        rig.home.save_session(first.session_id, "local/scripted")
+        # The engine kept the session of the succeeded turn.
         plan = rig.plan()
         assert plan.session_id == first.session_id
         second = await rig.turn("two", plan=plan)
@@ -618,3 +619,23 @@ async def test_launcher_dying_mid_turn_fails_the_turn_as_crashed(tmp_path: Path)
     assert result.status == "failed"
     assert result.failure is not None and result.failure.cls is FailureClass.PROCESS_CRASHED
     assert "launcher" in result.failure.reason
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(60)
+async def test_a_run_the_launcher_would_refuse_fails_as_sandbox_before_it_is_sent(
+    tmp_path: Path,
+) -> None:
+    """One wire schema: the Computer's run request is checked by the launcher's own model,
+    so an over-long turn input fails `sandbox` with the field named, never sent."""
+    rig = make_rig(tmp_path)
+    async with standin_launcher() as (client, state):
+        rig.use(client)
+        result = await rig.turn("x" * (MAX_STDIN + 1))
+        assert result.status == "failed" and result.failure is not None
+        assert result.failure.cls is FailureClass.SANDBOX
+        assert result.failure.reason.startswith("the sandbox refused the run: stdin:")
+        assert "xxxx" not in result.failure.reason and AGENT_TOKEN not in result.failure.reason
+        assert state.requests == []
+        # The positive control: the next turn runs.
+        assert (await rig.turn("hello")).status == "succeeded"

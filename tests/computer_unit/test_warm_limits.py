@@ -11,9 +11,9 @@ from __future__ import annotations
 import anyio
 import pytest
 
+from computer_service.engine.attempt import Attempt, attempt_result
 from computer_service.engine.base import Failure, FailureClass, TurnResult
-from computer_service.engine.opencode import Attempt, attempt_result
-from computer_service.engine.warm import WarmAttempt, end_at_limit
+from computer_service.engine.warm_run import WarmAttempt, end_at_limit
 from crew_common.launcher_wire import LIMIT_HITS, ExitFrame
 from tests.computer_unit.test_warm_untrusted import (
     FINAL,

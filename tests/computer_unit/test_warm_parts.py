@@ -25,8 +25,8 @@ from computer_service.engine.warm_events import (
     retry_status,
     run_line,
 )
+from computer_service.engine.warm_pool import MAX_FAILED_STARTS, WarmPool
 from computer_service.launcher_client import LauncherRefused
-from computer_service.warm_pool import MAX_FAILED_STARTS, WarmPool
 from crew_common.launcher_wire import ServerInfo, ServerRequest
 
 S = "ses_abc"

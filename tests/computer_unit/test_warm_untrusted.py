@@ -1,4 +1,4 @@
-"""`WarmEngine` against a hostile or broken server (an in-process stand-in, no OpenCode).
+"""The warm way (`WarmRun`) against a hostile or broken server (an in-process stand-in, no OpenCode).
 
 The stand-in listens on 127.0.0.1 in this very process, so the owner check
 passes; what it answers is scripted per test. A server that breaks before the
@@ -14,6 +14,7 @@ import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from computer_service.engine.attempt import Attempt
 from computer_service.engine.base import (
     EngineEvent,
     FailureClass,
@@ -33,9 +35,11 @@ from computer_service.engine.base import (
     TurnRequest,
     TurnResult,
 )
-from computer_service.engine.warm import WarmEngine
-from computer_service.warm_pool import WarmPool
-from crew_common.launcher_wire import ServerInfo, ServerRequest
+from computer_service.engine.pipeline import OpenCodeEngine
+from computer_service.engine.preparation import PreparedTurn
+from computer_service.engine.warm_pool import WarmPool
+from computer_service.engine.warm_run import WarmRun
+from crew_common.launcher_wire import ExitFrame, ServerInfo, ServerRequest
 from crew_common.layout import AgentPaths
 from crew_common.procfs import process_start_time
 
@@ -161,38 +165,28 @@ class Launcher:
 
 
 class Cold:
-    """What `WarmEngine` uses of the cold engine; a cold turn just succeeds."""
-
-    crew_home = Path("/crew")
-    bin_dir = Path("/crew/runtime/r/bin")
-    stdout_limit = 8 * 1024 * 1024
+    """The cold way the warm way falls back to; a cold attempt just succeeds."""
 
     def __init__(self) -> None:
-        self.interpreter_dirs: list[str] = []
         self.cold_turns = 0
 
-    def paths(self, agent_id: str) -> AgentPaths:
-        return AgentPaths(self.crew_home, "r", agent_id)
-
-    def plan_session(self, agent_id: str, model: str, agents_md: str) -> SessionPlan:
-        return SessionPlan(None)
-
-    async def prepare(self, request: Any, stop: Any, paths: Any, secrets: Any) -> dict[str, str]:
-        return {"PWD": "/crew/agents/a/work"}
-
-    async def forwarded_ports(self) -> list[int]:
-        return []
-
-    async def run_prepared(self, *args: Any) -> TurnResult:
+    @asynccontextmanager
+    async def attempts(self, turn: PreparedTurn, on_event: Any, stop: Any) -> AsyncIterator[Cold]:
         self.cold_turns += 1
-        return TurnResult("succeeded", session_id="ses_cold")
+        yield self
+
+    async def attempt_in(self, session_id: str | None) -> Attempt:
+        return Attempt(session_id="ses_cold", lines=1, exit=ExitFrame(t="exit", code=0))
+
+    async def settle(self, last: Attempt) -> bool:
+        return False
 
 
-def engine(port: int) -> tuple[WarmEngine, Cold, Launcher]:
+def engine(port: int) -> tuple[WarmRun, Cold, Launcher]:
     cold, launcher = Cold(), Launcher(port)
     pool = WarmPool(launcher, memory_budget=1 << 40)
-    warm = WarmEngine(
-        cold,  # type: ignore[arg-type]
+    warm = WarmRun(
+        cold,
         pool,
         end_grace_s=1.0,
         connected_timeout_s=1.0,
@@ -202,7 +196,32 @@ def engine(port: int) -> tuple[WarmEngine, Cold, Launcher]:
     return warm, cold, launcher
 
 
-async def turn(warm: WarmEngine, limit_s: float = 30 * 60) -> tuple[TurnResult, list[EngineEvent]]:
+class Prepared:
+    """The pipeline's preparation for agent `a`, without any file: a fixed environment."""
+
+    def paths(self, agent_id: str) -> AgentPaths:
+        return AgentPaths(Path("/crew"), "r", agent_id)
+
+    def secrets(self, paths: AgentPaths) -> list[str]:
+        return []
+
+    async def prepare(
+        self, request: TurnRequest, stop: Any, paths: AgentPaths, secrets: list[str]
+    ) -> PreparedTurn:
+        return PreparedTurn(
+            request=request,
+            paths=paths,
+            env={"PWD": "/crew/agents/a/work"},
+            ports=[],
+            bin_dir=Path("/crew/runtime/r/bin"),
+            interpreter_dirs=[],
+            stdout_limit=8 * 1024 * 1024,
+            secrets=secrets,
+        )
+
+
+async def turn(warm: WarmRun, limit_s: float = 30 * 60) -> tuple[TurnResult, list[EngineEvent]]:
+    """One turn through the pipeline, the warm way (the session is not kept: a plan by hand)."""
     events: list[EngineEvent] = []
 
     async def on_event(event: EngineEvent) -> None:
@@ -211,8 +230,9 @@ async def turn(warm: WarmEngine, limit_s: float = 30 * 60) -> tuple[TurnResult, 
     request = TurnRequest(
         "a", "local/scripted", SessionPlan(None), lambda new: "hi", wall_clock_limit_s=limit_s
     )
+    engine = OpenCodeEngine(Prepared(), warm, pool=warm.pool)  # type: ignore[arg-type]
     with anyio.fail_after(30):
-        result = await warm.run_turn(request, on_event, anyio.Event())
+        result = await engine.run_turn(request, on_event, anyio.Event())
     return result, events
 
 

@@ -18,8 +18,8 @@ import anyio
 import pytest
 
 from computer_service.engine.base import FailureClass, TurnResult
+from computer_service.engine.session import SessionRecord, write_session_record
 from computer_service.engine.warm_channel import NotTheServer, ServerAddress, check_owner
-from computer_service.home import SessionRecord, write_session_record
 from crew_common.procfs import process_start_time
 from crew_harness.scripted_model import Script, ScriptedModel
 from crew_harness.waiting import wait_until

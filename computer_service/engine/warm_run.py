@@ -1,16 +1,18 @@
-"""`WarmEngine`: turns on the agent's warm `opencode serve` (docs/warm-engine.md).
+"""The warm way: a turn's attempts on the agent's warm `opencode serve` (docs/warm-engine.md).
 
-Behind the same `Engine` protocol as the cold engine, and built on it: the
-environment of a turn (`OpenCodeEngine.prepare`) is the server's, sessions
-live in the same data directory under the same `session.json` rules, and the
-server's events become exactly the lines `opencode run` prints
+One of the two ways the pipeline (`pipeline.OpenCodeEngine`) runs a turn's
+attempts, behind the same `Way` interface as the cold one: the server is
+started with the turn's prepared environment (`preparation.PreparedTurn`),
+sessions live in the same data directory under the same `session.json` rules,
+and the server's events become exactly the lines `opencode run` prints
 (`warm_events.run_line`), so the line parser, the usage and cost, the
-records upstream and the failure classes are the cold engine's
-(`opencode.attempt_result`). One turn:
+records upstream and the failure classes are the cold way's
+(`attempt.attempt_result`). One turn:
 
-1. the agent's server from the pool (started, or reused when the turn's
-   environment is the one it started with); no server (no room, three failed
-   starts) → the turn runs cold;
+1. the agent's server from the pool (`warm_pool`: started, or reused when the
+   turn's environment is the one it started with); no server (no room, three
+   failed starts) → the turn's attempts run the cold way, within what is
+   left of the turn's limit;
 2. open the instance's event stream; create a session (title and permissions
    as `run` sets them) unless the saved one is continued;
 3. `prompt_async` with our own message id; events → lines → `EngineEvent`s;
@@ -24,7 +26,7 @@ records upstream and the failure classes are the cold engine's
 7. the launcher sweeps the server's namespace (nothing of the turn outlives it).
 
 Everything the server says is untrusted: bounded event sizes, a heartbeat
-deadline, defensive parsing. A server that breaks before the prompt was
+deadline, defensive parsing. A server that breaks before the first prompt was
 accepted is dropped and the turn runs cold; one that breaks during the turn
 ends it as a crashed cold run would (`process_crashed`), unless the launcher
 killed it at a resource limit (`resource_limit`, step 6).
@@ -36,6 +38,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,25 +47,12 @@ import httpx
 import orjson
 
 from computer_service import safe_fs
-from computer_service.engine.base import (
-    EventSink,
-    Failure,
-    FailureClass,
-    SessionPlan,
-    StopSignal,
-    TurnRequest,
-    TurnResult,
-)
+from computer_service.engine.attempt import RETRY_PATIENCE_S, TURN_TITLE, Attempt
+from computer_service.engine.base import EventSink, Failure, FailureClass, StopSignal
 from computer_service.engine.events import engine_event_of
-from computer_service.engine.opencode import (
-    RETRY_PATIENCE_S,
-    TURN_TITLE,
-    Attempt,
-    OpenCodeEngine,
-    again_if_the_session_vanished,
-    attempt_result,
-    crashed_result,
-)
+from computer_service.engine.pipeline import Attempts, Way
+from computer_service.engine.preparation import PreparedTurn
+from computer_service.engine.session import SESSION_ID
 from computer_service.engine.warm_channel import NotTheServer
 from computer_service.engine.warm_events import (
     MessageIds,
@@ -73,8 +63,7 @@ from computer_service.engine.warm_events import (
     run_line,
     session_of,
 )
-from computer_service.home import ENGINE_NAME, SESSION_ID
-from computer_service.warm_pool import AgentServer, WarmPool
+from computer_service.engine.warm_pool import AgentServer, WarmPool
 from crew_common.launcher_wire import ExitFrame, ServerRequest
 from crew_common.layout import AgentPaths
 
@@ -113,14 +102,12 @@ class WarmAttempt(Attempt):
     error_texts: str = ""
 
 
-class WarmEngine:
-    """The warm engine (module doc); `cold` runs the turns that get no server."""
-
-    name = ENGINE_NAME
+class WarmRun:
+    """The warm way (module doc); `cold` runs the turns that get no server."""
 
     def __init__(
         self,
-        cold: OpenCodeEngine,
+        cold: Way,
         pool: WarmPool,
         *,
         end_grace_s: float = END_GRACE_S,
@@ -136,149 +123,58 @@ class WarmEngine:
         self.progress_timeout_s = progress_timeout_s
         self._ids = MessageIds()
 
-    def plan_session(self, agent_id: str, model: str, agents_md: str) -> SessionPlan:
-        """The cold engine's rule: sessions are shared between both engines."""
-        return self.cold.plan_session(agent_id, model, agents_md)
+    @asynccontextmanager
+    async def attempts(
+        self, turn: PreparedTurn, on_event: EventSink, stop: StopSignal
+    ) -> AsyncIterator[WarmTurn]:
+        """The turn's attempts on the agent's server (step 1), or cold when it gets none.
 
-    async def maintain(self) -> None:
-        """For the Computer's life: stop idle servers; all of them at the end."""
-        await self.pool.maintain()
-
-    async def run_turn(
-        self, request: TurnRequest, on_event: EventSink, stop: StopSignal
-    ) -> TurnResult:
-        """Run one turn (module doc). Never raises, except cancellation."""
-        paths = self.cold.paths(request.agent_id)
-        secrets = [str(paths.agent_dir), str(paths.runtime_dir), str(self.cold.crew_home)]
-        try:
-            return await self._run_turn(request, on_event, stop, paths, secrets)
-        except Exception as exc:
-            log.exception("agent %s: the warm engine broke during a turn", request.agent_id)
-            return crashed_result(exc, secrets)
-
-    async def _run_turn(
-        self,
-        request: TurnRequest,
-        on_event: EventSink,
-        stop: StopSignal,
-        paths: AgentPaths,
-        secrets: list[str],
-    ) -> TurnResult:
-        prepared = await self.cold.prepare(request, stop, paths, secrets)
-        if isinstance(prepared, TurnResult):
-            return prepared
-        env = prepared
+        Leaving releases the server: swept for the next turn, or dropped when it broke.
+        """
+        request, paths = turn.request, turn.paths
         # The server may keep what it read at its start: a new AGENTS.md gets a new server.
         agents_md = await anyio.to_thread.run_sync(_agents_md, paths)
-        ports = await self.cold.forwarded_ports()
         directories = await anyio.to_thread.run_sync(_directories, paths)
         began = time.monotonic()
         server = await self.pool.acquire(
             request.agent_id,
-            env,
-            lambda password: self._server_request(paths, env, password, ports),
+            turn.env,
+            lambda password: _server_request(turn, password),
             # new forwarded ports, or directories made anew: a new server
-            extra_key=agents_md + repr(ports).encode() + directories,
+            extra_key=agents_md + repr(turn.ports).encode() + directories,
             start_timeout_s=request.wall_clock_limit_s,
         )
-        if server is None:
-            return await self._cold(request, on_event, stop, paths, env, secrets, began)
-        drop = True  # unless the turn got to its end with the server working
-        released = False
-        try:
-            session_id = request.plan.session_id
-            a = await self._attempt(server, request, session_id, on_event, stop)
-            if not a.prompt_sent and a.broken is not None:
-                log.warning(
-                    "agent %s: its warm server broke before the turn (%s); running it cold",
-                    request.agent_id,
-                    a.broken,
-                )
-                released = True
-                await self.pool.release(server, broken=True)
-                return await self._cold(request, on_event, stop, paths, env, secrets, began)
-            self.pool.counters.warm_turns += 1
-            a, result = await again_if_the_session_vanished(
-                request,
-                a,
-                lambda: self._attempt(server, request, None, on_event, stop),
-                stop,
-                secrets,
-            )
-            if await self._ran_into_limit(server, a):
-                result = attempt_result(a, stop, secrets)
-            if a.broken is not None:
-                log.warning("agent %s: dropping its warm server: %s", request.agent_id, a.broken)
-            drop = a.broken is not None
-            return result
-        finally:
-            if not released:
-                with anyio.CancelScope(shield=True):
-                    await self.pool.release(server, broken=drop)
-
-    async def _cold(
-        self,
-        request: TurnRequest,
-        on_event: EventSink,
-        stop: StopSignal,
-        paths: AgentPaths,
-        env: dict[str, str],
-        secrets: list[str],
-        began: float,
-    ) -> TurnResult:
-        """The turn run cold, within what the warm attempt left of its limit (issue 20: a
-        server that never started cost the turn's limit plus the launcher's 60 s)."""
-        left = request.wall_clock_limit_s - (time.monotonic() - began)
-        if left < MIN_COLD_LEFT_S:
-            return TurnResult(
-                "failed",
-                Failure(
-                    FailureClass.PROCESS_CRASHED,
-                    "the agent's warm OpenCode server did not start within the turn's "
-                    f"wall-clock limit ({request.wall_clock_limit_s:g} s); the turn is tried "
-                    "again (cold after three failed starts). The messages are kept.",
-                    environment=True,
-                ),
-            )
-        self.pool.counters.cold_turns += 1
-        request = dataclasses.replace(request, wall_clock_limit_s=left)
-        return await self.cold.run_prepared(request, on_event, stop, paths, env, secrets)
-
-    async def _ran_into_limit(self, server: AgentServer, a: WarmAttempt) -> bool:
-        """Did the turn's sandbox hit a resource limit? Then `a` ends as a cold run at it."""
-        hit = await self.pool.limit_hit(server)
-        if hit is None:
-            return False
-        log.warning("agent %s: its warm turn hit a resource limit (%s)", server.agent_id, hit)
-        end_at_limit(a, hit)
-        return True
-
-    def _server_request(
-        self, paths: AgentPaths, env: dict[str, str], password: str, ports: list[int]
-    ) -> ServerRequest:
-        return ServerRequest(
-            agent_id=paths.agent_id,
-            agent_dir=str(paths.agent_dir),
-            runtime_dir=str(paths.runtime_dir),
-            bin_dir=str(self.cold.bin_dir),
-            interpreter_dirs=self.cold.interpreter_dirs,
-            env={**env, "OPENCODE_SERVER_PASSWORD": password},
-            loopback_ports=ports,
-        )
+        async with AsyncExitStack() as cold_stack:
+            warm = WarmTurn(self, server, turn, on_event, stop, began, cold_stack)
+            if server is None:
+                await warm.go_cold()
+            drop = True  # unless the turn got to its end with the server working
+            try:
+                yield warm
+                drop = warm.last is None or warm.last.broken is not None
+                if warm.last is not None and warm.last.broken is not None:
+                    log.warning(
+                        "agent %s: dropping its warm server: %s", request.agent_id, warm.last.broken
+                    )
+            finally:
+                if warm.server is not None:
+                    with anyio.CancelScope(shield=True):
+                        await self.pool.release(warm.server, broken=drop)
 
     # ---- one attempt ----
 
-    async def _attempt(
+    async def prompt(
         self,
         server: AgentServer,
-        request: TurnRequest,
+        turn: PreparedTurn,
         session_id: str | None,
         on_event: EventSink,
         stop: StopSignal,
     ) -> WarmAttempt:
+        """One prompt on `server` (steps 2 to 5); what broke is in the attempt."""
         a = WarmAttempt()
         try:
-            await self._converse(server, request, session_id, on_event, stop, a)
+            await self._converse(server, turn, session_id, on_event, stop, a)
         except NotTheServer as exc:
             a.broken = str(exc)
             a.launcher_failure = Failure(FailureClass.PROCESS_CRASHED, str(exc), environment=True)
@@ -293,12 +189,13 @@ class WarmEngine:
     async def _converse(
         self,
         server: AgentServer,
-        request: TurnRequest,
+        turn: PreparedTurn,
         session_id: str | None,
         on_event: EventSink,
         stop: StopSignal,
         a: WarmAttempt,
     ) -> None:
+        request = turn.request
         client = server.client
         sse_timeout = httpx.Timeout(self.connected_timeout_s, read=None)
         async with client.stream("GET", "/event", timeout=sse_timeout) as sse:
@@ -328,7 +225,7 @@ class WarmEngine:
             if status not in (200, 204):
                 raise ServerBroken(f"it refused the prompt with HTTP {status}")
             a.prompt_sent = True
-            await self._follow(server, request, session_id, message_id, events, on_event, stop, a)
+            await self._follow(server, turn, session_id, message_id, events, on_event, stop, a)
 
     async def _new_session(self, client: httpx.AsyncClient) -> str:
         status, content = await _post(
@@ -345,7 +242,7 @@ class WarmEngine:
     async def _follow(
         self,
         server: AgentServer,
-        request: TurnRequest,
+        turn: PreparedTurn,
         session_id: str,
         message_id: str,
         events: AsyncIterator[Any],
@@ -354,6 +251,7 @@ class WarmEngine:
         a: WarmAttempt,
     ) -> None:
         """Read the turn's events until it is over (or ended and not answering)."""
+        request = turn.request
         end = TurnEnd(session_id, message_id)
         client = server.client
         read_scope = anyio.CancelScope()
@@ -472,7 +370,7 @@ class WarmEngine:
                         rate_limited(*retry)
                     line = run_line(event, session_id, int(time.time() * 1000))
                     if line is not None:
-                        await self._line(line, request, a, on_event, tg, end_turn)
+                        await self._line(line, turn, a, on_event, tg, end_turn)
                     end.see(event)
                     if end.error_idle and grace_until is None:
                         grace_until = anyio.current_time() + ERROR_GRACE_S
@@ -493,7 +391,7 @@ class WarmEngine:
     async def _line(
         self,
         line: dict[str, Any],
-        request: TurnRequest,
+        turn: PreparedTurn,
         a: WarmAttempt,
         on_event: EventSink,
         tg: anyio.abc.TaskGroup,
@@ -504,7 +402,7 @@ class WarmEngine:
             return
         encoded = orjson.dumps(line)
         a.bytes_out += len(encoded) + 1
-        if a.bytes_out > self.cold.stdout_limit:
+        if a.bytes_out > turn.stdout_limit:
             a.ending = "output"  # at once: no line after this one is reported
             tg.start_soon(end_turn, "output")
             return  # over the cap: nothing more is reported, as with a cold run
@@ -514,12 +412,121 @@ class WarmEngine:
             # A cold run's log (stderr) names what its `error` line only hints at
             # (`Model not found: …`); here the event itself carries it.
             a.error_texts = (a.error_texts + "\n" + str(event.data.get("message", "")))[-4096:]
-        guard = a.track(event, request.max_steps)
+        guard = a.track(event, turn.request.max_steps)
         await on_event(event)
         if guard and a.ending is None:
             a.guard_reason = guard
             a.ending = "guard"
             tg.start_soon(end_turn, "guard")
+
+
+class WarmTurn:
+    """The attempts of one warm turn: on the agent's server, or cold once it has none."""
+
+    def __init__(
+        self,
+        way: WarmRun,
+        server: AgentServer | None,
+        turn: PreparedTurn,
+        on_event: EventSink,
+        stop: StopSignal,
+        began: float,
+        cold_stack: AsyncExitStack,
+    ) -> None:
+        self.way = way
+        self.server = server  # None: the turn runs cold (the server was released)
+        self.turn = turn
+        self.on_event = on_event
+        self.stop = stop
+        self.began = began
+        self.last: WarmAttempt | None = None  # the last attempt on the server
+        self._cold: Attempts | None = None
+        self._cold_stack = cold_stack
+
+    async def attempt_in(self, session_id: str | None) -> Attempt:
+        """On the server; a server that broke before it took the first prompt: cold."""
+        if self._cold is not None:
+            return await self._cold.attempt_in(session_id)
+        assert self.server is not None
+        first = self.last is None
+        a = await self.way.prompt(self.server, self.turn, session_id, self.on_event, self.stop)
+        if first and not a.prompt_sent and a.broken is not None:
+            log.warning(
+                "agent %s: its warm server broke before the turn (%s); running it cold",
+                self.turn.request.agent_id,
+                a.broken,
+            )
+            server, self.server = self.server, None
+            await self.way.pool.release(server, broken=True)
+            return await (await self.go_cold()).attempt_in(session_id)
+        if first:
+            self.way.pool.counters.warm_turns += 1
+        self.last = a
+        return a
+
+    async def settle(self, last: Attempt) -> bool:
+        """Did the turn's sandbox hit a resource limit (step 6)? Then `last` ends as a cold
+        run at it."""
+        if self._cold is not None:
+            return await self._cold.settle(last)
+        assert self.server is not None and isinstance(last, WarmAttempt)
+        hit = await self.way.pool.limit_hit(self.server)
+        if hit is None:
+            return False
+        log.warning("agent %s: its warm turn hit a resource limit (%s)", self.server.agent_id, hit)
+        end_at_limit(last, hit)
+        return True
+
+    async def go_cold(self) -> Attempts:
+        """The turn's attempts from now on: cold, within what is left of its limit (issue 20:
+        a server that never started cost the turn's limit plus the launcher's 60 s)."""
+        request = self.turn.request
+        left = request.wall_clock_limit_s - (time.monotonic() - self.began)
+        if left < MIN_COLD_LEFT_S:
+            self._cold = NoTimeLeft(request.wall_clock_limit_s)
+            return self._cold
+        self.way.pool.counters.cold_turns += 1
+        turn = dataclasses.replace(
+            self.turn, request=dataclasses.replace(request, wall_clock_limit_s=left)
+        )
+        self._cold = await self._cold_stack.enter_async_context(
+            self.way.cold.attempts(turn, self.on_event, self.stop)
+        )
+        return self._cold
+
+
+@dataclass
+class NoTimeLeft:
+    """A turn whose server took (nearly) its whole limit to fail: no cold run is started."""
+
+    limit_s: float
+
+    async def attempt_in(self, session_id: str | None) -> Attempt:
+        return Attempt(
+            launcher_failure=Failure(
+                FailureClass.PROCESS_CRASHED,
+                "the agent's warm OpenCode server did not start within the turn's "
+                f"wall-clock limit ({self.limit_s:g} s); the turn is tried "
+                "again (cold after three failed starts). The messages are kept.",
+                environment=True,
+            )
+        )
+
+    async def settle(self, last: Attempt) -> bool:
+        return False
+
+
+def _server_request(turn: PreparedTurn, password: str) -> ServerRequest:
+    paths = turn.paths
+    return ServerRequest(
+        agent_id=paths.agent_id,
+        agent_dir=str(paths.agent_dir),
+        runtime_dir=str(paths.runtime_dir),
+        bin_dir=str(turn.bin_dir),
+        interpreter_dirs=turn.interpreter_dirs,
+        env={**turn.env, "OPENCODE_SERVER_PASSWORD": password},
+        loopback_ports=turn.ports,
+    )
 
 
 def end_at_limit(a: WarmAttempt, hit: str) -> None:

@@ -147,7 +147,8 @@ def env_key(env: dict[str, str]) -> str:
 
 @dataclass
 class WarmPool:
-    """The warm servers (module doc). Owned by the warm engine; `maintain` runs for its life."""
+    """The warm servers (module doc). Used by the warm way (`warm_run.WarmRun`); the engine's
+    `maintain`, `health`, `agent_status` and `metric_lines` are this pool's."""
 
     launcher: ServerLauncher
     memory_budget: int = field(default_factory=default_memory_budget)

@@ -1,0 +1,174 @@
+"""`OpenCodeEngine`: the one turn pipeline, whichever way its attempts run.
+
+computer.md §3, docs/warm-engine.md. A turn goes through the same steps
+whether it runs cold or warm:
+
+1. prepare (`preparation.Preparation`): the paths, the whole environment,
+   the config, the forwarded ports; or the result that ends the turn early
+   (stopped, a bad model id, not logged in);
+2. attempt, through the engine's `Way`: `cold_run.ColdRun` (one `opencode
+   run` through the launcher's NDJSON run stream) or `warm_run.WarmRun` (the
+   agent's `opencode serve` over HTTP + SSE, which runs a turn that gets no
+   server the cold way);
+3. classify (`attempt.attempt_result`), the same for both ways;
+4. a saved session that vanished: once more, in a new session (the usage of
+   both attempts is counted);
+5. the session (`session.Sessions`): a turn that succeeded keeps its
+   session for the next one, unless a `crew reply` of it ended refused (the
+   runner fails such a turn).
+
+`run_turn` never raises (except cancellation): a bug becomes `process_crashed`.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import AbstractAsyncContextManager
+from typing import Protocol
+
+from computer_service.engine.attempt import Attempt, add_usage, attempt_result, crashed_result
+from computer_service.engine.base import (
+    EngineEvent,
+    EventSink,
+    FailureClass,
+    SessionPlan,
+    StopSignal,
+    TurnRequest,
+    TurnResult,
+)
+from computer_service.engine.failures import ReplyAttempts
+from computer_service.engine.preparation import Preparation, PreparedTurn
+from computer_service.engine.session import ENGINE_NAME, Sessions
+from computer_service.engine.warm_pool import WarmPool
+from crew_common.layout import AgentPaths
+
+log = logging.getLogger(__name__)
+
+
+class Attempts(Protocol):
+    """The attempts of one turn, run one way (`Way.attempts` opens them)."""
+
+    async def attempt_in(self, session_id: str | None) -> Attempt:
+        """One attempt in session `session_id` (None: a new session). What went wrong
+        with the engine is in the attempt; a bug raises (the turn is `process_crashed`)."""
+        ...
+
+    async def settle(self, last: Attempt) -> bool:
+        """After the turn's last attempt: amend it with what only the way knows (a warm
+        server's resource limit); True when it changed and must be classified again."""
+        ...
+
+
+class Way(Protocol):
+    """A way to run a turn's attempts: the launcher's run stream, or a warm server."""
+
+    def attempts(
+        self, turn: PreparedTurn, on_event: EventSink, stop: StopSignal
+    ) -> AbstractAsyncContextManager[Attempts]:
+        """The turn's attempts; leaving the context frees what they held (a server)."""
+        ...
+
+
+class OpenCodeEngine:
+    """The OpenCode engine (module doc); `pool` holds the warm servers of a warm `way`."""
+
+    name = ENGINE_NAME
+
+    def __init__(
+        self,
+        preparation: Preparation,
+        way: Way,
+        *,
+        pool: WarmPool | None = None,
+        sessions: Sessions | None = None,
+    ) -> None:
+        self.preparation = preparation
+        self.way = way
+        self.pool = pool
+        self.sessions = sessions or Sessions(self.name)
+
+    def plan_session(self, agent_id: str, model: str, agents_md: str) -> SessionPlan:
+        """Continue the saved session when engine, model and AGENTS.md are unchanged."""
+        return self.sessions.plan(self.preparation.paths(agent_id), model, agents_md)
+
+    async def run_turn(
+        self, request: TurnRequest, on_event: EventSink, stop: StopSignal
+    ) -> TurnResult:
+        """Run one turn (module doc). Never raises, except cancellation."""
+        paths = self.preparation.paths(request.agent_id)
+        secrets = self.preparation.secrets(paths)
+        try:
+            turn = await self.preparation.prepare(request, stop, paths, secrets)
+            if isinstance(turn, TurnResult):
+                return turn
+            replies = ReplyAttempts()
+
+            async def seen(event: EngineEvent) -> None:
+                replies.see(event)
+                await on_event(event)
+
+            result = await run_attempts(self.way, turn, seen, stop)
+            # A refused `crew reply` fails the turn (the runner's rule): its session is not kept.
+            if result.status == "succeeded" and replies.failure() is None:
+                self._keep_session(paths, request, result)
+            return result
+        except Exception as exc:
+            log.exception("agent %s: the engine broke during a turn", request.agent_id)
+            return crashed_result(exc, secrets)
+
+    def _keep_session(self, paths: AgentPaths, request: TurnRequest, result: TurnResult) -> None:
+        """Step 5: keep a succeeded turn's session; one that is lost leaves the result none."""
+        if result.session_id and not self.sessions.keep(
+            paths, request.plan, request.model, result.session_id
+        ):
+            result.session_id = None  # the next turn starts a new session
+
+    async def maintain(self) -> None:
+        """For the Computer's life: stop idle warm servers; all of them at the end."""
+        if self.pool is not None:
+            await self.pool.maintain()
+
+    def health(self) -> dict[str, object] | None:
+        """What `/health` shows of the warm servers; None when the engine runs cold."""
+        return self.pool.health() if self.pool is not None else None
+
+    def agent_status(self, agent_id: str) -> dict[str, object]:
+        """How this agent's turns run (warm server or cold), for `/agents`."""
+        if self.pool is not None:
+            return self.pool.agent_status(agent_id)
+        return {"engine_mode": "cold"}
+
+    def metric_lines(self) -> list[str]:
+        """The warm servers' counters (none when the engine runs cold)."""
+        return self.pool.counters.lines() if self.pool is not None else []
+
+
+async def run_attempts(
+    way: Way, turn: PreparedTurn, on_event: EventSink, stop: StopSignal
+) -> TurnResult:
+    """Steps 2 to 4 of a turn (module doc): attempt, classify, once more if the session vanished."""
+    request, secrets = turn.request, turn.secrets
+    async with way.attempts(turn, on_event, stop) as attempts:
+        a = await attempts.attempt_in(request.plan.session_id)
+        result = attempt_result(a, stop, secrets)
+        if _vanished(request, result):
+            log.info(
+                "agent %s: session %s vanished; starting a new one",
+                request.agent_id,
+                request.plan.session_id,
+            )
+            first, a = a, await attempts.attempt_in(None)
+            add_usage(a.usage, first.usage)
+            result = attempt_result(a, stop, secrets)
+        if await attempts.settle(a):
+            result = attempt_result(a, stop, secrets)
+    return result
+
+
+def _vanished(request: TurnRequest, result: TurnResult) -> bool:
+    """The saved session this turn continued is gone (`session_invalid`)."""
+    return (
+        request.plan.session_id is not None
+        and result.failure is not None
+        and result.failure.cls is FailureClass.SESSION_INVALID
+    )

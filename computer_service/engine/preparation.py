@@ -1,0 +1,185 @@
+"""Everything a turn's engine is given, computed before its first attempt (computer.md §3).
+
+The Computer computes it all — the exact environment (nothing inherited),
+the derived OpenCode config, the user's login for this turn's provider only,
+the host-loopback ports the sandbox reaches, the price table copied into the
+agent's cache — and both ways of running the turn get exactly this
+(`PreparedTurn`): a warm server is started with the same environment a cold
+run gets. What must never show in a reason (credentials, the agent's token)
+is collected into the turn's `secrets` on the way.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+
+from computer_service import safe_fs
+from computer_service.engine.attempt import stopped_result
+from computer_service.engine.base import (
+    Failure,
+    FailureClass,
+    StopSignal,
+    TurnRequest,
+    TurnResult,
+    Usage,
+)
+from computer_service.engine.failures import model_id_failure
+from computer_service.engine.loopback_ports import sandbox_loopback_ports
+from computer_service.engine.opencode_env import engine_env, opencode_config
+from computer_service.engine.user_opencode import (
+    KEYLESS_PROVIDERS,
+    NotLoggedIn,
+    UserOpenCode,
+    auth_for_provider,
+    auth_secrets,
+    config_secrets,
+    read_auth,
+    read_user_providers,
+)
+from computer_service.safe_fs import UnsafePath
+from crew_common.launcher_wire import DEFAULT_STDOUT_LIMIT
+from crew_common.layout import AgentPaths
+
+log = logging.getLogger(__name__)
+
+PRICE_TABLE_LIMIT = 32 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class PreparedTurn:
+    """One turn, ready to run: what its engine process (or server) is given."""
+
+    request: TurnRequest
+    paths: AgentPaths
+    env: dict[str, str]
+    ports: list[int]  # the host-loopback ports forwarded into the sandbox
+    bin_dir: Path
+    interpreter_dirs: list[str]
+    stdout_limit: int
+    secrets: list[str]
+
+
+class Preparation:
+    """Prepares each turn of this Computer's agents (module doc)."""
+
+    def __init__(
+        self,
+        *,
+        crew_home: Path,
+        run_id: str,
+        server_url: str,
+        bin_dir: Path,
+        interpreter_dirs: list[Path] | None = None,
+        loopback_ports: list[int] | None = None,
+        user: UserOpenCode | None = None,
+        base_path: str | None = None,
+        lang: str | None = None,
+        stdout_limit: int = DEFAULT_STDOUT_LIMIT,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        self.crew_home = crew_home
+        self.run_id = run_id
+        self.server_url = server_url
+        self.bin_dir = bin_dir
+        self.interpreter_dirs = [str(p) for p in interpreter_dirs or []]
+        self.loopback_ports = loopback_ports or []  # the bootstrap's extra forwarded ports
+        self.user = user or UserOpenCode.from_env(os.environ)
+        self.base_path = base_path if base_path is not None else os.environ.get("PATH", os.defpath)
+        self.lang = lang or os.environ.get("LANG") or "C.UTF-8"
+        self.stdout_limit = stdout_limit
+        # Where `{env:VAR}` in the user's provider config is looked up (never passed on whole).
+        self.environ = os.environ if environ is None else environ
+
+    def paths(self, agent_id: str) -> AgentPaths:
+        return AgentPaths(crew_home=self.crew_home, run_id=self.run_id, agent_id=agent_id)
+
+    def secrets(self, paths: AgentPaths) -> list[str]:
+        """What no reason may show of any turn of this agent (more is added by `prepare`)."""
+        return [str(paths.agent_dir), str(paths.runtime_dir), str(self.crew_home)]
+
+    async def prepare(
+        self, request: TurnRequest, stop: StopSignal, paths: AgentPaths, secrets: list[str]
+    ) -> PreparedTurn | TurnResult:
+        """The turn ready to run, or the result that ends it early.
+
+        Adds what must never show in a reason (credentials, the agent's token) to `secrets`.
+        """
+        if stop.is_set():
+            return stopped_result(None, Usage())
+        if (bad_model := model_id_failure(request.model)) is not None:
+            return TurnResult("failed", bad_model)
+        provider = request.model.split("/", 1)[0]
+        # Resolved here: the engine gets none of our environment and none of the user's files.
+        providers = await anyio.to_thread.run_sync(
+            read_user_providers, self.user.config_files, self.environ
+        )
+        try:
+            auth = await anyio.to_thread.run_sync(read_auth, self.user.auth_file)
+        except NotLoggedIn as exc:
+            # A provider the user configured (its key in the config or none needed) runs
+            # without; so does one OpenCode runs keyless (`KEYLESS_PROVIDERS`).
+            configured = providers is not None and provider in providers
+            if not configured and provider not in KEYLESS_PROVIDERS:
+                return TurnResult("failed", Failure(FailureClass.NOT_LOGGED_IN, str(exc)))
+            auth = "{}"
+        # Only the login of this turn's provider: the agent never sees the others.
+        auth = auth_for_provider(auth, provider)
+        secrets += auth_secrets(auth)
+        if providers:
+            secrets += config_secrets(providers)
+        try:
+            token = safe_fs.read_regular_file(self.crew_home, paths.token_file, 4096)
+        except UnsafePath as exc:
+            log.warning("agent %s: cannot read its token for redaction: %s", request.agent_id, exc)
+            token = None
+        if token:
+            secrets.append(token.decode("utf-8", "replace").strip())
+        await anyio.to_thread.run_sync(copy_price_table, paths, self.user.price_table)
+        if stop.is_set():
+            return stopped_result(None, Usage())
+        env = engine_env(
+            paths,
+            bin_dir=self.bin_dir,
+            server_url=self.server_url,
+            auth_content=auth,
+            config_content=opencode_config(paths.agents_md, request.model, providers),
+            base_path=self.base_path,
+            lang=self.lang,
+        )
+        return PreparedTurn(
+            request=request,
+            paths=paths,
+            env=env,
+            ports=await self.forwarded_ports(),
+            bin_dir=self.bin_dir,
+            interpreter_dirs=self.interpreter_dirs,
+            stdout_limit=self.stdout_limit,
+            secrets=secrets,
+        )
+
+    async def forwarded_ports(self) -> list[int]:
+        """The host-loopback ports this Computer's sandboxes reach: crew server, local models."""
+        providers = await anyio.to_thread.run_sync(
+            read_user_providers, self.user.config_files, self.environ
+        )
+        return sandbox_loopback_ports(self.server_url, providers, self.loopback_ports)
+
+
+def copy_price_table(paths: AgentPaths, source: Path) -> bool:
+    """Copy the user's OpenCode price table into the agent's cache dir when newer.
+
+    Returns True when copied. Never raises: a failed copy only costs the turn
+    its prices (cost 0), so it is logged and the turn goes on.
+    """
+    dest = paths.cache_dir / "opencode" / "models.json"
+    try:
+        return safe_fs.copy_if_newer(source, paths.crew_home, dest, PRICE_TABLE_LIMIT)
+    except (UnsafePath, OSError) as exc:
+        log.warning("agent %s: price table not copied (costs will read 0): %s", paths.agent_id, exc)
+        return False
