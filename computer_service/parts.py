@@ -299,7 +299,7 @@ class LocalParts:
             idle_timeout_s=float(self.bootstrap.warm_idle_timeout_s),
             server_ceiling=self.bootstrap.warm_server_max_mb * 1024 * 1024,
         )
-        return OpenCodeEngine(preparation, WarmRun(cold, pool), pool=pool)
+        return OpenCodeEngine(preparation, WarmRun(cold, pool))
 
     def engine_mode(self) -> str:
         """The bootstrap's `engine_mode`, else warm where supported (Linux with bwrap)."""

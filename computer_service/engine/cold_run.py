@@ -29,6 +29,7 @@ from computer_service.engine.attempt import (
 )
 from computer_service.engine.base import EventSink, Failure, FailureClass, StopSignal, TurnRequest
 from computer_service.engine.events import OutputCheck, engine_event_of
+from computer_service.engine.pipeline import Way
 from computer_service.engine.preparation import PreparedTurn
 from computer_service.launcher_client import LauncherError, LauncherRefused, LauncherUnavailable
 from crew_common.launcher_wire import (
@@ -56,8 +57,9 @@ class Launcher(Protocol):
     async def stop(self, run_id: str) -> None: ...
 
 
-class ColdRun:
-    """The cold way (module doc). Replace `launcher` when the launcher restarts."""
+class ColdRun(Way):
+    """The cold way (module doc): nothing kept between turns, so `Way`'s defaults for
+    what the service shows. Replace `launcher` when the launcher restarts."""
 
     def __init__(
         self,

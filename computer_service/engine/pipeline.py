@@ -39,7 +39,6 @@ from computer_service.engine.base import (
 from computer_service.engine.failures import ReplyAttempts
 from computer_service.engine.preparation import Preparation, PreparedTurn
 from computer_service.engine.session import ENGINE_NAME, Sessions
-from computer_service.engine.warm_pool import WarmPool
 from crew_common.layout import AgentPaths
 
 log = logging.getLogger(__name__)
@@ -68,9 +67,29 @@ class Way(Protocol):
         """The turn's attempts; leaving the context frees what they held (a server)."""
         ...
 
+    # What the service shows of the way (the `Engine` protocol's part, handed on). The
+    # defaults are a way that keeps nothing between turns (cold); a way that subclasses
+    # `Way` inherits them.
+
+    async def maintain(self) -> None:
+        """For the Computer's life: the way's upkeep (a warm way stops idle servers)."""
+        return None
+
+    def health(self) -> dict[str, object] | None:
+        """The way's section of `/health`; None when it has nothing to show."""
+        return None
+
+    def agent_status(self, agent_id: str) -> dict[str, object]:
+        """How this agent's turns run this way, for `/agents`."""
+        return {"engine_mode": "cold"}
+
+    def metric_lines(self) -> list[str]:
+        """The way's counters for `/metrics`."""
+        return []
+
 
 class OpenCodeEngine:
-    """The OpenCode engine (module doc); `pool` holds the warm servers of a warm `way`."""
+    """The OpenCode engine (module doc): one pipeline; `way` runs its attempts."""
 
     name = ENGINE_NAME
 
@@ -79,12 +98,10 @@ class OpenCodeEngine:
         preparation: Preparation,
         way: Way,
         *,
-        pool: WarmPool | None = None,
         sessions: Sessions | None = None,
     ) -> None:
         self.preparation = preparation
         self.way = way
-        self.pool = pool
         self.sessions = sessions or Sessions(self.name)
 
     def plan_session(self, agent_id: str, model: str, agents_md: str) -> SessionPlan:
@@ -124,23 +141,16 @@ class OpenCodeEngine:
             result.session_id = None  # the next turn starts a new session
 
     async def maintain(self) -> None:
-        """For the Computer's life: stop idle warm servers; all of them at the end."""
-        if self.pool is not None:
-            await self.pool.maintain()
+        await self.way.maintain()
 
     def health(self) -> dict[str, object] | None:
-        """What `/health` shows of the warm servers; None when the engine runs cold."""
-        return self.pool.health() if self.pool is not None else None
+        return self.way.health()
 
     def agent_status(self, agent_id: str) -> dict[str, object]:
-        """How this agent's turns run (warm server or cold), for `/agents`."""
-        if self.pool is not None:
-            return self.pool.agent_status(agent_id)
-        return {"engine_mode": "cold"}
+        return self.way.agent_status(agent_id)
 
     def metric_lines(self) -> list[str]:
-        """The warm servers' counters (none when the engine runs cold)."""
-        return self.pool.counters.lines() if self.pool is not None else []
+        return self.way.metric_lines()
 
 
 async def run_attempts(

@@ -102,7 +102,7 @@ class WarmAttempt(Attempt):
     error_texts: str = ""
 
 
-class WarmRun:
+class WarmRun(Way):
     """The warm way (module doc); `cold` runs the turns that get no server."""
 
     def __init__(
@@ -162,6 +162,19 @@ class WarmRun:
                         await self.pool.release(warm.server, broken=drop)
 
     # ---- one attempt ----
+
+    async def maintain(self) -> None:
+        """For the Computer's life: stop idle servers; all of them at the end."""
+        await self.pool.maintain()
+
+    def health(self) -> dict[str, object] | None:
+        return self.pool.health()
+
+    def agent_status(self, agent_id: str) -> dict[str, object]:
+        return self.pool.agent_status(agent_id)
+
+    def metric_lines(self) -> list[str]:
+        return self.pool.counters.lines()
 
     async def prompt(
         self,

@@ -16,7 +16,6 @@ from typing import Any
 
 import anyio
 import pytest
-from crew_testkit.waiting import wait_until_async
 
 from computer_service.engine.base import (
     EngineEvent,
@@ -27,6 +26,7 @@ from computer_service.engine.base import (
     TurnResult,
     Usage,
 )
+from crew_harness.waiting import wait_until_async
 from tests.computer.fakes import FakeParts
 from tests.computer.test_service_agents import serving
 

@@ -20,7 +20,7 @@ import pytest
 
 from computer_service.engine.attempt import Attempt
 from computer_service.engine.base import EngineEvent, FailureClass, TurnRequest, TurnResult
-from computer_service.engine.pipeline import OpenCodeEngine
+from computer_service.engine.pipeline import OpenCodeEngine, Way
 from computer_service.engine.preparation import PreparedTurn
 from computer_service.engine.session import read_session_record
 from computer_service.home import AgentHome
@@ -46,7 +46,7 @@ VANISHED = Attempt(
 )
 
 
-class ScriptedWay:
+class ScriptedWay(Way):
     """Each attempt is the next of `script`; records the sessions it was asked for."""
 
     def __init__(self, *script: Attempt, events: list[EngineEvent] | None = None) -> None:

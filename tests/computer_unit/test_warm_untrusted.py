@@ -35,7 +35,7 @@ from computer_service.engine.base import (
     TurnRequest,
     TurnResult,
 )
-from computer_service.engine.pipeline import OpenCodeEngine
+from computer_service.engine.pipeline import OpenCodeEngine, Way
 from computer_service.engine.preparation import PreparedTurn
 from computer_service.engine.warm_pool import WarmPool
 from computer_service.engine.warm_run import WarmRun
@@ -164,7 +164,7 @@ class Launcher:
         return []
 
 
-class Cold:
+class Cold(Way):
     """The cold way the warm way falls back to; a cold attempt just succeeds."""
 
     def __init__(self) -> None:
@@ -176,7 +176,9 @@ class Cold:
         yield self
 
     async def attempt_in(self, session_id: str | None) -> Attempt:
-        return Attempt(session_id="ses_cold", lines=1, exit=ExitFrame(t="exit", code=0))
+        return Attempt(
+            session_id="ses_cold", lines=1, exit=ExitFrame(t="exit", code=0, stderr_tail="")
+        )
 
     async def settle(self, last: Attempt) -> bool:
         return False
@@ -230,7 +232,7 @@ async def turn(warm: WarmRun, limit_s: float = 30 * 60) -> tuple[TurnResult, lis
     request = TurnRequest(
         "a", "local/scripted", SessionPlan(None), lambda new: "hi", wall_clock_limit_s=limit_s
     )
-    engine = OpenCodeEngine(Prepared(), warm, pool=warm.pool)  # type: ignore[arg-type]
+    engine = OpenCodeEngine(Prepared(), warm)  # type: ignore[arg-type]
     with anyio.fail_after(30):
         result = await engine.run_turn(request, on_event, anyio.Event())
     return result, events
