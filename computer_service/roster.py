@@ -31,6 +31,7 @@ from computer_service.introspection import AgentDetail, AgentRow, DayUsage, Turn
 from computer_service.metrics import Metrics
 from computer_service.parts_protocol import AgentPreparationFailed, Parts
 from computer_service.runner import DEFAULT_TURN_TIME_LIMIT_S, Runner
+from computer_service.turn_identity import turn_identity_of
 from computer_service.upstream import AgentRecord, Superseded, Upstream, UpstreamError
 
 log = logging.getLogger(__name__)
@@ -210,6 +211,7 @@ class Roster:
             on_superseded=self._superseded,
             retry_base_s=self._retry_base_s,
             retry_window_s=self._retry_window_s,
+            turn_identity=turn_identity_of(workspace),
         )
         self.runners[agent.id] = runner
         assert self._group is not None, "runners are added only inside `running()`"

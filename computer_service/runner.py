@@ -35,6 +35,7 @@ from computer_service.engine.failures import ReplyAttempts, set_aside_reason
 from computer_service.gate import TurnGate
 from computer_service.metrics import Metrics
 from computer_service.reporter import RunReporter
+from computer_service.turn_identity import TurnIdentityFile
 from computer_service.upstream import (
     AgentRecord,
     RegisteredTurn,
@@ -150,8 +151,11 @@ class Runner:
         on_superseded: Callable[[], None] = lambda: None,
         retry_base_s: float = RETRY_BASE_S,
         retry_window_s: float = RETRY_WINDOW_S,
+        turn_identity: TurnIdentityFile | None = None,
     ) -> None:
         self.agent = agent
+        # Where each turn's identity goes for its `crew` (None: nowhere, as in tests).
+        self._turn_identity = turn_identity
         self._upstream = upstream
         self._engine = engine
         self._workspace = workspace
@@ -361,6 +365,8 @@ class Runner:
             return
         if turn is GONE:
             return
+        if self._turn_identity is not None:
+            self._turn_identity.hand_out(turn.turn_secret)
         self.current_turn_id = turn.turn_id
         self.turn_started_at = datetime.now(UTC).isoformat(timespec="seconds")
         # The session this turn continues (None: a new one, known when it succeeds).
@@ -386,6 +392,8 @@ class Runner:
             wall_clock_limit_s=self.wall_clock_limit_s,
         )
         outcome = await self._run_engine(turn, request, stop, {r.room.id for r in rooms})
+        if self._turn_identity is not None:
+            self._turn_identity.take_back()
         if engine_input != turn_input:
             outcome.engine_input = engine_input
         if self._gone:

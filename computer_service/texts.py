@@ -157,8 +157,44 @@ def render_turn_input(
                 "shorten it in this turn, keeping what has lasting value."
             )
     today: date = now.date()
-    body = render_rooms([_as_json(room) for room in rooms], agent_id=agent.id, tz=tz, today=today)
-    return "\n".join(lines) + "\n\n" + body + "\n"
+    sections = []
+    for room in rooms:
+        entry = _as_json(room)
+        section = render_rooms([entry], agent_id=agent.id, tz=tz, today=today)
+        said = already_said(entry.get("messages") or [], agent.id)
+        if said:
+            # Before the section's last line, its `Reply with:` command.
+            section_lines = section.split("\n")
+            section_lines.insert(len(section_lines) - 1, already_said_line(said))
+            section = "\n".join(section_lines)
+        sections.append(section)
+    return "\n".join(lines) + "\n\n" + "\n\n".join(sections) + "\n"
+
+
+def already_said(messages: Sequence[Mapping[str, Any]], agent_id: str) -> list[int]:
+    """The seqs of the agent's own messages after the last one from anybody else.
+
+    Such a room came back although the agent had answered it (its turn ended before the
+    messages were marked read: stopped, or its end lost): the input says so, so that it
+    does not say the same again (issue 22).
+    """
+    said: list[int] = []
+    for message in messages:
+        author = message.get("author") or {}
+        if author.get("kind") == "agent" and author.get("id") == agent_id:
+            said.append(int(message.get("seq") or 0))
+        else:
+            said = []
+    return said
+
+
+def already_said_line(seqs: Sequence[int]) -> str:
+    """`You already replied here (#42, #43) after the last message from anyone else: …`."""
+    which = ", ".join(f"#{seq}" for seq in seqs)
+    return (
+        f"You already replied here ({which}) after the last message from anyone else: "
+        "do not say it again. Reply only if something is still unanswered."
+    )
 
 
 def format_now(now: datetime) -> str:

@@ -140,10 +140,12 @@ class UnreadAnswer(_Answer):
 
 
 class RegisteredTurn(_Answer):
-    """A registered turn: its id and the fence every later write carries."""
+    """A registered turn: its id, the fence every later write carries, and the identity
+    its `crew` presents (None from a server older than issue 22)."""
 
     turn_id: str
     fence: int
+    turn_secret: str | None = None
 
 
 class TurnRoom(BaseModel):

@@ -58,6 +58,7 @@ ALLOWED_ENV_KEYS = frozenset(
         "PWD",
         "CREW_SERVER_URL",
         "CREW_TOKEN_FILE",
+        "CREW_TURN_FILE",
     }
 )
 _XDG_HOME_KEY = re.compile(r"^XDG_[A-Z]+_HOME$")

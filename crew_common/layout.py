@@ -79,6 +79,11 @@ class AgentPaths:
         return self.runtime_dir / "token"
 
     @property
+    def turn_file(self) -> Path:
+        """The running turn's identity for its `crew` (`computer_service.turn_identity`)."""
+        return self.runtime_dir / "turn"
+
+    @property
     def config_dir(self) -> Path:
         return self.runtime_dir / "config"
 

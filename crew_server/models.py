@@ -517,6 +517,10 @@ class TokenAnswer(BaseModel):
 class TurnRegistered(BaseModel):
     turn_id: str
     fence: Int
+    turn_secret: str = Field(
+        description="the turn's identity: give it to this turn's `crew` only, which sends it "
+        "with each write in the `Crew-Turn` header (the server keeps only its hash)"
+    )
 
 
 class Gap(BaseModel):

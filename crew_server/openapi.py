@@ -52,6 +52,19 @@ _IDEMPOTENCY_PARAM = {
     "schema": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": "^[!-~]+$"},
 }
 
+# Every agent call may name the turn it belongs to (contracts: the turn binding).
+_TURN_PARAM = {
+    "name": "Crew-Turn",
+    "in": "header",
+    "required": False,
+    "description": "The turn identity (`turn_secret` of `POST /computer/agents/{agent_id}/turns`) "
+    "of the turn this call belongs to; without it, the agent's latest turn. A write counts for "
+    "that turn even when it lands after the turn ended; a write of a turn that is over once a "
+    "newer turn claimed the agent's messages is refused (409 `turn_over`). An identity of no "
+    "turn of this agent, or of one that ended over 48 h ago: 403 `wrong_turn`.",
+    "schema": {"type": "string", "minLength": 1, "maxLength": 200},
+}
+
 _PATH_PARAMS: dict[str, dict[str, Any]] = {
     "agent_id": UUID,
     "turn_id": UUID,
@@ -95,6 +108,8 @@ def build() -> dict[str, Any]:
         params += [{"name": n, "in": "query", "required": False, "schema": s} for n, s in op.query]
         if op.auth == "computer" and op.op_id != "connect":
             params.append(_EPOCH_PARAM)
+        if op.auth == "agent":
+            params.append(_TURN_PARAM)
         if op.idempotent:
             params.append(_IDEMPOTENCY_PARAM)
         if params:

@@ -7,7 +7,9 @@ a socket is all one JSON request needs; `https://` goes through http.client.
 One 10 s deadline per command. Every write carries an `Idempotency-Key` derived from
 the command's request (`idempotency_key`): the server does a key once per agent and turn,
 so `crew` retries a refused or broken connection (and a 503) within its deadline, and the
-agent may run the same command again after a timeout.
+agent may run the same command again after a timeout. Every call names its turn with the
+`Crew-Turn` identity the Computer wrote for it (`read_turn`), so a write that lands late
+still counts for the turn that sent it.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ TIMEOUT_S = 10.0
 _MAX_ANSWER = 8 * 1024 * 1024
 _FIRST_PAUSE_S = 0.25  # between retries, doubling, within the one deadline
 KEY_HEADER = "Idempotency-Key"
+TURN_HEADER = "Crew-Turn"
+_MAX_TURN = 200
 
 
 class Answer:
@@ -77,7 +81,9 @@ class ProtocolError(Exception):
 class CrewServer:
     """The crew server at `url`, spoken to with the agent's bearer `token`."""
 
-    def __init__(self, url: str, token: str, *, timeout: float = TIMEOUT_S) -> None:
+    def __init__(
+        self, url: str, token: str, *, turn: str | None = None, timeout: float = TIMEOUT_S
+    ) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise CrewError(
@@ -89,13 +95,15 @@ class CrewServer:
         self._port = parts.port
         self._prefix = parts.path.rstrip("/")
         self._token = token
+        self._turn = turn
         self._timeout = timeout
 
     @classmethod
     def from_environment(cls) -> CrewServer:
-        """The server named by `CREW_SERVER_URL`, with the token in `CREW_TOKEN_FILE`.
+        """The server named by `CREW_SERVER_URL`, with the token in `CREW_TOKEN_FILE` and
+        the turn identity in `CREW_TURN_FILE` (`read_turn`).
 
-        These two variables are all the shim reads from its environment.
+        These three variables are all the shim reads from its environment.
         """
         url = os.environ.get("CREW_SERVER_URL", "").strip()
         token_file = os.environ.get("CREW_TOKEN_FILE", "").strip()
@@ -117,7 +125,7 @@ class CrewServer:
             raise CrewError(
                 f"the token file {token_file} is empty. The turn has probably ended; stop here."
             )
-        return cls(url, token)
+        return cls(url, token, turn=read_turn(os.environ.get("CREW_TURN_FILE", "").strip()))
 
     def call(self, method: str, path: str, body: Any = None, *, effect: Effect) -> Answer:
         """Send the request and return the answer; network failures become CrewErrors.
@@ -129,6 +137,8 @@ class CrewServer:
         headers = {"Authorization": f"Bearer {self._token}", "Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = "application/json"
+        if self._turn is not None:
+            headers[TURN_HEADER] = self._turn
         if method != "GET":
             headers[KEY_HEADER] = idempotency_key(method, path, payload)
         target = self._prefix + path
@@ -232,6 +242,24 @@ class CrewServer:
     def _broken(self, exc: BaseException, effect: Effect) -> ServerTimeout:
         # The request may have reached the server before the connection broke.
         return ServerTimeout(f"the connection to the crew server broke ({exc}), so {effect.maybe}.")
+
+
+def read_turn(turn_file: str) -> str | None:
+    """The identity of the turn this `crew` runs in, from the file the Computer writes
+    before each turn (a warm engine's environment is fixed at its start, so it cannot
+    come in a variable). None without one (no file named, none written, unreadable):
+    the server then counts the write for the agent's latest turn.
+    """
+    if not turn_file:
+        return None
+    try:
+        with open(turn_file, encoding="ascii") as handle:
+            turn = handle.read(_MAX_TURN + 1).strip()
+    except (OSError, ValueError):
+        return None
+    if not turn or len(turn) > _MAX_TURN or not all("!" <= c <= "~" for c in turn):
+        return None
+    return turn
 
 
 def idempotency_key(method: str, path: str, payload: bytes) -> str:

@@ -46,8 +46,9 @@ def expect_success(answer: Answer, *, refusals: Refusals, command: str) -> Any:
     if answer.ok:
         return answer.data
     message = answer.error_message
-    # `already_done`: the same command was done before (idempotency key); its sentence says so.
-    if answer.error_code in ("refused", "already_done") and message:
+    # `already_done`: the same command was done before (idempotency key); `turn_over`,
+    # `wrong_turn`: the turn this crew belongs to cannot write (any more). Each says so.
+    if answer.error_code in ("refused", "already_done", "turn_over", "wrong_turn") and message:
         raise ServerRefused(message)
     if answer.status == 401:
         raise ServerRefused(

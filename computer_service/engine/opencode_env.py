@@ -106,4 +106,5 @@ def engine_env(
         "PWD": str(paths.work_dir),
         "CREW_SERVER_URL": server_url,
         "CREW_TOKEN_FILE": str(paths.token_file),
+        "CREW_TURN_FILE": str(paths.turn_file),
     }

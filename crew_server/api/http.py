@@ -32,6 +32,7 @@ from crew_server.errors import (
 )
 from crew_server.scheduler import ReminderScheduler
 from crew_server.store import USER, Actor, AgentIdentity, Store
+from crew_server.store.turn_binding import HEADER as TURN_HEADER
 
 MAX_BODY = 1024 * 1024
 M = TypeVar("M", bound=BaseModel)
@@ -94,8 +95,9 @@ class Context:
         return Connection(computer_id, epoch)
 
     def agent(self, request: Request) -> AgentIdentity:
-        """The agent whose token the request carries."""
-        return self.store.agent_by_token(bearer(request))
+        """The agent whose token the request carries, bound to the turn its `Crew-Turn`
+        header names (else to its latest turn: `store.turn_binding`)."""
+        return self.store.agent_by_token(bearer(request), request.headers.get(TURN_HEADER))
 
 
 Endpoint = Callable[[Context, Request], Awaitable[Response]]
@@ -103,7 +105,7 @@ Endpoint = Callable[[Context, Request], Awaitable[Response]]
 
 def agent_actor(identity: AgentIdentity) -> Actor:
     """The agent as the actor of a task or message change."""
-    return Actor("agent", identity.agent_id, identity.handle)
+    return Actor("agent", identity.agent_id, identity.handle, identity.turn_id)
 
 
 def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:

@@ -2,8 +2,9 @@
 
 `crew` sends a key derived from the command and its request (crew_shim/client.py), so a
 retry, a request a paused server takes late, or the agent running the same command again
-in the same turn is done once. The server scopes a key to the agent and its latest turn
-(`AgentWrites.write_scope`) and keeps it 48 h (`store.writes.KEEP`).
+in the same turn is done once. The server scopes a key to the agent and the turn the write
+is bound to (the `Crew-Turn` identity, else its latest turn: `store.turn_binding`) and
+keeps it 48 h (`store.writes.KEEP`).
 """
 
 from __future__ import annotations
@@ -42,12 +43,15 @@ def idempotent(handler: Endpoint) -> Endpoint:
         if key is None:
             return await handler(ctx, request)
         key = check_key(key)
-        agent_id = ctx.agent(request).agent_id
-        turn_id = ctx.store.write_scope(agent_id)
+        identity = ctx.agent(request)
+        agent_id, turn_id = identity.agent_id, identity.turn_id or ""
         print_ = fingerprint(request.method, request.url.path, await _body(request))
         earlier = ctx.store.earlier_write(agent_id, turn_id, key)
         if earlier is not None:
             return replay(earlier, print_)
+        # Done before: replayed above. Not yet, but its turn is over and a newer one has
+        # its messages: refused (the reply checks again inside its own transaction).
+        ctx.store.refuse_late_write(identity.turn_id)
         token = PENDING.set(PendingWrite(agent_id, turn_id, key, print_))
         try:
             response = await handler(ctx, request)

@@ -1,8 +1,16 @@
 """The server acknowledging, for a turn that ended without its ack, the rooms the turn
-answered (issue 22): a failed or interrupted turn, or a reply that lands after its turn
-ended (a paused server), so the next turn does not answer the same messages again."""
+answered (issue 22): a failed or interrupted turn (its Computer gone, its end lost), or a
+reply that lands after its turn ended (a paused server), so the next turn does not answer
+the same messages again.
+
+What a turn answered is what its own writes posted: each agent message records its turn
+(`messages.turn_id`, bound by the turn identity `crew` sends: `store.turn_binding`), so a
+reply counts for the turn that sent it however late it lands.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 import orjson
 
@@ -12,24 +20,36 @@ from crew_server.store.db import Transaction
 ENDED_UNACKED = ("failed", "interrupted")
 
 
+def answered_room(tx: Transaction, agent_id: str, turn_id: str, room_id: str) -> bool:
+    """Whether the turn posted in the room (or a thread of it)."""
+    return (
+        tx.execute(
+            "SELECT 1 FROM messages m JOIN rooms r ON r.id = m.room_id "
+            "WHERE m.turn_id = ? AND m.author_kind = 'agent' AND m.author_id = ? "
+            "AND (m.room_id = ? OR r.parent_room_id = ?) LIMIT 1",
+            (turn_id, agent_id, room_id, room_id),
+        ).fetchone()
+        is not None
+    )
+
+
+def answered_every_room(tx: Transaction, agent_id: str, turn_id: str) -> bool:
+    """Whether the turn posted in each room of its claim (or a thread of it)."""
+    rooms = [r["room_id"] for r in _claim(tx, turn_id)]
+    return bool(rooms) and all(answered_room(tx, agent_id, turn_id, r) for r in rooms)
+
+
 def ack_answered_rooms(tx: Transaction, agent_id: str, turn_id: str) -> None:
-    """Mark read, in each room of the turn the agent posted in (or a thread of it) since
-    the turn was registered, that room's claim of the turn — only its range.
+    """Mark read, in each room of the turn it posted in (or a thread of it), that room's
+    claim of the turn — only its range.
 
     A failed or interrupted turn (its Computer killed, its reply timed out but landed)
     still answered those rooms: the next turn must not see them again. Rooms it did not
     answer stay unread, as before.
     """
-    turn = tx.execute("SELECT rooms, started_at FROM turns WHERE id = ?", (turn_id,)).fetchone()
-    for room in orjson.loads(turn["rooms"]):
+    for room in _claim(tx, turn_id):
         room_id, upto = room["room_id"], int(room["to_seq"])
-        answered = tx.execute(
-            "SELECT 1 FROM messages m JOIN rooms r ON r.id = m.room_id "
-            "WHERE m.author_kind = 'agent' AND m.author_id = ? AND m.created_at >= ? "
-            "AND (m.room_id = ? OR r.parent_room_id = ?) LIMIT 1",
-            (agent_id, turn["started_at"], room_id, room_id),
-        ).fetchone()
-        if answered is None:
+        if not answered_room(tx, agent_id, turn_id, room_id):
             continue
         # The agent's own messages right after the range (its answer) are read too.
         other = tx.execute(
@@ -51,12 +71,30 @@ def ack_answered_rooms(tx: Transaction, agent_id: str, turn_id: str) -> None:
         )
 
 
-def ack_if_late(tx: Transaction, agent_id: str) -> None:
-    """After an agent's reply: when its latest turn already ended failed or interrupted,
-    the reply belongs to that turn and acknowledges the rooms it answered."""
-    turn = tx.execute(
-        "SELECT id, status FROM turns WHERE agent_id = ? ORDER BY started_at DESC LIMIT 1",
-        (agent_id,),
-    ).fetchone()
+def ack_if_late(tx: Transaction, agent_id: str, turn_id: str | None) -> None:
+    """After an agent's reply bound to `turn_id`: when that turn already ended failed or
+    interrupted, the reply acknowledges the rooms the turn answered."""
+    if turn_id is None:
+        return
+    turn = tx.execute("SELECT status FROM turns WHERE id = ?", (turn_id,)).fetchone()
     if turn is not None and turn["status"] in ENDED_UNACKED:
+        ack_answered_rooms(tx, agent_id, turn_id)
+
+
+def sweep_running_turns(tx: Transaction, agent_id: str) -> None:
+    """Turns of the agent still `running` when its next claim comes lost their end (the
+    finish never arrived): they are interrupted, acknowledging what they answered first —
+    before the claim hands those messages out again."""
+    lost = tx.execute(
+        "UPDATE turns SET status = 'interrupted', finished_at = ? "
+        "WHERE agent_id = ? AND status = 'running' RETURNING id",
+        (tx.now(), agent_id),
+    ).fetchall()
+    for turn in lost:
         ack_answered_rooms(tx, agent_id, str(turn["id"]))
+
+
+def _claim(tx: Transaction, turn_id: str) -> list[dict[str, Any]]:
+    row = tx.execute("SELECT rooms FROM turns WHERE id = ?", (turn_id,)).fetchone()
+    rooms: list[dict[str, Any]] = orjson.loads(row["rooms"])
+    return rooms

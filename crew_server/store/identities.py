@@ -24,6 +24,7 @@ from crew_server.errors import (
 )
 from crew_server.store.answered import ack_answered_rooms
 from crew_server.store.db import StorePart, Transaction, new_id
+from crew_server.store.turn_binding import bound_turn
 
 log = logging.getLogger("crew_server.store")
 
@@ -48,6 +49,8 @@ class Actor:
     kind: str  # "user" | "agent"
     id: str
     handle: str | None = None
+    # An agent's: the turn its messages belong to (`AgentIdentity.turn_id`).
+    turn_id: str | None = None
 
 
 USER = Actor("user", "user")
@@ -60,6 +63,8 @@ class AgentIdentity:
     agent_id: str
     handle: str
     computer_id: str
+    # The turn its write belongs to (`turn_binding.bound_turn`); None before its first.
+    turn_id: str | None = None
 
 
 AGENT_COLS = "id, handle, name, persona, engine, model, computer_id, turn_time_limit_s"
@@ -189,8 +194,9 @@ class Identities(StorePart):
             )
         return str(row["id"])
 
-    def agent_by_token(self, token: str) -> AgentIdentity:
-        """The agent an agent token belongs to, while its Computer still hosts it."""
+    def agent_by_token(self, token: str, turn_secret: str | None = None) -> AgentIdentity:
+        """The agent an agent token belongs to, while its Computer still hosts it, and the
+        turn its write belongs to (the one `turn_secret` names, else its latest)."""
         with self._database.read() as tx:
             row = tx.execute(
                 "SELECT t.agent_id, a.handle, t.computer_id FROM agent_tokens t "
@@ -198,11 +204,12 @@ class Identities(StorePart):
                 "WHERE t.token_hash = ?",
                 (hash_token(token),),
             ).fetchone()
-        if row is None:
-            raise Unauthorized(
-                "the agent token is not valid (it expires when the Computer reconnects)"
-            )
-        return AgentIdentity(row["agent_id"], row["handle"], row["computer_id"])
+            if row is None:
+                raise Unauthorized(
+                    "the agent token is not valid (it expires when the Computer reconnects)"
+                )
+            turn_id = bound_turn(tx, row["agent_id"], turn_secret, self.clock.now())
+        return AgentIdentity(row["agent_id"], row["handle"], row["computer_id"], turn_id)
 
     # ------------------------------------------------------------------ computers
 

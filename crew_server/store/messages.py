@@ -15,6 +15,7 @@ from crew_server.store.identities import USER, Actor, AgentIdentity
 from crew_server.store.message_view import select_messages
 from crew_server.store.positions import ClaimBudget, claim_room
 from crew_server.store.rooms import members, require_member, room_row
+from crew_server.store.turn_binding import refuse_if_superseded
 
 
 def open_thread(tx: Transaction, message_id: str) -> tuple[str, bool]:
@@ -90,7 +91,7 @@ def post(
     author_kind, author_id = ("system", "system") if author is None else (author.kind, author.id)
     tx.execute(
         "INSERT INTO messages (id, room_id, seq, author_kind, author_id, body, kind, mentions, "
-        "created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "created_at, turn_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             message_id,
             rid,
@@ -101,6 +102,7 @@ def post(
             "normal" if author is not None else "notice",
             orjson.dumps(mentions).decode(),
             now,
+            author.turn_id if author is not None else None,
         ),
     )
     if kind == "thread":
@@ -274,6 +276,8 @@ class Messages(StorePart):
         held: list[dict[str, Any]] | None = None
         with self._database.write() as tx:
             require_member(tx, room_id, agent.agent_id)
+            # Checked in the reply's own transaction: a claim committing meanwhile wins.
+            refuse_if_superseded(tx, agent.turn_id)
             target, thread_id = room_id, None
             if thread_of is not None:
                 target, _ = open_thread(tx, check_thread_of(tx, room_id, thread_of))
@@ -301,7 +305,7 @@ class Messages(StorePart):
                 held = [entry] if entry is not None else []
                 tx.effective = False  # nothing posted: the same request may post later
             else:
-                actor = Actor("agent", agent.agent_id, agent.handle)
+                actor = Actor("agent", agent.agent_id, agent.handle, agent.turn_id)
                 message = post(tx, target, actor, body)
                 # Held twice already (under steady traffic it would be held forever): it
                 # is posted with what the agent has seen, and the messages it has not
@@ -310,7 +314,7 @@ class Messages(StorePart):
                     "UPDATE positions SET held_count = 0 WHERE agent_id = ? AND room_id = ?",
                     (agent.agent_id, target),
                 )
-                ack_if_late(tx, agent.agent_id)
+                ack_if_late(tx, agent.agent_id, agent.turn_id)
                 if unseen is not None:
                     tx.execute(
                         "UPDATE positions SET delivered_seq = ?, "

@@ -11,10 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 from crew_server.errors import NotFound
+from crew_server.store.answered import sweep_running_turns
 from crew_server.store.db import StorePart, Transaction
 from crew_server.store.identities import connection_epoch, own_agent
 from crew_server.store.message_view import select_messages
 from crew_server.store.rooms import room_view
+from crew_server.store.turn_binding import count_claim
 
 # The bound of one unread claim (and of one HELD answer): at most this many messages, and
 # no more message text (bodies, and the root message of a thread) than this, except that
@@ -105,6 +107,9 @@ class Positions(StorePart):
         with self._database.write() as tx:
             own_agent(tx, computer_id, agent_id)
             connection_epoch(tx, computer_id, epoch)
+            # The runner claims only between turns: a turn still running lost its end.
+            sweep_running_turns(tx, agent_id)
+            count_claim(tx, agent_id)
             rooms = tx.execute(
                 "SELECT p.room_id, p.read_seq, r.last_seq FROM positions p "
                 "JOIN rooms r ON r.id = p.room_id "

@@ -9,10 +9,16 @@ import orjson
 
 from crew_server import rules
 from crew_server.errors import Invalid, NotAnswered, NotConnected, NotFound, StaleTurn
-from crew_server.store.answered import ENDED_UNACKED, ack_answered_rooms
+from crew_server.store.answered import (
+    ENDED_UNACKED,
+    ack_answered_rooms,
+    answered_every_room,
+    sweep_running_turns,
+)
 from crew_server.store.db import StorePart, Transaction, new_id
 from crew_server.store.identities import connection_epoch, own_agent
 from crew_server.store.messages import post
+from crew_server.store.turn_binding import new_turn_secret
 
 TURN_COLS = (
     "id, agent_id, computer_id, fence, status, failure, rooms, input, engine, model, "
@@ -79,25 +85,6 @@ def record_gap(tx: Transaction, turn_id: str, from_index: int, to_index: int) ->
     tx.execute("UPDATE turns SET gaps = ? WHERE id = ?", (orjson.dumps(gaps).decode(), turn_id))
 
 
-def answered_every_room(tx: Transaction, agent_id: str, turn_id: str) -> bool:
-    """Whether the agent posted in each room of the turn (or a thread of it) since the turn
-    was registered."""
-    turn = tx.execute("SELECT rooms, started_at FROM turns WHERE id = ?", (turn_id,)).fetchone()
-    rooms = [r["room_id"] for r in orjson.loads(turn["rooms"])]
-    for room_id in rooms:
-        if (
-            tx.execute(
-                "SELECT 1 FROM messages m JOIN rooms r ON r.id = m.room_id "
-                "WHERE m.author_kind = 'agent' AND m.author_id = ? AND m.created_at >= ? "
-                "AND (m.room_id = ? OR r.parent_room_id = ?) LIMIT 1",
-                (agent_id, turn["started_at"], room_id, room_id),
-            ).fetchone()
-            is None
-        ):
-            return False
-    return bool(rooms)
-
-
 def mark_set_aside(tx: Transaction, agent_id: str, turn_id: str, reason: str) -> None:
     """Mark read the messages of the turn's claim (and nothing else), with one notice per
     room saying the agent gave up on them, and why.
@@ -140,9 +127,10 @@ class Turns(StorePart):
         session_id: str | None,
         epoch: int | None = None,
     ) -> dict[str, Any]:
-        """Record a running turn of an agent of this Computer → `{turn_id, fence}`.
+        """Record a running turn of an agent of this Computer → `{turn_id, fence, turn_secret}`.
 
         The fence is the caller's connection epoch (`Superseded` when a newer one exists).
+        The secret is the turn's identity, for its `crew` only (`store.turn_binding`).
         """
         turn_id = new_id()
         with self._database.write() as tx:
@@ -155,14 +143,13 @@ class Turns(StorePart):
             # Turns of one agent never overlap: one still `running` when the next is
             # registered lost its end (the finish never arrived, or the answer to its
             # registration was lost). Without this it would stay running forever.
-            tx.execute(
-                "UPDATE turns SET status = 'interrupted', finished_at = ? "
-                "WHERE agent_id = ? AND status = 'running'",
-                (tx.now(), agent_id),
-            )
+            sweep_running_turns(tx, agent_id)
+            secret, secret_hash = new_turn_secret()
             tx.execute(
                 "INSERT INTO turns (id, agent_id, computer_id, fence, status, rooms, input, engine, "
-                "model, session_id, started_at) VALUES (?, ?, ?, ?, 'running', ?, ?, ?, ?, ?, ?)",
+                "model, session_id, started_at, secret_hash, claim_no) "
+                "VALUES (?, ?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, "
+                "(SELECT claims FROM agents WHERE id = ?))",
                 (
                     turn_id,
                     agent_id,
@@ -174,9 +161,11 @@ class Turns(StorePart):
                     model,
                     session_id,
                     tx.now(),
+                    secret_hash,
+                    agent_id,
                 ),
             )
-        return {"turn_id": turn_id, "fence": epoch}
+        return {"turn_id": turn_id, "fence": epoch, "turn_secret": secret}
 
     def add_events(
         self,

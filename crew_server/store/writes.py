@@ -1,5 +1,6 @@
 """Idempotent agent writes: the `Idempotency-Key` a `crew` write carries, kept per agent
-and turn, so a retried or late request is done once and gets the first answer.
+and turn (the turn the write is bound to: `store.turn_binding`), so a retried or late
+request is done once and gets the first answer. Each row also links that write to its turn.
 
 The key's row is inserted inside the write's own transaction (`claim_pending`, called by
 both backends just before COMMIT), so "done" and "key taken" commit together: a request
@@ -14,6 +15,7 @@ from datetime import timedelta
 
 from crew_server.clock import iso
 from crew_server.store.db import PENDING, DuplicateWrite, PendingWrite, StorePart
+from crew_server.store.turn_binding import refuse_if_superseded
 
 __all__ = ["PENDING", "DuplicateWrite", "EarlierWrite", "PendingWrite"]
 
@@ -35,14 +37,10 @@ class EarlierWrite:
 class AgentWrites(StorePart):
     """The kept keys of agent writes."""
 
-    def write_scope(self, agent_id: str) -> str:
-        """The turn an agent's write belongs to: its latest turn ('' before its first)."""
+    def refuse_late_write(self, turn_id: str | None) -> None:
+        """`TurnOver` when the write's turn is over and a newer turn has its messages."""
         with self._database.read() as tx:
-            row = tx.execute(
-                "SELECT id FROM turns WHERE agent_id = ? ORDER BY started_at DESC LIMIT 1",
-                (agent_id,),
-            ).fetchone()
-        return str(row["id"]) if row is not None else ""
+            refuse_if_superseded(tx, turn_id)
 
     def earlier_write(self, agent_id: str, turn_id: str, key: str) -> EarlierWrite | None:
         """The write already done under this key, if any (and not expired)."""

@@ -60,6 +60,7 @@ async def test_ok_turn_exact_env_in_the_sandbox(rig: Rig) -> None:
         "PWD": str(p.work_dir),
         "CREW_SERVER_URL": "http://127.0.0.1:9",
         "CREW_TOKEN_FILE": str(p.token_file),
+        "CREW_TURN_FILE": str(p.turn_file),
     }
     assert dump["argv"][1:] == [
         "run", "--pure", "--format", "json", "--print-logs", "--auto", "--title", "crew turn",

@@ -118,6 +118,7 @@ def test_engine_env_exact() -> None:
         "PWD": "/c/agents/a1/work",
         "CREW_SERVER_URL": "http://s",
         "CREW_TOKEN_FILE": "/c/runtime/r1/agents/a1/token",
+        "CREW_TURN_FILE": "/c/runtime/r1/agents/a1/turn",
     }
 
 
@@ -269,6 +270,7 @@ async def test_ok_turn_exact_env_argv_events_usage(tmp_path: Path) -> None:
         "OPENCODE_DISABLE_MODELS_FETCH": "1",
         "CREW_SERVER_URL": "http://127.0.0.1:9",
         "CREW_TOKEN_FILE": str(p.token_file),
+        "CREW_TURN_FILE": str(p.turn_file),
     }
     assert dump["cwd"] == str(p.work_dir)
     assert dump["stdin"] == "NEW SESSION\nFAKE:TOOL"

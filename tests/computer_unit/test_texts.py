@@ -12,6 +12,7 @@ import pytest
 
 from computer_service.texts import (
     MEMORY_TEMPLATE,
+    already_said,
     format_now,
     render_agents_md,
     render_turn_input,
@@ -216,6 +217,14 @@ def rooms() -> list[dict[str, Any]]:
                     "Thanks!\nAlso: what's left for Friday?",
                     "2026-10-05T23:50:00Z",
                 ),
+                # Its answer came back unacked (the turn was stopped after replying).
+                message(
+                    DM,
+                    8,
+                    author_agent(ALICE.id, "Alice", "alice"),
+                    "Only the changelog.",
+                    "2026-10-05T23:51:00Z",
+                ),
             ],
         },
         {
@@ -313,7 +322,13 @@ def test_turn_input_header_table(
     )
     head, body = text.split("\n\n", 1)
     assert head.split("\n") == expected_lines
-    assert body == f"ROOMS n=4 agent={ALICE.id} tz=UTC+08:00 today=2026-10-06\n"
+    # One section per room, each rendered alone (the already-said line goes into it).
+    section = f"ROOMS n=1 agent={ALICE.id} tz=UTC+08:00 today=2026-10-06"
+    said = (
+        "You already replied here (#8) after the last message from anyone else: "
+        "do not say it again. Reply only if something is still unanswered."
+    )
+    assert body == "\n\n".join([section, f"{said}\n{section}", section, section]) + "\n"
 
 
 def test_turn_input_accepts_models_and_needs_aware_time() -> None:
@@ -353,3 +368,30 @@ def test_turn_input_from_upstream_models_matches_dicts() -> None:
     assert render_turn_input(NOW, models, ALICE, False, None) == render_turn_input(
         NOW, rooms(), ALICE, False, None
     )
+
+
+@pytest.mark.parametrize(
+    ("authors", "said"),
+    [
+        (["user", "me"], [2]),
+        (["user", "me", "me"], [2, 3]),
+        (["me", "user"], []),  # a message after its reply: not answered yet
+        (["user", "system"], []),  # a notice (a reminder firing) is new work too
+        (["user", "bob"], []),
+        (["me"], [1]),
+        ([], []),
+    ],
+)
+def test_already_said_is_the_agents_own_messages_after_anybody_elses(
+    authors: list[str], said: list[int]
+) -> None:
+    who = {
+        "user": author_user(),
+        "me": author_agent(ALICE.id, "Alice", "alice"),
+        "bob": author_agent(BOB_ID, "Bob", "bob"),
+        "system": SYSTEM,
+    }
+    messages = [
+        message(DM, seq, who[a], "x", "2026-10-06T11:00:00Z") for seq, a in enumerate(authors, 1)
+    ]
+    assert already_said(messages, ALICE.id) == said

@@ -22,6 +22,15 @@ FAULTS: dict[str, list[str]] = {
         "tests/faults/test_idempotent_reply.py::test_a_reply_to_a_paused_server_lands_once_when_sent_again",
         "tests/server/test_idempotency.py::test_the_same_key_again_gets_the_first_answer_and_posts_once",
     ],
+    "crew-server SIGSTOPped 25 s as crew reply goes out: the late reply counts for its turn, once": [
+        "tests/faults/test_paused_server.py::test_a_server_paused_25_s_as_crew_reply_goes_out_answers_once",
+        "tests/server/test_turn_binding.py::test_a_reply_landing_after_its_turn_failed_attaches_to_it_and_acks",
+        "tests/server/test_turn_binding.py::test_a_late_reply_once_a_newer_turn_has_the_messages_is_refused",
+    ],
+    "a turn identity of no turn of the agent (made up, another agent's): refused, nothing done": [
+        "tests/server/test_turn_binding.py::test_a_made_up_turn_identity_is_refused_and_nothing_is_posted",
+        "tests/server/test_turn_binding.py::test_another_agents_turn_identity_is_refused_and_binds_nothing",
+    ],
     "kill -9 of the Computer right after crew reply returned: the message is answered once": [
         "tests/faults/test_answered_once.py::test_kill_9_of_the_computer_right_after_crew_reply_answers_once",
         "tests/server/test_answered_ack.py::test_a_turn_of_a_vanished_computer_acks_what_it_answered",

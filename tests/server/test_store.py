@@ -66,6 +66,12 @@ def test_a_database_of_an_older_schema_is_migrated_at_open_and_keeps_its_data(
         raw.execute("ALTER TABLE agents DROP COLUMN turn_time_limit_s")
         raw.execute("DROP TABLE user_reads")
         raw.execute("DROP TABLE agent_writes")
+        raw.execute("DROP INDEX turns_by_secret")
+        raw.execute("ALTER TABLE turns DROP COLUMN secret_hash")
+        raw.execute("ALTER TABLE turns DROP COLUMN claim_no")
+        raw.execute("DROP INDEX messages_by_turn")
+        raw.execute("ALTER TABLE messages DROP COLUMN turn_id")
+        raw.execute("ALTER TABLE agents DROP COLUMN claims")
         raw.execute("DELETE FROM schema_migrations WHERE version >= 2")
     again = Store(str(db), Clock())
     assert again.computer_by_token(token) == computer_id
