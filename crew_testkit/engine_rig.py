@@ -20,6 +20,7 @@ import anyio
 from computer_service.bootstrap import Bootstrap, TurnLimits
 from computer_service.engine.base import EngineEvent, StopSignal, TurnRequest, TurnResult
 from computer_service.engine.pipeline import OpenCodeEngine
+from computer_service.engine.warm_pool import WarmPool
 from computer_service.engine.warm_run import WarmRun
 from computer_service.home import AgentHome
 from computer_service.parts import LocalParts
@@ -65,6 +66,7 @@ class EngineRig:
         self.homes: dict[str, AgentHome] = {}
         self.warm: OpenCodeEngine
         self.cold: OpenCodeEngine
+        self.pool: WarmPool  # the warm way's servers
 
     async def __aenter__(self) -> EngineRig:
         status = await self.parts.start_launcher()
@@ -77,13 +79,12 @@ class EngineRig:
         # The same Computer's engine, every turn the cold way (sessions shared, as both
         # ways share them when a warm turn falls back to cold).
         cold = OpenCodeEngine(engine.preparation, engine.way.cold, sessions=engine.sessions)
-        self.warm, self.cold = engine, cold
+        self.warm, self.cold, self.pool = engine, cold, engine.way.pool
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         with anyio.CancelScope(shield=True):
-            assert self.warm.pool is not None
-            await self.warm.pool.close()
+            await self.pool.close()
             await self.parts.stop_launcher()
             self.parts.remove_run_dir()
 

@@ -134,7 +134,7 @@ async def test_what_the_engine_starts_by_itself_is_never_a_tools_choice(
             if prompt == "PLANT" and kind == "warm":
                 # A server takes its project (git or not) at its start: the next one
                 # sees the repository PLANT made, and snapshots it.
-                await rig.warm.pool.discard(rig.warm.pool.servers[agent])
+                await rig.pool.discard(rig.pool.servers[agent])
         assert outputs["PLANT"].strip().endswith("planted"), outputs["PLANT"]
         assert _ran(home) == [], (
             outputs,

@@ -68,7 +68,7 @@ async def test_planted_engine_config_never_runs_in_the_next_engine(
             assert _ran(home.paths.agent_dir) == []  # planted, not loaded yet
             if kind == "warm":
                 # The server read its config at its start: the next one would load it.
-                await rig.warm.pool.discard(rig.warm.pool.servers[agent_id])
+                await rig.pool.discard(rig.pool.servers[agent_id])
             if repaired:
                 assert home.repair() is None  # what the runner does before every turn
             after = await rig.turn(kind, agent_id, "hello")

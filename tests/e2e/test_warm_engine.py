@@ -138,7 +138,7 @@ async def test_the_same_turns_give_the_same_records_in_both_engines(model: Scrip
         for name in cold:
             assert _summary(warm[name].result) == _summary(cold[name].result), name
             assert comparable(warm[name].events) == comparable(cold[name].events), name
-        counters = rig.warm.pool.counters
+        counters = rig.pool.counters
         assert counters.warm_turns == len(warm) and counters.cold_turns == 0
         assert counters.starts == 1  # one server served every warm turn
 
@@ -172,17 +172,17 @@ async def test_a_hostile_turns_leftovers_are_swept_and_the_server_stays(
         rig.agent("warm1")
         record = await rig.turn("warm", "warm1", "HOSTILE")
         assert record.result.status == "succeeded", record.result.failure
-        server = rig.warm.pool.servers["warm1"]
+        server = rig.pool.servers["warm1"]
         assert _namespace_members(server.server_pid) == []
         if os.geteuid() == 0 and os.path.isdir("/sys/fs/cgroup/pids"):
             # Root on cgroup v1 (this CI): the server and its tools share the turn caps' cgroup.
             with open(f"/proc/{server.server_pid}/cgroup", encoding="utf-8") as f:
                 assert "-warm-warm1" in f.read()
-        assert rig.warm.pool.counters.swept_processes >= 3
+        assert rig.pool.counters.swept_processes >= 3
         # The server is still the same one, and still answers.
         again = await rig.turn("warm", "warm1", "TRIVIAL")
         assert again.result.status == "succeeded"
-        assert rig.warm.pool.servers["warm1"] is server
+        assert rig.pool.servers["warm1"] is server
         # The agent's tools cannot attach to the server (its namespace's pid 2).
         traced = await rig.turn("warm", "warm1", "PTRACE")
         [tool] = [e for e in traced.events if e.type == "tool_use"]
@@ -195,7 +195,7 @@ async def test_a_port_the_server_does_not_own_gets_nothing(model: ScriptedModel)
         rig.agent("warm1")
         first = await rig.turn("warm", "warm1", "TRIVIAL")
         assert first.result.status == "succeeded"
-        server = rig.warm.pool.servers["warm1"]
+        server = rig.pool.servers["warm1"]
         address = server.address
         check_owner(address)  # the real server passes
         # The holder of the server's host port dies (pasta, with the sandbox's own network;
@@ -220,11 +220,11 @@ async def test_a_port_the_server_does_not_own_gets_nothing(model: ScriptedModel)
                 squatter.accept()
         finally:
             squatter.close()
-        assert rig.warm.pool.counters.cold_turns == 1
-        assert "warm1" not in rig.warm.pool.servers
+        assert rig.pool.counters.cold_turns == 1
+        assert "warm1" not in rig.pool.servers
         third = await rig.turn("warm", "warm1", "TRIVIAL")
         assert third.result.status == "succeeded", third.result.failure
-        assert rig.warm.pool.servers["warm1"].address.pid != address.pid
+        assert rig.pool.servers["warm1"].address.pid != address.pid
 
 
 def _listener(port: int) -> socket.socket | None:
@@ -265,7 +265,7 @@ async def test_a_tool_cannot_rewrite_or_signal_its_engine(model: ScriptedModel) 
             ], tool.data["output"]
             # The turn still answered after its tool result.
             assert [e.data.get("text") for e in record.events if e.type == "text"] == ["done"]
-        server = rig.warm.pool.servers["warm1"]
+        server = rig.pool.servers["warm1"]
         again = await rig.turn("warm", "warm1", "TRIVIAL")
         assert again.result.status == "succeeded"
-        assert rig.warm.pool.servers["warm1"] is server
+        assert rig.pool.servers["warm1"] is server

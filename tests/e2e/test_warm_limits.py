@@ -79,7 +79,7 @@ async def test_a_warm_turn_at_its_cap_fails_as_a_cold_one_and_the_next_turn_runs
     async with EngineRig(model, OPENCODE, turn_limits=LIMITS) as rig:
         for agent_id in ("hog", "calm", "coldhog"):
             rig.agent(agent_id)
-        pool = rig.warm.pool
+        pool = rig.pool
         # The other agent's server is up before the hostile turn, and must stay so.
         calm = await rig.turn("warm", "calm", "TOOL")
         assert calm.result.status == "succeeded", calm.result
