@@ -21,6 +21,7 @@ stuck turns.
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import signal
@@ -121,7 +122,9 @@ def warm_server_pids(computer_pid: int) -> list[int]:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if any(a.endswith(FAKE_OPENCODE.name.encode()) for a in argv) and b"serve" in argv:
+        # `fake_opencode.py serve …` (the launcher's own argv names the file too, not so).
+        name = FAKE_OPENCODE.name.encode()
+        if any(a.endswith(name) and b == b"serve" for a, b in itertools.pairwise(argv)):
             pids.append(pid)
     return pids
 

@@ -1,10 +1,12 @@
-"""kill -9 of the Computer right after `crew reply` returned: answered exactly once.
+"""kill -9 of the Computer (or its launcher) right after `crew reply` returned: answered once.
 
 Real processes: crew-server, the Computer with its launcher and sandbox, the fake
 engine running the real `crew`. Before issue 22 the restarted Computer's next turn
 got the same message again and answered it a second time (the README's accepted
 window); now the server reads the room the interrupted turn answered when the
 Computer connects again. Counted from the server: the answer is there once.
+The same with the real OpenCode in both engines (tests/faults/engines.py), for the
+Computer and for its launcher, counted from the database (every message once).
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ import pytest
 from crew_testkit.computer_proc import bootstrap_for, launch, machine
 from crew_testkit.waiting import wait_until
 from tests.computer.test_process import finished, need_sandbox, usable
+from tests.faults.engines import ENGINE_MODES, FaultChain, fault_chain, once_in_work_dir, reply_rule
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(240)
 
 
 def test_kill_9_of_the_computer_right_after_crew_reply_answers_once(crew_server: Any) -> None:
@@ -61,3 +64,49 @@ def test_kill_9_of_the_computer_right_after_crew_reply_answers_once(crew_server:
         finally:
             assert second.stop() == 0, second.stderr()[-3000:]
         assert answers().count("answered once") == 1, answers()
+
+
+# ---------------------------------------------------------------- the real OpenCode, both engines
+
+
+def _reply_then_hold(fc: FaultChain, tag: str) -> dict[str, Any]:
+    """An agent whose turn on `tag` replies, then (the first time only) holds on for a minute."""
+    fc.chain.script(
+        [
+            reply_rule(tag, f"answered {tag}", then=once_in_work_dir("held", "sleep 60")),
+            reply_rule("NEXT", "and next"),
+        ]
+    )
+    agent = fc.chain.agent(f"once{tag.lower()}")
+    return fc.chain.dm(agent["id"]) | {"agent": agent}
+
+
+@pytest.mark.parametrize("engine", ENGINE_MODES)
+def test_kill_9_of_the_computer_right_after_crew_reply_answers_once_in_both_engines(
+    engine: str,
+) -> None:
+    with fault_chain(engine) as fc:
+        dm = _reply_then_hold(fc, "KILLC")
+        fc.chain.post(dm["id"], "KILLC: answer me")
+        wait_until("the reply posted", lambda: fc.agent_replies(dm["id"]), 90)
+        fc.kill_computer()
+        fc.relaunch()
+        # A later message gets its own turn; the first must not come back with it.
+        fc.chain.post(dm["id"], "NEXT: and now?")
+        fc.chain.finished_turns(dm["agent"]["id"], 2)
+        fc.answered_once(2)
+        fc.chain.check_engine()
+
+
+@pytest.mark.parametrize("engine", ENGINE_MODES)
+def test_kill_9_of_the_launcher_right_after_crew_reply_answers_once_in_both_engines(
+    engine: str,
+) -> None:
+    with fault_chain(engine, retry_base_s=1) as fc:
+        dm = _reply_then_hold(fc, "KILLL")
+        fc.chain.post(dm["id"], "KILLL: answer me")
+        wait_until("the reply posted", lambda: fc.agent_replies(dm["id"]), 90)
+        fc.kill_launcher()
+        fc.chain.finished_turns(dm["agent"]["id"], 1)
+        fc.chain.post(dm["id"], "NEXT: and now?")
+        fc.answered_once(2)

@@ -9,73 +9,16 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from crew_testkit.crew_server_proc import CrewServer, start_crew_server
+from tests.faults.forwarding_proxy import ForwardingProxy
 from tests.shim.world import CREW_BIN, Agent, make_agent
 from tests.support.ci import required_in_ci
-
-
-class AnswerDropper:
-    """Loopback proxy: forwards each request; the first POST /agent/reply's answer is
-    read from the server and thrown away (the client sees the connection close)."""
-
-    def __init__(self, upstream_port: int) -> None:
-        self.upstream_port = upstream_port
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
-        self.dropped = 0
-        self.forwarded = 0
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            with client:
-                request = _read_request(client)
-                with socket.create_connection(("127.0.0.1", self.upstream_port)) as up:
-                    up.sendall(request)
-                    answer = _read_until_close(up)
-                self.forwarded += 1
-                if request.startswith(b"POST /agent/reply ") and self.dropped == 0:
-                    self.dropped += 1
-                    continue  # the server did the write; its answer is lost
-                client.sendall(answer)
-
-    def close(self) -> None:
-        self.listener.close()
-
-
-def _read_request(sock: socket.socket) -> bytes:
-    data = b""
-    while b"\r\n\r\n" not in data:
-        data += sock.recv(65536)
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = 0
-    for line in head.split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            length = int(value)
-    while len(body) < length:
-        body += sock.recv(65536)
-    return head + b"\r\n\r\n" + body
-
-
-def _read_until_close(sock: socket.socket) -> bytes:
-    chunks = []
-    while chunk := sock.recv(65536):
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 @pytest.fixture
@@ -120,12 +63,13 @@ def test_a_reply_whose_answer_is_lost_is_retried_and_posted_once(
     served: tuple[CrewServer, Agent, str],
 ) -> None:
     server, alice, room_id = served
-    proxy = AnswerDropper(int(server.url.rsplit(":", 1)[1]))
+    proxy = ForwardingProxy(int(server.url.rsplit(":", 1)[1]))
+    proxy.drop(b"POST /agent/reply ")
     try:
         sent = crew_reply(proxy.url, alice, room_id, "The build is green.")
     finally:
         proxy.close()
-    assert proxy.dropped == 1 and proxy.forwarded >= 2  # the retry went through too
+    assert len(proxy.dropped) == 1 and len(proxy.forwarded) >= 2  # the retry went through too
     assert sent.returncode == 0, sent.stderr
     assert sent.stdout == f"Message sent to room {room_id}.\n"
     # The agent, unsure, runs the same command again in the same turn: still one.
