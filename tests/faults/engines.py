@@ -98,11 +98,12 @@ class FaultChain:
 
     def at_rest(self, timeout: float = 120.0) -> Ledger:
         """The database's count once every message is read and no turn runs."""
-        return wait_until(
-            "every message read and no turn running",
-            lambda: (ledger := read_ledger(self.db)).at_rest and ledger,
-            timeout,
-        )
+
+        def rested() -> Ledger | None:
+            ledger = read_ledger(self.db)
+            return ledger if ledger.at_rest else None
+
+        return wait_until("every message read and no turn running", rested, timeout)
 
     def answered_once(self, messages: int, timeout: float = 120.0) -> Ledger:
         """Assert, from the database at rest, `messages` messages each answered exactly once."""
