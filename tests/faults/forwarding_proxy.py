@@ -6,7 +6,8 @@ comes (an SSE stream included), so every request travels on its own connection.
 `drop(prefix)` makes the next request whose request line starts with `prefix` reach
 the server, but its answer is read and thrown away: the client sees the connection
 close (the lost answer of issue 22). `switch(port)` sends new connections to another
-server and cuts the open ones (the Computer's stream moves to the other server).
+server and cuts the open ones (the Computer's stream moves to the other server);
+`drop(prefix, switch_to=port)` does both at once: the retry lands on the other server.
 """
 
 from __future__ import annotations
@@ -26,14 +27,18 @@ class ForwardingProxy:
         self.forwarded: list[bytes] = []  # the request lines passed on
         self.dropped: list[bytes] = []  # those whose answer was thrown away
         self._drops: dict[bytes, int] = {}
+        self._switch_at_drop: int | None = None
         self._open: set[socket.socket] = set()
         self._lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
 
-    def drop(self, prefix: bytes, times: int = 1) -> None:
-        """Lose the answers of the next `times` requests starting with `prefix`."""
+    def drop(self, prefix: bytes, times: int = 1, switch_to: int | None = None) -> None:
+        """Lose the answers of the next `times` requests starting with `prefix`; with
+        `switch_to`, the first loss also moves everything to that server (the retry
+        of the lost request goes there)."""
         with self._lock:
             self._drops[prefix] = times
+            self._switch_at_drop = switch_to
 
     def switch(self, upstream_port: int) -> None:
         """New connections go to `upstream_port`; the open ones are cut."""
@@ -75,6 +80,9 @@ class ForwardingProxy:
                         while up.recv(65536):
                             pass  # the server did the work; its answer is lost
                         self.dropped.append(line)
+                        if self._switch_at_drop is not None:
+                            port, self._switch_at_drop = self._switch_at_drop, None
+                            self.switch(port)
                         return
                     while chunk := up.recv(65536):
                         client.sendall(chunk)

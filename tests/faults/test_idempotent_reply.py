@@ -2,7 +2,8 @@
 
 Real processes: the reference server, the installed `crew`, and for the lost answer a
 proxy in between that forwards the request and drops the first reply's answer. Each test
-counts the room's messages in the server afterwards: exactly one.
+counts the room's messages in the server afterwards: exactly one. The lost answer
+also through the whole chain, the real OpenCode in both engines behind the proxy.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from crew_testkit.crew_server_proc import CrewServer, start_crew_server
+from tests.faults.engines import ENGINE_MODES, fault_chain, reply_rule
 from tests.faults.forwarding_proxy import ForwardingProxy
 from tests.shim.world import CREW_BIN, Agent, make_agent
 from tests.support.ci import required_in_ci
@@ -93,3 +95,26 @@ def test_a_reply_to_a_paused_server_lands_once_when_sent_again(
     again = crew_reply(server.url, alice, room_id, "Deployed.")
     assert again.returncode == 0, again.stderr
     assert bodies(server, room_id) == ["Deployed."]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("engine", ENGINE_MODES)
+def test_a_reply_whose_answer_is_lost_on_the_way_to_the_sandbox_answers_once_in_both_engines(
+    engine: str,
+) -> None:
+    """The real OpenCode, both engines, the Computer and its sandboxes' `crew` behind a
+    proxy that loses the first reply's answer: `crew` retries with its key, the turn
+    succeeds, every message answered once (counted from the database)."""
+    with fault_chain(engine, through_proxy=True) as fc:
+        assert fc.proxy is not None
+        fc.chain.script([reply_rule("LOST", "The build is green.")])
+        agent = fc.chain.agent("lostanswer")
+        dm = fc.chain.dm(agent["id"])
+        fc.proxy.drop(b"POST /agent/reply ")
+        fc.chain.post(dm["id"], "LOST: is the build green?")
+        [turn] = fc.chain.finished_turns(agent["id"], 1)
+        assert len(fc.proxy.dropped) == 1, fc.proxy.forwarded
+        assert turn["status"] == "succeeded", (turn["failure"], fc.chain.diagnostics())
+        fc.answered_once(1)
+        assert fc.agent_replies(dm["id"]) == ["The build is green."]
+        fc.chain.check_engine()
