@@ -15,7 +15,9 @@ room R (for a DM: every message of the room):
   cuts at 4 KiB: a cut section without its `Reply with:` line counts for the
   turn's room when it claimed only one). A message in no claim and no HELD text
   of any turn (a HELD answer cut away, or its events lost) was shown by a HELD
-  answer to the turn of A's first message in R after it: that turn is taken.
+  answer to the turn of A's first message in R after it: that turn is taken. A
+  turn with no tool events at all (its Computer killed before it sent them) that
+  posted in R was shown the messages of others between its claim and that post.
 - T **answered** R when A posted a normal message in R (or a thread of R) that
   belongs to T: the message's `turn_id` when the table has one, else the turn of A
   that started last at or before the message (an agent's turns never overlap).
@@ -179,6 +181,7 @@ def count(tables: dict[str, list[dict[str, Any]]]) -> Ledger:
         for room_id, seq in held_seqs(held["output"], only):
             given[(owner["agent_id"], room_id)].append((owner["id"], seq, seq))
     _infer_held(tables["messages"], given, turns_of, starts)
+    _infer_unrecorded(tables, given, turns_of, starts)
 
     read_at = {(p["agent_id"], p["room_id"]): int(p["read_seq"]) for p in tables["positions"]}
     ledger = Ledger(turns=len(tables["turns"]), gapped_turns=sum(
@@ -273,6 +276,46 @@ def _turn_at(turns: list[dict[str, Any]], starts: list[str], at: str) -> str | N
     return str(turns[index]["id"]) if index >= 0 else None
 
 
+def _infer_unrecorded(
+    tables: dict[str, list[dict[str, Any]]],
+    given: dict[tuple[str, str], list[tuple[str, int, int]]],
+    turns_of: dict[str, list[dict[str, Any]]],
+    starts: dict[str, list[str]],
+) -> None:
+    """A turn that posted in a room but whose tool events never reached the server (its
+    Computer killed first): the messages of others between its claim and its first post
+    there were shown to it by a HELD answer (the server posts over unseen messages only
+    after holding twice, which this cannot tell)."""
+    recorded = {r["turn_id"] for r in tables["tool_turns"]}
+    by_room: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for msg in tables["messages"]:
+        by_room[msg["room_id"]].append(msg)
+    for turn in tables["turns"]:
+        if turn["id"] in recorded:
+            continue
+        agent_id = turn["agent_id"]
+        for claim in orjson.loads(turn["rooms"]):
+            rows = sorted(by_room.get(claim["room_id"], []), key=lambda m: m["seq"])
+            posted = [
+                m
+                for m in rows
+                if m["author_kind"] == "agent"
+                and m["author_id"] == agent_id
+                and m["seq"] > claim["to_seq"]
+                and (
+                    m.get("turn_id")
+                    or _turn_at(turns_of[agent_id], starts[agent_id], m["created_at"])
+                )
+                == turn["id"]
+            ]
+            if not posted:
+                continue
+            for msg in rows:
+                if msg["author_kind"] == "user" and claim["to_seq"] < msg["seq"] < posted[0]["seq"]:
+                    key = (agent_id, claim["room_id"])
+                    given[key].append((turn["id"], int(msg["seq"]), int(msg["seq"])))
+
+
 # ---------------------------------------------------------------- reading
 
 
@@ -282,6 +325,7 @@ QUERIES = {
     "positions": "SELECT agent_id, room_id, delivered_seq, read_seq FROM positions",
     "turns": "SELECT id, agent_id, status, rooms, gaps, started_at, finished_at FROM turns",
     "held": "SELECT turn_id, data FROM turn_events WHERE type = 'tool_use' AND data LIKE ?",
+    "tool_turns": "SELECT DISTINCT turn_id FROM turn_events WHERE type = 'tool_use'",
 }
 MESSAGE_COLUMNS = "id, room_id, seq, author_kind, author_id, body, kind, created_at"
 

@@ -21,7 +21,6 @@ stuck turns.
 
 from __future__ import annotations
 
-import itertools
 import os
 import random
 import signal
@@ -30,7 +29,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from crew_testkit.computer_proc import FAKE_OPENCODE
 from crew_testkit.crew_server_proc import start_crew_server
 from crew_testkit.storm import (
     FAULT_KINDS,
@@ -115,18 +113,22 @@ def descendants(root: int) -> list[int]:
 
 
 def warm_server_pids(computer_pid: int) -> list[int]:
-    """The fake `opencode serve` processes running under the Computer."""
-    pids = []
+    """The warm `opencode serve` processes running under the Computer (the fake one).
+
+    Their argv is `… serve --pure --print-logs --port …` (sandbox_launcher/warm_server.py);
+    the wrappers above them (bwrap, setpriv) carry the same words after their own, so
+    only the innermost of each chain is taken.
+    """
+    found = []
     for pid in descendants(computer_pid):
         try:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        # `fake_opencode.py serve …` (the launcher's own argv names the file too, not so).
-        name = FAKE_OPENCODE.name.encode()
-        if any(a.endswith(name) and b == b"serve" for a, b in itertools.pairwise(argv)):
-            pids.append(pid)
-    return pids
+        if b"serve" in argv and b"--pure" in argv and b"--print-logs" in argv:
+            found.append(pid)
+    inner = set(found)
+    return [pid for pid in found if not inner.intersection(descendants(pid))]
 
 
 class Chaos(Storm):

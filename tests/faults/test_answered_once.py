@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from crew_testkit.answer_ledger import Ledger, read_ledger
 from crew_testkit.computer_proc import bootstrap_for, launch, machine
 from crew_testkit.waiting import wait_until
 from tests.computer.test_process import finished, need_sandbox, usable
@@ -110,3 +111,62 @@ def test_kill_9_of_the_launcher_right_after_crew_reply_answers_once_in_both_engi
         fc.chain.finished_turns(dm["agent"]["id"], 1)
         fc.chain.post(dm["id"], "NEXT: and now?")
         fc.answered_once(2)
+
+
+# Today the server reads, for the interrupted turn, only its claim (and the agent's own
+# answer right after it): a message the turn was shown by a HELD answer and answered
+# stays unread, so the next turn is given it and answers it again.
+@pytest.mark.xfail(strict=True, reason="needs the turn identity (issue 22)")
+def test_kill_9_after_a_reply_that_answered_a_held_message_answers_both_once(
+    crew_server: Any,
+) -> None:
+    need_sandbox()
+    with machine() as m:
+        m.log_in()
+        comp = crew_server.create_computer()
+        agent = crew_server.create_agent("onceheld", computer_id=comp["computer_id"])
+        dm = crew_server.create_room("dm", [agent["id"]])
+        room = dm["id"]
+        # First turn: wait for `go`, reply (HELD: the second message came), reply again
+        # with the news, then hold on. Any later turn just replies.
+        first_turn = (
+            "while [ ! -e go ]; do sleep 0.1; done; "
+            f"echo one | crew reply {room}; echo one and two | crew reply {room}; sleep 60"
+        )
+        crew_server.post(
+            room,
+            f"first\nFAKE:RUN if [ ! -e held ]; then touch held; {first_turn}; "
+            f"else echo again | crew reply {room}; fi",
+        )
+        c = launch(m, bootstrap_for(crew_server.url, comp["token"], m))
+        try:
+            usable(c)
+            wait_until("the first turn", lambda: crew_server.turns(agent["id"]), 60)
+            crew_server.post(room, f"second\nFAKE:RUN echo again | crew reply {room}")
+            (m.crew_home / "agents" / agent["id"] / "work" / "go").touch()
+            wait_until(
+                "the reply after HELD", lambda: "one and two" in _replies(crew_server, room), 60
+            )
+            c.proc.kill()
+            c.proc.wait(timeout=10)
+        finally:
+            c.stop()
+        again = launch(m, bootstrap_for(crew_server.url, comp["token"], m))
+        try:
+            usable(again)
+            ledger = wait_until("the room at rest", lambda: _rested(crew_server, room), 90)
+        finally:
+            assert again.stop() == 0, again.stderr()[-3000:]
+        verdicts = [f.verdict for f in ledger.fates if f.room_id == room]
+        assert verdicts == ["once", "once"], (ledger.details(), _replies(crew_server, room))
+
+
+def _replies(server: Any, room_id: str) -> list[str]:
+    return [m["body"] for m in server.messages(room_id) if m["author"]["kind"] == "agent"]
+
+
+def _rested(server: Any, room_id: str) -> Ledger | None:
+    """The database's count once the room's messages are read and no turn of it runs."""
+    ledger = read_ledger(server.db)
+    mine = [f for f in ledger.fates if f.room_id == room_id]
+    return ledger if mine and all(f.read for f in mine) and not ledger.stuck else None
