@@ -169,12 +169,16 @@ class Chaos(Storm):
         record.note = f"kill -9 of crew-server {old.pid}, started again on port {port}"
 
     def _warm_server(self) -> int | None:
-        pids = warm_server_pids(self.computer.proc.pid)
-        return (
-            random.Random(f"warm-{self.plan.seed}-{len(self.faults)}").choice(pids)
-            if pids
-            else None
-        )
+        """One of the warm servers running (waiting a little: after a launcher's kill
+        they start again with the next turns), or None."""
+        rng = random.Random(f"warm-{self.plan.seed}-{len(self.faults)}")
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:
+            pids = warm_server_pids(self.computer.proc.pid)
+            if pids:
+                return rng.choice(pids)
+            time.sleep(0.2)
+        return None
 
     def _fault_warm_kill(self, record: FaultRecord) -> None:
         pid = self._warm_server()
