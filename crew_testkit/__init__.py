@@ -14,4 +14,7 @@ the demo shares with it; `crew_harness` never imports this package.
 - `fake_opencode`: a stand-in `opencode` executable (standard library only).
 - `scripted`: `ScriptedEngine`, an in-process `Engine` run by a script.
 - `rig`: runners against a real crew-server, driven by a `ScriptedEngine`.
+- `storm`: a storm of messages through the real processes while faults strike.
+- `chaos`: the storm with every fault kind (kill -9, SIGSTOP, disk full) and restarts.
+- `answer_ledger`: how often each message was answered, read from the server's database.
 """

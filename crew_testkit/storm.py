@@ -42,6 +42,7 @@ from typing import Any
 import httpx
 
 from crew_harness.waiting import wait_until
+from crew_testkit.answer_ledger import Ledger, read_ledger
 from crew_testkit.computer_proc import (
     ComputerProc,
     Machine,
@@ -58,27 +59,43 @@ REPLY = re.compile(r"answered:((?: +m\d{5,})*) *")
 SET_ASIDE = re.compile(r"could not handle .* and set (it|them) aside")
 
 
-def answer_command(room_id: str, think_s: float = 0.0, linger_s: float = 0.0) -> str:
-    """The shell line the fake engine runs in a turn: one reply naming every token it got.
+ANSWER_SCRIPT = "answer.sh"
+
+
+def answer_script() -> str:
+    """The shell script the fake engine runs in a turn (`sh answer.sh ROOM THINK LINGER`):
+    one reply naming every token it got.
 
     The engine's input is in its own dump (`.fake-opencode/<n>.json`, the newest by
     number). A HELD answer lists the messages that came meanwhile (now delivered to
     the agent): their tokens are added and the reply sent again; the third attempt
     is always posted (the server's HELD bound). Any other refusal ends the turn with
     the refusal standing, so the Computer retries the messages. The engine works
-    `think_s` before it replies and `linger_s` after (a fault may strike in either).
+    THINK seconds before it replies and LINGER after (a fault may strike in either).
+    Every answer of `crew` goes to the tool's output, so a HELD answer is in the
+    turn's events (crew_testkit/answer_ledger.py reads what it showed from there);
+    the messages name this script rather than carry it, so that output stays short.
     """
     tokens = "grep -o '{{m[0-9]*}}' | tr -d '{}' | sort -u | tr '\\n' ' '"
     return (
-        f"sleep {think_s:g}; d=.fake-opencode; f=$d/$(ls $d | grep -F .json | sort -n | tail -n 1); "
-        f"ids=$(cat $f | {tokens}); "
-        "for t in 1 2 3; do "
-        f'out=$(echo "answered: $ids" | crew reply {room_id}); rc=$?; '
-        "[ $rc -eq 0 ] && break; "
-        'case "$out" in "Not sent:"*) ;; *) break;; esac; '
-        f'ids="$ids $(echo "$out" | {tokens})"; '
-        f'done; echo "$out"; sleep {linger_s:g}; exit $rc'
+        'sleep "$2"; d=.fake-opencode; f=$d/$(ls $d | grep -F .json | sort -n | tail -n 1)\n'
+        f"ids=$(cat $f | {tokens})\n"
+        "for t in 1 2 3; do\n"
+        '  out=$(echo "answered: $ids" | crew reply "$1"); rc=$?; echo "$out"\n'
+        "  [ $rc -eq 0 ] && break\n"
+        '  case "$out" in "Not sent:"*) ;; *) break;; esac\n'
+        f'  ids="$ids $(echo "$out" | {tokens})"\n'
+        'done\nsleep "$3"; exit $rc\n'
     )
+
+
+def answer_command(room_id: str, think_s: float = 0.0, linger_s: float = 0.0) -> str:
+    """The `FAKE:RUN` command of a storm message: the agent's `answer_script` in its work dir.
+
+    The command names `crew reply ROOM` too (words the script ignores): the Computer
+    tells a refused reply from the commands it sees (failures.ReplyAttempts), and an
+    agent's replies are commands it sees."""
+    return f"sh {ANSWER_SCRIPT} {room_id} {think_s:g} {linger_s:g} crew reply {room_id}"
 
 
 def message_body(number: int, handle: str, command: str) -> str:
@@ -102,6 +119,8 @@ class StormPlan:
     think_s: float = 0.5  # the engine's work before its reply
     linger_s: float = 0.5  # and after it, before the turn ends
     quiet_timeout_s: float = 150.0
+    clients: int = 1  # posters at once, sharing `rate`
+    engine_mode: str = "cold"  # the Computer's engine (the fake engine speaks both)
 
     def posting_s(self) -> float:
         return self.messages / self.rate
@@ -173,6 +192,7 @@ class StormResult:
     notes: list[str]
     drain_s: float | None = None  # the last post → quiet
     kept: Path | None = None  # logs kept for a storm that lost messages
+    ledger: Ledger | None = None  # the count read from the server's database at the end
 
     @property
     def stored(self) -> int:
@@ -251,6 +271,8 @@ def fill_disk(directory: Path) -> tuple[Path, int]:
 class Storm:
     """The server, the Computer and the threads that post and strike; `run()` once."""
 
+    KINDS: tuple[str, ...] = FAULT_KINDS
+
     def __init__(self, plan: StormPlan, root: Path, m: Machine, say: Callable[[str], None]):
         self.plan = plan
         self.root = root
@@ -261,6 +283,7 @@ class Storm:
         self.posted = 0
         self.post_refusals = 0
         self._stop = threading.Event()
+        self._count_lock = threading.Lock()
         self._errors: list[BaseException] = []
         self._server_dir = root / "server"
         self._db_dir = root / "db"
@@ -282,9 +305,16 @@ class Storm:
             self.rooms.append((agent["id"], agent["handle"], room["id"]))
         self.m.log_in()
         self._launch_computer()
+        for agent_id, _, _ in self.rooms:
+            work = self.m.crew_home / "agents" / agent_id / "work"
+            wait_until(f"the work dir of {agent_id}", work.is_dir, 30)
+            (work / ANSWER_SCRIPT).write_text(answer_script())
 
     def _launch_computer(self) -> None:
-        self.computer = launch(self.m, bootstrap_for(self.server.url, self.token, self.m))
+        bootstrap = bootstrap_for(
+            self.server.url, self.token, self.m, engine_mode=self.plan.engine_mode
+        )
+        self.computer = launch(self.m, bootstrap)
         self.computers.append(self.computer)
         health = wait_until("the launcher's health", self.computer.health_known, 60)
         if not health["sandbox"]["ok"]:
@@ -295,13 +325,20 @@ class Storm:
     def run(self) -> StormResult:
         schedule = fault_schedule(self.plan)
         t0 = time.monotonic()
-        poster = threading.Thread(target=self._guard, args=(self._post_all,), name="poster")
+        posters = [
+            threading.Thread(
+                target=self._guard, args=(lambda n=n: self._post_all(n),), name=f"poster-{n}"
+            )
+            for n in range(max(1, self.plan.clients))
+        ]
         striker = threading.Thread(
             target=self._guard, args=(lambda: self._strike(schedule, t0),), name="faults"
         )
-        poster.start()
+        for poster in posters:
+            poster.start()
         striker.start()
-        poster.join()
+        for poster in posters:
+            poster.join()
         self._posting_ended = time.monotonic()
         striker.join()
         if self._errors:
@@ -313,14 +350,16 @@ class Storm:
         quiet = self._wait_quiet()
         wall = time.monotonic() - t0
         drain = time.monotonic() - self._posting_ended if quiet else None
+        self._wait_at_rest()
         code = self.computer.stop()
         fates = self.account()
+        ledger = read_ledger(self.server.db)
         turns: Counter[str] = Counter()
         for agent_id, _, _ in self.rooms:
             turns.update(t["status"] for t in self._turns(agent_id))
         return StormResult(
             self.plan, fates, self.faults, self.posted, self.post_refusals, turns, wall,
-            quiet, code, self.notes, drain,
+            quiet, code, self.notes, drain, ledger=ledger,
         )  # fmt: skip
 
     def _guard(self, work: Callable[[], None]) -> None:
@@ -330,17 +369,21 @@ class Storm:
             self._errors.append(exc)
             self._stop.set()
 
-    def _post_all(self) -> None:
-        """Post until the server confirmed `messages` posts, at the plan's rate."""
-        rng = random.Random(f"posts-{self.plan.seed}")
-        interval = 1.0 / self.plan.rate
-        number = 0
+    def _post_all(self, poster: int = 0) -> None:
+        """Post until the server confirmed `messages` posts, at the plan's rate (shared by
+        `clients` posters at once, each numbering its tokens apart)."""
+        clients = max(1, self.plan.clients)
+        rng = random.Random(
+            f"posts-{self.plan.seed}-{poster}" if poster else f"posts-{self.plan.seed}"
+        )
+        interval = clients / self.plan.rate
+        number = poster - clients + 1
         next_at = time.monotonic()
         with httpx.Client(
             base_url=self.server.url, timeout=10.0, headers=self.server.user_headers
         ) as client:
             while self.posted < self.plan.messages and not self._stop.is_set():
-                number += 1
+                number += clients
                 _, handle, room_id = self.rooms[rng.randrange(len(self.rooms))]
                 command = answer_command(room_id, self.plan.think_s, self.plan.linger_s)
                 body = message_body(number, handle, command)
@@ -353,10 +396,11 @@ class Storm:
                     stored = False
                 # A refused post may still be stored (an answer lost in a restart): its
                 # token is never reused, and the final count comes from the server.
-                if stored:
-                    self.posted += 1
-                else:
-                    self.post_refusals += 1
+                with self._count_lock:
+                    if stored:
+                        self.posted += 1
+                    else:
+                        self.post_refusals += 1
                 next_at += interval
                 time.sleep(max(0.0, next_at - time.monotonic()))
 
@@ -402,6 +446,15 @@ class Storm:
         record.note = f"kill -9 of crew-computer {old.proc.pid}, started again"
 
     # ---------------------------------------------------------- the accounting
+
+    def _wait_at_rest(self) -> None:
+        """Wait (up to the quiet timeout) until the database says every message is read
+        and no turn runs: an answered message still unread would be given again."""
+        deadline = time.monotonic() + self.plan.quiet_timeout_s
+        while time.monotonic() < deadline:
+            if read_ledger(self.server.db).at_rest:
+                return
+            time.sleep(1.0)
 
     def _wait_quiet(self) -> bool:
         deadline = time.monotonic() + self.plan.quiet_timeout_s
@@ -496,16 +549,20 @@ class Storm:
 
 
 def run_storm(
-    plan: StormPlan, say: Callable[[str], None] = print, keep_on_loss: Path | None = None
+    plan: StormPlan,
+    say: Callable[[str], None] = print,
+    keep_on_loss: Path | None = None,
+    storm_class: type[Storm] = Storm,
 ) -> StormResult:
     """Run one storm from start to end; the processes and the disk are gone afterwards.
 
     With `keep_on_loss`, the server and Computer logs of a storm that lost messages
-    are copied there (the result's `kept`).
+    (or, by its database, answered one twice or left a turn stuck) are copied there
+    (the result's `kept`). `storm_class` may know more fault kinds (its `KINDS`).
     """
-    unknown = set(plan.faults) - set(FAULT_KINDS)
+    unknown = set(plan.faults) - set(storm_class.KINDS)
     if unknown:
-        raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {FAULT_KINDS}")
+        raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {storm_class.KINDS}")
     if plan.fault_counts is not None and not set(plan.fault_counts) <= set(plan.faults):
         raise ValueError("fault_counts may only count kinds listed in faults")
     notes: list[str] = []
@@ -520,7 +577,7 @@ def run_storm(
     root = Path(tempfile.mkdtemp(prefix="storm-"))
     try:
         with machine() as m:
-            storm = Storm(plan, root, m, say)
+            storm = storm_class(plan, root, m, say)
             storm.notes.extend(notes)
             with contextlib.ExitStack() as stack:
                 db_dir = root / "db"
@@ -532,8 +589,9 @@ def run_storm(
                     result = storm.run()
                     if result.lost:
                         say(storm.lost_report(result.lost))
-                        if keep_on_loss is not None:
-                            result.kept = _keep_logs(storm, keep_on_loss)
+                    bad = result.ledger is not None and not result.ledger.ok
+                    if (result.lost or bad) and keep_on_loss is not None:
+                        result.kept = _keep_logs(storm, keep_on_loss)
                 finally:
                     for computer in storm.computers:
                         with contextlib.suppress(AssertionError):
@@ -551,4 +609,8 @@ def _keep_logs(storm: Storm, where: Path) -> Path:
         shutil.copy(log, where / log.name)
     for computer in storm.computers:
         shutil.copy(computer.stderr_path, where / computer.stderr_path.name)
+    db = Path(str(storm.server.db))
+    for part in (db, db.with_name(db.name + "-wal")):
+        if part.exists():
+            shutil.copy(part, where / part.name)
     return where

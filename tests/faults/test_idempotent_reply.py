@@ -2,80 +2,25 @@
 
 Real processes: the reference server, the installed `crew`, and for the lost answer a
 proxy in between that forwards the request and drops the first reply's answer. Each test
-counts the room's messages in the server afterwards: exactly one.
+counts the room's messages in the server afterwards: exactly one. The lost answer
+also through the whole chain, the real OpenCode in both engines behind the proxy.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from crew_testkit.crew_server_proc import CrewServer, start_crew_server
+from tests.faults.engines import ENGINE_MODES, fault_chain, reply_rule
+from tests.faults.forwarding_proxy import ForwardingProxy
 from tests.shim.world import CREW_BIN, Agent, make_agent
 from tests.support.ci import required_in_ci
-
-
-class AnswerDropper:
-    """Loopback proxy: forwards each request; the first POST /agent/reply's answer is
-    read from the server and thrown away (the client sees the connection close)."""
-
-    def __init__(self, upstream_port: int) -> None:
-        self.upstream_port = upstream_port
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
-        self.dropped = 0
-        self.forwarded = 0
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            with client:
-                request = _read_request(client)
-                with socket.create_connection(("127.0.0.1", self.upstream_port)) as up:
-                    up.sendall(request)
-                    answer = _read_until_close(up)
-                self.forwarded += 1
-                if request.startswith(b"POST /agent/reply ") and self.dropped == 0:
-                    self.dropped += 1
-                    continue  # the server did the write; its answer is lost
-                client.sendall(answer)
-
-    def close(self) -> None:
-        self.listener.close()
-
-
-def _read_request(sock: socket.socket) -> bytes:
-    data = b""
-    while b"\r\n\r\n" not in data:
-        data += sock.recv(65536)
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = 0
-    for line in head.split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            length = int(value)
-    while len(body) < length:
-        body += sock.recv(65536)
-    return head + b"\r\n\r\n" + body
-
-
-def _read_until_close(sock: socket.socket) -> bytes:
-    chunks = []
-    while chunk := sock.recv(65536):
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 @pytest.fixture
@@ -120,12 +65,13 @@ def test_a_reply_whose_answer_is_lost_is_retried_and_posted_once(
     served: tuple[CrewServer, Agent, str],
 ) -> None:
     server, alice, room_id = served
-    proxy = AnswerDropper(int(server.url.rsplit(":", 1)[1]))
+    proxy = ForwardingProxy(int(server.url.rsplit(":", 1)[1]))
+    proxy.drop(b"POST /agent/reply ")
     try:
         sent = crew_reply(proxy.url, alice, room_id, "The build is green.")
     finally:
         proxy.close()
-    assert proxy.dropped == 1 and proxy.forwarded >= 2  # the retry went through too
+    assert len(proxy.dropped) == 1 and len(proxy.forwarded) >= 2  # the retry went through too
     assert sent.returncode == 0, sent.stderr
     assert sent.stdout == f"Message sent to room {room_id}.\n"
     # The agent, unsure, runs the same command again in the same turn: still one.
@@ -149,3 +95,26 @@ def test_a_reply_to_a_paused_server_lands_once_when_sent_again(
     again = crew_reply(server.url, alice, room_id, "Deployed.")
     assert again.returncode == 0, again.stderr
     assert bodies(server, room_id) == ["Deployed."]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("engine", ENGINE_MODES)
+def test_a_reply_whose_answer_is_lost_on_the_way_to_the_sandbox_answers_once_in_both_engines(
+    engine: str,
+) -> None:
+    """The real OpenCode, both engines, the Computer and its sandboxes' `crew` behind a
+    proxy that loses the first reply's answer: `crew` retries with its key, the turn
+    succeeds, every message answered once (counted from the database)."""
+    with fault_chain(engine, through_proxy=True) as fc:
+        assert fc.proxy is not None
+        fc.chain.script([reply_rule("LOST", "The build is green.")])
+        agent = fc.chain.agent("lostanswer")
+        dm = fc.chain.dm(agent["id"])
+        fc.proxy.drop(b"POST /agent/reply ")
+        fc.chain.post(dm["id"], "LOST: is the build green?")
+        [turn] = fc.chain.finished_turns(agent["id"], 1)
+        assert len(fc.proxy.dropped) == 1, fc.proxy.forwarded
+        assert turn["status"] == "succeeded", (turn["failure"], fc.chain.diagnostics())
+        fc.answered_once(1)
+        assert fc.agent_replies(dm["id"]) == ["The build is green."]
+        fc.chain.check_engine()

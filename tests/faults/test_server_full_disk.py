@@ -6,7 +6,9 @@ of the server" and the connection was reset; the log showed "cannot rollback -
 no transaction is active", hiding "database or disk is full" (the failed
 statement had already rolled the transaction back, and the second ROLLBACK
 raised over it). Now the server answers 503 `storage_full` with `Retry-After`,
-keeps the connection and works again as soon as space is back.
+keeps the connection and works again as soon as space is back. A turn whose
+reply went out just before the disk filled answers its message once, with the
+fake engine and with the real OpenCode in both engines.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from crew_harness.waiting import wait_until
 from crew_testkit.computer_proc import bootstrap_for, launch, machine
 from crew_testkit.crew_server_proc import CrewServer, start_crew_server
 from tests.faults.chain import need_sandbox, read_positions, usable
+from tests.faults.engines import ENGINE_MODES, fault_chain, reply_rule
 from tests.support.ci import required_in_ci
 
 pytestmark = pytest.mark.timeout(180)
@@ -208,3 +211,45 @@ def _retrying_row(c: Any, agent_id: str) -> dict[str, Any] | None:
     """The agent's row on the Computer once it waits to try again after a failure."""
     [row] = [r for r in c.get("/agents") if r["id"] == agent_id]
     return row if row["retry_at"] and row["last_reason"] else None
+
+
+# Today the turn whose finish the full disk refused is `interrupted` only when the next
+# turn registers, after that turn's claim was given the same message: answered twice.
+@pytest.mark.xfail(strict=True, reason="needs the turn identity (issue 22)")
+@pytest.mark.parametrize("engine", ENGINE_MODES)
+def test_a_disk_full_then_freed_mid_turn_answers_once_in_both_engines(
+    small_disk: Path, engine: str
+) -> None:
+    """The real OpenCode, both engines: the agent replies, the disk fills before the turn
+    ends (its events, ack and finish are refused), then frees: the message is answered
+    once, counted from the database; the model replies every time it is given it."""
+    with fault_chain(
+        engine, db=small_disk / "crew.db", upstream_retry_window_s=6, retry_base_s=1
+    ) as fc:
+        fc.chain.script(
+            [reply_rule("FULL", "answer", then="while [ ! -e go ]; do sleep 0.1; done")]
+        )
+        agent = fc.chain.agent("fulldisk3")
+        dm = fc.chain.dm(agent["id"])
+        elsewhere = fc.chain.dm(fc.chain.agent("bystander3")["id"])
+        fc.chain.post(dm["id"], "FULL: answer, then wait")
+        wait_until("the agent's reply", lambda: fc.agent_replies(dm["id"]), 90)
+        filler = small_disk / "filler"
+        _fill(filler)
+        _post_until_refused(fc.chain.http, elsewhere["id"])
+        (fc.work_dir(agent["id"]) / "go").touch()
+
+        def retrying() -> dict[str, Any] | None:
+            with fc.computer.introspection() as local:
+                [row] = [r for r in local.get("/agents").json() if r["id"] == agent["id"]]
+            return row if row["retry_at"] and row["last_reason"] else None
+
+        wait_until("the runner's retry", retrying, 90)
+        filler.unlink()
+        # The filler posts that were stored are messages too (to a silent bystander).
+        ledger = fc.at_rest()
+        mine = [f.verdict for f in ledger.fates if f.room_id == dm["id"]]
+        turns = [(t["status"], t["failure"]) for t in fc.chain.turns(agent["id"])]
+        story = f"{ledger.summary()}\n{ledger.details()}\n{turns}\n{fc.agent_replies(dm['id'])}"
+        assert mine == ["once"], story
+        assert fc.agent_replies(dm["id"]) == ["answer"], story
