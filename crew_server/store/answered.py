@@ -16,8 +16,10 @@ import orjson
 
 from crew_server.store.db import Transaction
 
-# A turn that ended so but had answered a room: its claim there is read (issue 22).
-ENDED_UNACKED = ("failed", "interrupted")
+# A turn that ended so but had answered a room: its claim there is read (issue 22). A
+# stopped turn (`cancelled`: the person's Stop, the Computer shutting down) too: what it
+# already answered is not asked again; the rooms it did not answer stay unread.
+ENDED_UNACKED = ("failed", "interrupted", "cancelled")
 
 
 def answered_room(tx: Transaction, agent_id: str, turn_id: str, room_id: str) -> bool:
@@ -41,7 +43,7 @@ def answered_every_room(tx: Transaction, agent_id: str, turn_id: str) -> bool:
 
 def ack_answered_rooms(tx: Transaction, agent_id: str, turn_id: str) -> None:
     """Mark read, in each room of the turn it posted in (or a thread of it), that room's
-    claim of the turn — only its range.
+    claim of the turn, and what a HELD answer showed the turn before it posted there.
 
     A failed or interrupted turn (its Computer killed, its reply timed out but landed)
     still answered those rooms: the next turn must not see them again. Rooms it did not
@@ -64,6 +66,15 @@ def ack_answered_rooms(tx: Transaction, agent_id: str, turn_id: str) -> None:
                 "SELECT MAX(seq) AS newest FROM messages WHERE room_id = ?", (room_id,)
             ).fetchone()["newest"]
             read = max(int(newest or 0), upto)
+        # A post is taken only once the agent was shown every message before it (HELD
+        # shows them, moving `delivered_seq`): up to its last post here, it saw them all.
+        # The cap at `delivered_seq` below keeps what a twice-held post never showed.
+        last_post = tx.execute(
+            "SELECT MAX(seq) AS last FROM messages WHERE room_id = ? AND turn_id = ? "
+            "AND author_kind = 'agent' AND author_id = ?",
+            (room_id, turn_id, agent_id),
+        ).fetchone()["last"]
+        read = max(read, int(last_post or 0))
         tx.execute(
             "UPDATE positions SET read_seq = CASE WHEN delivered_seq < ? THEN delivered_seq "
             "ELSE ? END WHERE agent_id = ? AND room_id = ? AND read_seq < ? AND delivered_seq >= ?",

@@ -23,13 +23,13 @@ from typing import Any
 
 import httpx
 import pytest
-from crew_server.demo import ComputerProcess, start_computer, user_env, write_scripted_login
-from crew_server.scripted_model import ROOM_ID, Script, ScriptedModel
 
+from crew_harness.demo import ComputerProcess, start_computer, user_env, write_scripted_login
+from crew_harness.scripted_model import ROOM_ID, Script, ScriptedModel
 from crew_harness.waiting import wait_until
 from crew_testkit.answer_ledger import Ledger, read_ledger
+from crew_testkit.computer_proc import launcher_pids
 from crew_testkit.crew_server_proc import CrewServer, start_crew_server
-from crew_testkit.storm import launcher_pids
 from tests.e2e.chain import Chain
 from tests.e2e.opencode_by_hand import OPENCODE
 from tests.faults.forwarding_proxy import ForwardingProxy

@@ -130,16 +130,19 @@ async def test_a_late_reply_once_a_newer_turn_has_the_messages_is_refused(
     assert bodies == ["a question", "the answer"]  # answered once
 
 
-async def test_a_failed_turn_acks_only_the_rooms_it_answered_by_its_identity(
-    world: World,
+@pytest.mark.parametrize("status", ["failed", "cancelled"])
+async def test_a_turn_that_ended_unacked_acks_only_the_rooms_it_answered_by_its_identity(
+    world: World, status: str
 ) -> None:
+    """Failed, or stopped (`cancelled`: the person's Stop, the Computer shutting down)
+    after it answered one room: that room is not asked again, the other stays unread."""
     box, alice, answered, token = await setup(world)
     silent = await world.group("quiet", alice)
     await world.post(answered["id"], "a question")
     await world.post(silent["id"], "another")
     turn = await claimed_turn(world, box, alice)
     assert (await reply(world, token, answered["id"], "the answer", turn)).status_code == 201
-    await finish(world, box, turn, "failed")
+    await finish(world, box, turn, status)
     positions = await world.positions(alice)
     assert positions[answered["id"]] == (2, 2)
     assert positions[silent["id"]] == (1, 0)  # unanswered: unread, as before
@@ -195,3 +198,25 @@ async def test_a_reply_without_an_identity_counts_for_the_latest_turn(world: Wor
     sent = await reply(world, token, room["id"], "from an older crew", None)
     assert sent.status_code == 201, sent.text
     assert turn_of_message(world, sent.json()["message_id"]) == turn["turn_id"]
+
+
+async def test_what_held_showed_before_the_turns_reply_is_read_with_its_claim(
+    world: World,
+) -> None:
+    """Chaos seed 2: a reply HELD (it showed #2), sent again and posted (#3), then the
+    Computer was killed: the server's ack read only the claim (#1), so #2 was answered
+    again by the next turn. The turn saw everything up to its post: all of it is read."""
+    box, alice, room, token = await setup(world)
+    await world.post(room["id"], "a question")
+    turn = await claimed_turn(world, box, alice)
+    await world.post(room["id"], "and one more thing")
+    held = await reply(world, token, room["id"], "the answer", turn)
+    assert held.status_code == 409 and held.json()["held"] is True, held.text
+    assert (await reply(world, token, room["id"], "both answered", turn)).status_code == 201
+    await finish(world, box, turn, "failed")  # as the sweep after a kill -9 does
+    assert (await world.positions(alice))[room["id"]] == (3, 3)
+    assert await world.unread(box, alice) == []
+    # What came after the post stays unread for the next turn.
+    await world.post(room["id"], "a new question")
+    [unread] = await world.unread(box, alice)
+    assert [m["body"] for m in unread["messages"]] == ["a new question"]
