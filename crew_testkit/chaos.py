@@ -21,6 +21,7 @@ stuck turns.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -144,7 +145,9 @@ class Chaos(Storm):
         try:
             time.sleep(seconds)
         finally:
-            os.kill(pid, signal.SIGCONT)
+            # A stopped warm server may be killed meanwhile (its launcher's restart).
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
         record.note = f"SIGSTOP of {what} {pid} for {seconds:.1f} s"
 
     def _fault_computer_stop(self, record: FaultRecord) -> None:

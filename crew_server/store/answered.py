@@ -84,7 +84,7 @@ def ack_answered_rooms(tx: Transaction, agent_id: str, turn_id: str) -> None:
 
 def ack_if_late(tx: Transaction, agent_id: str, turn_id: str | None) -> None:
     """After an agent's reply bound to `turn_id`: when that turn already ended failed or
-    interrupted, the reply acknowledges the rooms the turn answered."""
+    interrupted or was stopped, the reply acknowledges the rooms the turn answered."""
     if turn_id is None:
         return
     turn = tx.execute("SELECT status FROM turns WHERE id = ?", (turn_id,)).fetchone()

@@ -117,7 +117,6 @@ def test_kill_9_of_the_launcher_right_after_crew_reply_answers_once_in_both_engi
 # Today the server reads, for the interrupted turn, only its claim (and the agent's own
 # answer right after it): a message the turn was shown by a HELD answer and answered
 # stays unread, so the next turn is given it and answers it again.
-@pytest.mark.xfail(strict=True, reason="needs the turn identity (issue 22)")
 def test_kill_9_after_a_reply_that_answered_a_held_message_answers_both_once(
     crew_server: Any,
 ) -> None:

@@ -18,12 +18,9 @@ pytestmark = pytest.mark.timeout(400)
 SEED = 1
 
 
-# Today some runs answer messages twice: a turn shown messages by a HELD answer, whose
-# Computer is killed after it replied (the server reads only its claim); a reply that
-# lands after a server paused over 10 s; a finish refused by the full disk. Whether a
-# run of this seed meets one depends on timing, so the mark is not strict (it passed 2
-# of 3 runs): make it a plain test when the turn identity lands.
-@pytest.mark.xfail(strict=False, reason="needs the turn identity (issue 22)")
+# Before the turn binding (issue 22) some runs of this seed answered twice: a turn shown
+# messages by HELD whose Computer was killed after it replied, a reply landing after a
+# server paused over 10 s, a finish refused by a full disk. Each has its own test now.
 def test_a_small_chaos_run_answers_every_message_exactly_once() -> None:
     need_sandbox()
     said: list[str] = []

@@ -30,7 +30,7 @@ FAULTS: dict[str, list[str]] = {
     "kill -9 of the launcher right after crew reply returned: the message is answered once": [
         "tests/faults/test_answered_once.py::test_kill_9_of_the_launcher_right_after_crew_reply_answers_once_in_both_engines",
     ],
-    "the server's database disk full then freed mid-turn: answered once (xfail until the turn identity)": [
+    "the server's database disk full then freed mid-turn: answered once": [
         "tests/faults/test_server_full_disk.py::test_a_disk_full_then_freed_mid_turn_answers_once_in_both_engines",
     ],
     "a seeded chaos run: every fault kind, every message answered once from the database": [
@@ -112,7 +112,7 @@ FAULTS: dict[str, list[str]] = {
         "tests/faults/test_hostile_agent.py::test_a_planted_session_id_does_not_wedge_the_agent",
         "tests/launcher/test_hostile.py::test_hostile_engine_is_contained",
         "tests/computer/test_process.py::test_planted_file_is_that_agents_problem_a_planted_link_is_repaired_others_run",
-        "tests/computer/test_runner.py::test_a_session_that_cannot_be_saved_still_acks_and_starts_a_new_session",
+        "tests/computer_unit/test_pipeline.py::test_a_session_that_cannot_be_saved_is_lost_and_the_next_turn_starts_anew",
         "tests/computer_unit/test_engine_sandboxed.py::test_background_process_neither_hangs_nor_outlives_the_turn",
     ],
     "a second Computer with the same token replaces the first: it exits 1 with one line, nothing lost": [
@@ -123,7 +123,7 @@ FAULTS: dict[str, list[str]] = {
     ],
     "the server's disk is full: 503 storage_full on the same connection, recovery when space returns": [
         "tests/faults/test_server_full_disk.py::test_a_full_disk_answers_503_keeps_the_connection_and_recovers",
-        "tests/faults/test_server_full_disk.py::test_an_ack_refused_by_a_full_disk_is_made_again_once_space_returns",
+        "tests/faults/test_server_full_disk.py::test_an_ack_refused_by_a_full_disk_is_read_once_space_returns",
     ],
     "the server is down for a while: the Computer reconnects within seconds of it answering again": [
         "tests/faults/test_reconnect.py::test_the_event_stream_is_back_within_seconds_of_the_server_and_a_message_is_answered",
