@@ -17,7 +17,6 @@ import pytest
 from crew_harness.waiting import wait_until
 from crew_testkit.computer_proc import (
     FAKE_OPENCODE,
-    ComputerProc,
     Machine,
     bootstrap_for,
     launch,
@@ -25,24 +24,10 @@ from crew_testkit.computer_proc import (
     machine,
 )
 from tests.support.ci import required_in_ci
+from tests.support.computer import need_sandbox, problem_of, usable
 from tests.support.turns import finished
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def need_sandbox() -> None:
-    if shutil.which("bwrap") is None:
-        required_in_ci("bubblewrap (apt-get install bubblewrap)")
-
-
-def problem_of(server: Any, agent_id: str) -> str | None:
-    return next(a for a in server.agents() if a["id"] == agent_id).get("problem")
-
-
-def usable(c: ComputerProc) -> dict[str, Any]:
-    health = wait_until("the launcher's health", c.health_known, 60)
-    assert health["sandbox"]["ok"], f"sandbox not usable: {health}\n{c.stderr()[-2000:]}"
-    return health
 
 
 def run_dir_entries(m: Machine) -> list[str]:

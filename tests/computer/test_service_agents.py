@@ -25,13 +25,10 @@ from crew_common.version import VERSION
 from crew_harness.waiting import wait_until_async
 from crew_testkit.scripted import ScriptedEngine, blocking, fail, succeed, wait_for_stop
 from tests.computer.fakes import UNUSABLE, USABLE, FakeParts
+from tests.support.computer import problem_of
 from tests.support.turns import finished_async
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
-
-
-def problem_of(server: Any, agent_id: str) -> str | None:
-    return next(a for a in server.agents() if a["id"] == agent_id).get("problem")
 
 
 @asynccontextmanager

@@ -23,8 +23,8 @@ import pytest
 from crew_harness.waiting import wait_until
 from crew_testkit.computer_proc import ComputerProc, bootstrap_for, launch, machine
 from crew_testkit.crowd import CROWD_TOOL, peak_overlap, tool_spans
-from tests.faults.chain import need_sandbox, usable
 from tests.launcher.helpers import processes_with
+from tests.support.computer import need_sandbox, usable
 from tests.support.turns import finished
 
 pytestmark = pytest.mark.timeout(600)

@@ -28,8 +28,8 @@ from computer_service.watch import ComputerUnavailable, status
 from crew_harness.waiting import wait_until
 from crew_testkit.computer_proc import ComputerProc, Machine, bootstrap_for, launch, machine
 from tests.computer.static_view import StaticView
-from tests.computer.test_process import need_sandbox, usable
 from tests.support.ci import required_in_ci
+from tests.support.computer import need_sandbox, usable
 from tests.support.turns import finished
 
 pytestmark = pytest.mark.timeout(180)

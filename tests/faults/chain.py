@@ -3,27 +3,11 @@
 from __future__ import annotations
 
 import re
-import shutil
 from typing import Any
 
 import orjson
 
-from crew_harness.waiting import wait_until
 from crew_testkit.computer_proc import ComputerProc
-from tests.support.ci import required_in_ci
-
-
-def need_sandbox() -> None:
-    """bwrap is required in CI; locally its absence skips."""
-    if shutil.which("bwrap") is None:
-        required_in_ci("bubblewrap (apt-get install bubblewrap)")
-
-
-def usable(c: ComputerProc) -> dict[str, Any]:
-    """`/health` once the launcher answered; the sandbox must be usable."""
-    health = wait_until("the launcher's health", c.health_known, 60)
-    assert health["sandbox"]["ok"], f"sandbox not usable: {health}\n{c.stderr()[-2000:]}"
-    return health
 
 
 def read_positions(server: Any, agent_id: str) -> dict[str, tuple[int, int]]:

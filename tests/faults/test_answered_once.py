@@ -18,8 +18,8 @@ import pytest
 from crew_harness.waiting import wait_until
 from crew_testkit.answer_ledger import Ledger, read_ledger
 from crew_testkit.computer_proc import bootstrap_for, launch, machine
-from tests.computer.test_process import need_sandbox, usable
 from tests.faults.engines import ENGINE_MODES, FaultChain, fault_chain, once_in_work_dir, reply_rule
+from tests.support.computer import need_sandbox, usable
 from tests.support.turns import finished
 
 pytestmark = pytest.mark.timeout(240)

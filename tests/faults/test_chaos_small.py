@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from crew_testkit.chaos import CHAOS_KINDS, chaos_plan, run_chaos
-from tests.faults.chain import need_sandbox
+from tests.support.computer import need_sandbox
 
 pytestmark = pytest.mark.timeout(400)
 

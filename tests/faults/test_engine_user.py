@@ -21,8 +21,8 @@ import pytest
 
 from crew_common.engine_user import engine_identity
 from crew_testkit.computer_proc import bootstrap_for, launch, machine
-from tests.faults.chain import need_sandbox, usable
 from tests.support.ci import required_in_ci
+from tests.support.computer import need_sandbox, usable
 from tests.support.turns import finished
 
 pytestmark = pytest.mark.timeout(150)

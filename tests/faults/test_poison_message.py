@@ -18,7 +18,8 @@ import pytest
 
 from crew_harness.waiting import wait_until
 from crew_testkit.computer_proc import bootstrap_for, launch, machine
-from tests.faults.chain import need_sandbox, read_positions, usable
+from tests.faults.chain import read_positions
+from tests.support.computer import need_sandbox, usable
 from tests.support.turns import finished
 
 pytestmark = pytest.mark.timeout(150)

@@ -28,9 +28,10 @@ import pytest
 from crew_harness.waiting import wait_until
 from crew_testkit.computer_proc import bootstrap_for, launch, machine
 from crew_testkit.crew_server_proc import CrewServer, start_crew_server
-from tests.faults.chain import need_sandbox, read_positions, usable
+from tests.faults.chain import read_positions
 from tests.faults.engines import ENGINE_MODES, fault_chain, reply_rule
 from tests.support.ci import required_in_ci
+from tests.support.computer import need_sandbox, usable
 
 pytestmark = pytest.mark.timeout(180)
 

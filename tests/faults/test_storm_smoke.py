@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from crew_testkit.storm import StormPlan, fault_schedule, run_storm
-from tests.faults.chain import need_sandbox
+from tests.support.computer import need_sandbox
 
 pytestmark = pytest.mark.timeout(300)
 
