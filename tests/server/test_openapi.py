@@ -3,7 +3,9 @@ finds no 5xx and no answer that breaks the schema."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Any
 
 import schemathesis
 from hypothesis import HealthCheck, settings
@@ -95,4 +97,18 @@ def test_app_conforms_to_openapi(case: schemathesis.Case) -> None:
         headers["Authorization"] = f"Bearer {token}"
     elif path.startswith("/api/"):
         headers["Authorization"] = f"Bearer {IDS['user_token']}"
-    case.call_and_validate(headers=headers)
+    response = case.call(headers=headers)
+    if _beyond_64_bits(path, response):
+        return
+    case.validate_response(response, headers=headers)
+
+
+def _beyond_64_bits(path: str, response: Any) -> bool:
+    """The one refusal of schema-valid data the document states in words (`TurnEvent.data`:
+    integers must fit in 64 bits, else 422), which a JSON schema cannot say of any JSON."""
+    if path != "/computer/turns/{turn_id}/events" or response.status_code != 422:
+        return False
+    message = response.json()["error"]["message"]
+    return bool(
+        re.fullmatch(r"events\.\d+\.data cannot be stored: Integer exceeds 64-bit range", message)
+    )
