@@ -273,6 +273,30 @@ def tools_for(uid: int, nproc: int) -> BwrapTools:
     )
 
 
+def run_probe(
+    argv: list[str], run_as: int, env: dict[str, str], cwd: Path
+) -> dict[str, tuple[int, str]]:
+    """Run a sandbox's argv as `run_as` (the engines' user) and read its probe's lines;
+    the sandbox must exit 0 and the probe say something."""
+    other = run_as != os.getuid()
+    done = subprocess.run(
+        argv,
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        start_new_session=True,
+        user=run_as if other else None,
+        group=run_as if other else None,
+        extra_groups=[] if other else None,
+    )
+    results = probe_results(done.stdout)
+    assert done.returncode == 0 and results, (done.returncode, done.stdout, done.stderr)
+    return results
+
+
 def probe_results(stdout: str) -> dict[str, tuple[int, str]]:
     """`name rc output` lines of a probe script: {name: (rc, output)}."""
     found = {}

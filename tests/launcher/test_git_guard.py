@@ -47,9 +47,9 @@ from tests.launcher.helpers import (
     LauncherProcess,
     engine_lines,
     make_layout,
-    probe_results,
     probe_uid,
     public_temp_dir,
+    run_probe,
     tools_for,
     write_fake_opencode,
 )
@@ -297,23 +297,8 @@ def test_what_a_turn_plants_is_undone_and_git_keeps_working(
             for what, value in (("NAME", "agent"), ("EMAIL", "agent@crew"))
         },
     }
-    other = run_as != os.getuid()
     before = baseline(work)  # as the launcher does when a turn starts…
-    done = subprocess.run(
-        argv,
-        env=env,
-        cwd=work,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        start_new_session=True,
-        user=run_as if other else None,
-        group=run_as if other else None,
-        extra_groups=[] if other else None,
-    )
-    results = probe_results(done.stdout)
-    assert done.returncode == 0 and results, (done.returncode, done.stdout, done.stderr)
+    results = run_probe(argv, run_as, env, work)
     # The sandbox no longer stands in the way (the repository stays the agent's)…
     for name, (rc, out) in results.items():
         assert rc == 0, f"{name} failed in the sandbox: {out}"

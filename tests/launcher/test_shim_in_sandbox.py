@@ -32,9 +32,9 @@ from tests.launcher.helpers import (
     LauncherProcess,
     engine_lines,
     make_layout,
-    probe_results,
     probe_uid,
     public_temp_dir,
+    run_probe,
     tools_for,
     write_fake_opencode,
 )
@@ -148,23 +148,8 @@ def test_crew_runs_in_the_sandbox_from_a_checkout(mode: LinuxMode, run_as: int, 
         "TMPDIR": str(runtime / "tmp"),
         "LANG": "C.UTF-8",
     }
-    other = run_as != os.getuid()
-    done = subprocess.run(
-        argv,
-        env=env,
-        cwd=agent / "work",
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        start_new_session=True,
-        user=run_as if other else None,
-        group=run_as if other else None,
-        extra_groups=[] if other else None,
-    )
-    results = probe_results(done.stdout)
-    assert done.returncode == 0 and results, (done.returncode, done.stdout, done.stderr)
-    assert_crew_works(results, done.stdout)
+    results = run_probe(argv, run_as, env, agent / "work")
+    assert_crew_works(results, results)
 
 
 # ---- through the real launcher process ----

@@ -31,9 +31,9 @@ from tests.launcher.helpers import (
     LauncherProcess,
     engine_lines,
     make_layout,
-    probe_results,
     probe_uid,
     public_temp_dir,
+    run_probe,
     tools_for,
     write_fake_opencode,
 )
@@ -256,22 +256,7 @@ def test_toolchains_run_inside_the_sandbox_and_secrets_stay_shut(
         "REAL_HOME": str(home),
         "REPO": str(fake.repo),
     }
-    other = run_as != os.getuid()
-    done = subprocess.run(
-        argv,
-        env=env,
-        cwd=agent / "work",
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        start_new_session=True,
-        user=run_as if other else None,
-        group=run_as if other else None,
-        extra_groups=[] if other else None,
-    )
-    results = probe_results(done.stdout)
-    assert done.returncode == 0 and results, (done.returncode, done.stdout, done.stderr)
+    results = run_probe(argv, run_as, env, agent / "work")
     assert results["pytool"] == (0, "pyenv-tool-ok")
     assert results["venvtool"] == (0, "venv-tool-ok")
     assert results["nodetool"] == (0, "node-tool-ok")
