@@ -304,17 +304,18 @@ class Runner:
         self._retry_later(delay)
 
     async def _turn(self) -> None:
-        # Before claiming: a broken directory would fail every turn, and the messages with it.
-        problem = self._workspace.repair()
-        if problem is not None:
-            log.warning("agent %s cannot run: %s", self.agent.handle, problem)
-            self.problem = problem
-            return
         stop = anyio.Event()
         self._stop = stop
         self._set_state(RunnerState.QUEUED)
         async with self._gate.slot(abort=stop) as held:
             if not held or stop.is_set():
+                return
+            # Just before claiming (not before the wait for a slot, when the home can
+            # still change): a broken directory would fail every turn, and the messages.
+            problem = self._workspace.repair()
+            if problem is not None:
+                log.warning("agent %s cannot run: %s", self.agent.handle, problem)
+                self.problem = problem
                 return
             self._set_state(RunnerState.RUNNING)
             started = time.monotonic()

@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from computer_service.bootstrap import Bootstrap
+from computer_service.runner import RunnerState
 from computer_service.service import ComputerService
 from computer_service.upstream import AgentRecord
 from crew_common.version import VERSION
@@ -159,6 +160,13 @@ async def test_an_agent_that_breaks_its_home_mid_run_is_repaired_or_told_and_hea
         [first] = await finished_async(crew_server, agent["id"], 1)
         assert first["status"] == "succeeded"
         assert (home / "work").is_dir() and tmp.is_dir() and not tmp.is_symlink()
+        # The first message's wake-ups (the connect's and the post's) have all been taken:
+        # a turn they still start would claim "second" before its home is broken.
+        runner = service.roster.runners[agent["id"]]
+        await wait_until_async(
+            "the runner at rest",
+            lambda: runner.state is RunnerState.IDLE and not runner.pending_wake,
+        )
 
         # A file where a directory belongs cannot be repaired: the agent's problem, nothing claimed.
         shutil.rmtree(home / "work")
