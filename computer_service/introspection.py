@@ -147,6 +147,10 @@ class AgentRow(BaseModel):
     )
     today: DayUsage = NO_USAGE
     engine: AgentEngine | None = None
+    egress: str = Field(
+        description="its egress policy in one line: `public`, `open`, `none` or "
+        "`allow github.com:443, …` (`crew_common.egress`)",
+    )
 
 
 class TurnSummary(BaseModel):

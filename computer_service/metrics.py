@@ -87,6 +87,8 @@ class Metrics:
         self.event_readers: Callable[[], int] = lambda: 0
         self.events_missed: Callable[[], int] = lambda: 0
         self.usage: dict[str, AgentUsage] = {}
+        # Connections the agents' egress policies refused: agent id → (handle, count).
+        self.denials: dict[str, tuple[str, int]] = {}
         self._today: dict[str, AgentUsage] = {}
         # The calendar day on this machine; a test sets it to cross midnight.
         self.clock: Callable[[], date] = date.today
@@ -105,6 +107,13 @@ class Metrics:
         self.usage[agent_id].handle = handle
         self._roll_day()
         self._today.setdefault(agent_id, AgentUsage(handle)).add(usage)
+
+    def egress_denied(self, agent_id: str, handle: str, count: object) -> None:
+        """Count one `egress_denied` event: `count` refusals it sums up (1 when it says
+        no number)."""
+        many = count if isinstance(count, int) and not isinstance(count, bool) else 1
+        _, before = self.denials.get(agent_id, (handle, 0))
+        self.denials[agent_id] = (handle, before + max(many, 0))
 
     def today(self, agent_id: str) -> AgentUsage:
         """This agent's usage since local midnight (zeros if none)."""
@@ -160,6 +169,7 @@ class Metrics:
             f'crew_computer_build_info{{version="{_label(VERSION)}"}} 1',
         ]
         lines += self._usage_lines()
+        lines += self._denial_lines()
         for section in self.sections:
             lines += section()
         return "\n".join(lines) + "\n"
@@ -200,6 +210,20 @@ class Metrics:
                 value = getattr(usage, attribute)
                 shown = f"{value:.6f}" if isinstance(value, float) else str(value)
                 lines.append(f"{name}{{{labels}}} {shown}")
+        return lines
+
+    def _denial_lines(self) -> list[str]:
+        if not self.denials:
+            return []  # no refusal yet: no family without samples
+        name = "crew_agent_egress_denials_total"
+        lines = [
+            f"# HELP {name} Connections the agent's egress policy refused, per agent.",
+            f"# TYPE {name} counter",
+        ]
+        for agent_id, (handle, count) in sorted(self.denials.items()):
+            lines.append(
+                f'{name}{{agent_id="{_label(agent_id)}",handle="{_label(handle)}"}} {count}'
+            )
         return lines
 
 

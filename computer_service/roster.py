@@ -3,8 +3,8 @@
 computer.md §1 step 6 and §2. `sync_agents` makes the runners match the
 server's agent list: new agents get their directories, token and a runner;
 changed ones are replaced; agents moved away are dropped. An agent that
-cannot run (no sandbox, no engine, a directory that cannot be prepared or
-repaired before a turn) is kept as a problem, reported upstream once, and
+cannot run (no sandbox, no engine, an egress policy that cannot be read, a
+directory that cannot be prepared or repaired before a turn) is kept as a problem, reported upstream once, and
 prepared again at the next sync and at its next wake-up (from the server or
 the introspection socket); a success clears the problem. A launcher replaced
 by an unusable one makes every agent a problem until a later one is usable.
@@ -187,6 +187,11 @@ class Roster:
         if self.unavailable is not None or self.engine is None:
             await self._report_problem(agent, self.unavailable or "engine unavailable")
             return None
+        if agent.egress_problem is not None:
+            # Never a turn under a policy the user did not set: fixed on the server, the
+            # next sync (its `agents` event) tries again.
+            await self._report_problem(agent, agent.egress_problem)
+            return None
         try:
             token = await self.upstream.issue_token(agent.id)
             workspace = self.parts.prepare_agent(agent, token)
@@ -321,4 +326,5 @@ def _problem_row(agent: AgentRecord, reason: str) -> AgentRow:
         model=agent.model,
         problem=reason,
         retry_at=None,
+        egress=agent.egress_summary(),
     )

@@ -127,6 +127,9 @@ class Outcome:
     acked: bool = False
     # The input the engine got when it is not the registered one (a new session's).
     engine_input: str | None = None
+    # What the model gateway counted over the turn (upstream's `GatewayUsage`); None:
+    # no gateway ran.
+    gateway_usage: dict[str, Any] | None = None
 
 
 class Runner:
@@ -391,6 +394,7 @@ class Runner:
             plan=plan,
             render_input=render_input,
             wall_clock_limit_s=self.wall_clock_limit_s,
+            egress=agent.egress,
         )
         outcome = await self._run_engine(turn, request, stop, {r.room.id for r in rooms})
         if self._turn_identity is not None:
@@ -442,6 +446,10 @@ class Runner:
 
                 async def on_event(event: EngineEvent) -> None:
                     replies.see(event)
+                    if event.type == "egress_denied":
+                        self._metrics.egress_denied(
+                            self.agent.id, self.agent.handle, event.data.get("count")
+                        )
                     self._publish(
                         "engine",
                         {"agent_id": self.agent.id, "turn_id": turn.turn_id, **event.as_upstream()},
@@ -568,6 +576,7 @@ class Runner:
                             usage.as_upstream(),
                             event_count=outcome.event_count,
                             engine_input=outcome.engine_input,
+                            gateway_usage=outcome.gateway_usage,
                         ),
                     )
                 )
@@ -682,6 +691,7 @@ class Runner:
             "problem": None,
             "retry_at": self.retry_at,
             "turn_started_at": self.turn_started_at,
+            "egress": self.agent.egress_summary(),
         }
 
     def recent_turns(self) -> list[dict[str, Any]]:

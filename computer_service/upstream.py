@@ -17,7 +17,9 @@ from typing import Any, Literal, TypeVar
 import httpx
 import orjson
 from httpx_sse import EventSource, aconnect_sse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from crew_common.egress import EgressError, EgressPolicy
 
 log = logging.getLogger(__name__)
 
@@ -92,10 +94,44 @@ class AgentRecord(_Answer):
     # This agent's own wall-clock limit of one turn (None: the bootstrap's). Not a
     # setting that replaces the runner: that would end the very turn it is raised for.
     turn_time_limit_s: float | None = Field(default=None, gt=0, le=7 * 24 * 3600)
+    # Where its sandbox may connect (issue 23), read from the server's form with
+    # `crew_common.egress`; a server without the field means the default (`public`).
+    egress: EgressPolicy = Field(default_factory=EgressPolicy)
+    # Why the server's policy could not be read: the agent's problem, so it never runs
+    # with a policy the user did not set (`egress` is then `none`, and unused).
+    egress_problem: str | None = None
 
-    def settings(self) -> tuple[str, str, str, str, str]:
-        """The fields that, when changed, require a new runner (computer.md §1)."""
-        return (self.name, self.handle, self.persona, self.engine, self.model)
+    @model_validator(mode="before")
+    @classmethod
+    def _read_egress(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or isinstance(data.get("egress"), EgressPolicy):
+            return data
+        try:
+            return {
+                **data,
+                "egress": EgressPolicy.parse(data.get("egress")),
+                "egress_problem": None,
+            }
+        except EgressError as exc:
+            problem = f"its egress policy from the server cannot be used: {exc}"
+            return {**data, "egress": EgressPolicy(mode="none"), "egress_problem": problem}
+
+    def settings(self) -> tuple[str, str, str, str, str, EgressPolicy, str | None]:
+        """The fields that, when changed, require a new runner (computer.md §1); a new
+        egress policy does too, as a running sandbox cannot be given another one."""
+        return (
+            self.name,
+            self.handle,
+            self.persona,
+            self.engine,
+            self.model,
+            self.egress,
+            self.egress_problem,
+        )
+
+    def egress_summary(self) -> str:
+        """The policy in one line for `/agents` (`EgressPolicy.summary`)."""
+        return "unusable (see problem)" if self.egress_problem else self.egress.summary()
 
 
 class TokenAnswer(_Answer):
@@ -290,12 +326,15 @@ class Upstream:
         usage: dict[str, Any],
         event_count: int | None = None,
         engine_input: str | None = None,
+        gateway_usage: dict[str, Any] | None = None,
     ) -> None:
         """`POST /computer/turns/{id}/finish`: the turn's result.
 
         `event_count` is how many events the turn produced, sent or not: the
         server records a missing tail as a gap. `engine_input` is the input the
         engine got when it is not the registered one (a vanished session restarted).
+        `gateway_usage` is what the model gateway counted over the turn (upstream's
+        `GatewayUsage`); None when no gateway ran.
         """
         body: dict[str, Any] = {
             "fence": fence,
@@ -307,6 +346,8 @@ class Upstream:
             body["event_count"] = event_count
         if engine_input is not None:
             body["input"] = engine_input
+        if gateway_usage is not None:
+            body["gateway_usage"] = gateway_usage
         await self._call_raw("POST", f"/computer/turns/{turn_id}/finish", body)
 
     async def ack(

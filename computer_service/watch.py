@@ -119,7 +119,16 @@ def render_status(health: dict[str, Any], agents: list[dict[str, Any]], now: dat
     if not agents:
         lines.append("No agents on this Computer.")
         return "\n".join(lines) + "\n"
-    header = ("AGENT", "STATE", "TURN", "AGE", "LAST RESULT", "TOKENS TODAY", "COST TODAY")
+    header = (
+        "AGENT",
+        "STATE",
+        "TURN",
+        "AGE",
+        "LAST RESULT",
+        "TOKENS TODAY",
+        "COST TODAY",
+        "EGRESS",
+    )
     rows = [header] + [_agent_cells(agent, now) for agent in agents]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     for row in rows:
@@ -144,6 +153,7 @@ def _agent_cells(agent: dict[str, Any], now: datetime) -> tuple[str, ...]:
         agent["last_result"] or "-",
         f"{tokens:,} ({today.get('input_tokens', 0):,} in, {today.get('output_tokens', 0):,} out)",
         f"${today.get('cost', 0.0):.4f}",
+        _short(agent.get("egress", "?"), 60),
     )
 
 
@@ -251,6 +261,8 @@ class EventPrinter:
             return []
         if kind == "error":
             return [f"error {data.get('name', '?')}: {_short(data.get('message'))}"]
+        if kind == "egress_denied":
+            return [_denial(data)]
         return []
 
     def _turn_end(self, data: dict[str, Any]) -> str:
@@ -356,6 +368,16 @@ class UnknownAgent(Exception):
 
 
 # --- small pure pieces -------------------------------------------------------
+
+
+def _denial(data: dict[str, Any]) -> str:
+    """`refused github.com 203.0.113.5:443 (tcp) ×3`: one line per `egress_denied` event."""
+    address = str(data.get("address", "?"))
+    shown = f"[{address}]" if ":" in address else address
+    name = f"{_short(data['name'], 80)} " if isinstance(data.get("name"), str) else ""
+    count = data.get("count")
+    times = f" ×{count}" if isinstance(count, int) and count > 1 else ""
+    return f"refused {name}{shown}:{data.get('port', '?')} ({data.get('protocol', '?')}){times}"
 
 
 def _tool_input(value: Any) -> str:

@@ -45,6 +45,12 @@ class UnknownModel(Invalid):
         super().__init__(message, extra={"nearest": nearest})
 
 
+class InvalidEgress(Invalid):
+    """An agent's egress policy `crew_common.egress` cannot read; the message says why."""
+
+    code = "invalid_egress"
+
+
 class Unauthorized(ApiError):
     status = 401
     code = "unauthorized"

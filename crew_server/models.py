@@ -21,6 +21,7 @@ from pydantic import (
 )
 from pydantic.config import JsonDict
 
+from crew_common.egress import DEFAULT_MODE, MAX_RULE_LENGTH, MAX_RULES, MODES
 from crew_common.model_id import MODEL_PATTERN
 
 
@@ -86,6 +87,7 @@ TurnTimeLimit = Annotated[
     _INTEGRAL,
 ]
 Name = Annotated[str, Field(min_length=1, max_length=200, pattern=NOT_BLANK)]
+AllowRule = Annotated[str, Field(min_length=1, max_length=MAX_RULE_LENGTH)]
 HHMM = Annotated[str, Field(pattern=r"^([01]?[0-9]|2[0-3]):[0-5][0-9]$")]
 Status = Literal["todo", "in_progress", "in_review", "done"]
 TurnStatus = Literal["running", "succeeded", "failed", "cancelled", "interrupted"]
@@ -97,6 +99,31 @@ class Request(BaseModel):
     clients keep working."""
 
     model_config = ConfigDict(extra="ignore", strict=True)
+
+
+class Egress(BaseModel):
+    """An agent's egress policy in the user's form (`crew_common.egress`, which the store
+    reads it with: a rule it cannot read is refused with its reason)."""
+
+    model_config = ConfigDict(
+        strict=True, extra="forbid", json_schema_serialization_defaults_required=True
+    )
+
+    mode: str = Field(
+        default=DEFAULT_MODE,
+        json_schema_extra={"enum": list(MODES)},
+        description="where the agent's sandbox may connect: `public` (the default: the "
+        "public internet, never private, link-local/metadata, shared or multicast ranges), "
+        "`open` (everything but the host itself), `allow` (only the `allow` rules), `none` "
+        "(only the crew server and the model gateway, as in every mode)",
+    )
+    allow: Annotated[list[AllowRule], Field(max_length=MAX_RULES)] = Field(
+        default_factory=list,
+        description="`allow` only: host names (`github.com`, `*.pypi.org` for its "
+        "subdomains), addresses or ranges (`203.0.113.0/24`, `[2001:db8::/32]`), each with "
+        "an optional `:PORT`. A rule that is none of these, or rules with another mode, are "
+        "refused with 422 `invalid_egress` and the reason",
+    )
 
 
 # ---------------------------------------------------------------- user API requests
@@ -114,6 +141,7 @@ class AgentCreate(Request):
     engine: Literal["opencode"] = "opencode"
     computer_id: Uuid | None = None
     turn_time_limit_s: TurnTimeLimit | None = None
+    egress: Egress | None = Field(default=None, description='null: `{"mode": "public"}`')
 
 
 class AgentPatch(Request):
@@ -124,6 +152,9 @@ class AgentPatch(Request):
     computer_id: Uuid | None = None
     # null takes the agent back to its Computer's default
     turn_time_limit_s: TurnTimeLimit | None = None
+    egress: Egress | None = Field(
+        default=None, description="the whole policy, replacing the agent's; null: no change"
+    )
 
 
 _ROOM_SHAPES: JsonDict = {
@@ -196,14 +227,21 @@ class TurnRegister(Request):
     session_id: Annotated[str, Field(max_length=200)] | None = None
 
 
-EventType = Literal["step_start", "text", "reasoning", "tool_use", "step_finish", "error", "other"]
+EventType = Literal[
+    "step_start", "text", "reasoning", "tool_use", "step_finish", "error", "egress_denied", "other"
+]
 
 
 class TurnEvent(BaseModel):
     model_config = ConfigDict(strict=True)
 
     index: Count | None = None
-    type: EventType
+    type: EventType = Field(
+        description="`egress_denied`: connections the agent's egress policy refused, data "
+        '`{"address": str, "port": int, "protocol": "tcp" | "udp", "name": str | null, '
+        '"count": int}` (`name`: the host name the address was resolved for, when known; '
+        "`count`: how many refusals of that address and port it sums up)"
+    )
     at: Time
     data: dict[str, Any] = Field(
         description="any JSON object; integers must fit in 64 bits (signed), or the batch "
@@ -235,11 +273,31 @@ class Usage(BaseModel):
     cost: Annotated[float, Field(ge=0, le=1e12)] = 0.0
 
 
+class GatewayUsage(BaseModel):
+    """What the Computer's model gateway counted over a turn: every model call (title and
+    summary calls too) with the usage its provider reported, and the rate limits."""
+
+    model_config = ConfigDict(strict=True, json_schema_serialization_defaults_required=True)
+
+    requests: Count = 0
+    input_tokens: Count = 0
+    output_tokens: Count = 0
+    cache_read: Count = 0
+    cache_write: Count = 0
+    rate_limited: Count = Field(default=0, description="answers 429 or out of quota")
+    retry_after_s: Annotated[float, Field(ge=0, le=1e9)] | None = Field(
+        default=None, description="the last rate limit's `Retry-After`, in seconds"
+    )
+
+
 class TurnFinish(Request):
     fence: Int
     status: Literal["succeeded", "failed", "cancelled"]
     failure: FailureInfo | None = None
     usage: Usage | None = None
+    gateway_usage: GatewayUsage | None = Field(
+        default=None, description="what the model gateway counted over the turn, when it ran one"
+    )
     event_count: Count | None = Field(
         default=None,
         description="how many events the turn produced; a tail the server never got becomes a gap",
@@ -467,6 +525,7 @@ class Agent(BaseModel):
     model: str
     computer_id: str | None
     turn_time_limit_s: int | None
+    egress: Egress
 
 
 class AgentSaved(Agent):
@@ -553,6 +612,7 @@ class Turn(BaseModel):
     model: str
     session_id: str | None
     usage: Usage | None
+    gateway_usage: GatewayUsage | None
     gaps: list[Gap]
     started_at: str
     finished_at: str | None

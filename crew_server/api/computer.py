@@ -140,6 +140,7 @@ async def finish_turn(ctx: Context, request: Request) -> Response:
         body.usage.model_dump() if body.usage else None,
         body.event_count,
         body.input,
+        body.gateway_usage.model_dump() if body.gateway_usage else None,
     )
     return no_content()
 
@@ -274,7 +275,7 @@ OPS: list[Op] = [
         "post",
         "/computer/turns/{turn_id}/finish",
         "finishTurn",
-        "The turn's result and usage.",
+        "The turn's result and usage (the engine's; `gateway_usage`: the model gateway's).",
         "computer",
         m.TurnFinish,
         status=204,

@@ -12,10 +12,12 @@ from typing import Any
 
 import orjson
 
+from crew_common.egress import EgressError, EgressPolicy
 from crew_server import rules
 from crew_server.errors import (
     Conflict,
     Invalid,
+    InvalidEgress,
     NotConnected,
     NotFound,
     Superseded,
@@ -67,7 +69,7 @@ class AgentIdentity:
     turn_id: str | None = None
 
 
-AGENT_COLS = "id, handle, name, persona, engine, model, computer_id, turn_time_limit_s"
+AGENT_COLS = "id, handle, name, persona, engine, model, computer_id, turn_time_limit_s, egress"
 
 
 def agent_of(row: sqlite3.Row) -> dict[str, Any]:
@@ -81,7 +83,18 @@ def agent_of(row: sqlite3.Row) -> dict[str, Any]:
         "model": row["model"],
         "computer_id": row["computer_id"],
         "turn_time_limit_s": row["turn_time_limit_s"],
+        "egress": orjson.loads(row["egress"]),
     }
+
+
+def stored_egress(egress: Any) -> str:
+    """An egress policy in the user's form (None: the default) checked and normalised by
+    `crew_common.egress`, as stored; `InvalidEgress` (422) with its reason."""
+    try:
+        policy = EgressPolicy.parse(egress)
+    except EgressError as exc:
+        raise InvalidEgress(str(exc)) from exc
+    return orjson.dumps(policy.as_json()).decode()
 
 
 def check_computer(tx: Transaction, computer_id: str | None) -> None:
@@ -285,11 +298,14 @@ class Identities(StorePart):
         engine: str,
         computer_id: str | None,
         turn_time_limit_s: int | None = None,
+        egress: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """A new agent; its Computer (if any) hears `agents`. Handles are unique; a model
-        its Computer did not report is refused (`check_model`). The agent comes with
+        its Computer did not report is refused (`check_model`), so is an egress policy
+        that cannot be read (`stored_egress`; None: the default). The agent comes with
         `warnings` (e.g. the model could not be checked)."""
         agent_id = new_id()
+        policy = stored_egress(egress)
         with self._database.write() as tx:
             check_computer(tx, computer_id)
             if tx.execute("SELECT 1 FROM agents WHERE handle = ?", (handle,)).fetchone():
@@ -297,7 +313,7 @@ class Identities(StorePart):
             warnings = check_model(tx, model, computer_id)
             tx.execute(
                 "INSERT INTO agents (id, handle, name, persona, engine, model, computer_id, "
-                "turn_time_limit_s, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "turn_time_limit_s, egress, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     agent_id,
                     handle,
@@ -307,6 +323,7 @@ class Identities(StorePart):
                     model,
                     computer_id,
                     turn_time_limit_s,
+                    policy,
                     tx.now(),
                 ),
             )
@@ -327,11 +344,22 @@ class Identities(StorePart):
     def update_agent(self, agent_id: str, changes: dict[str, Any]) -> dict[str, Any]:
         """Change an agent's settings; its Computer (old and new) hears `agents`.
 
-        A new model, or a new Computer, is checked as at creation (`check_model`); the
-        agent comes with `warnings`.
+        A new model, or a new Computer, is checked as at creation (`check_model`), a new
+        egress policy too (`stored_egress`: it replaces the whole policy); the agent comes
+        with `warnings`.
         """
-        allowed = {"name", "persona", "model", "engine", "computer_id", "turn_time_limit_s"}
+        allowed = {
+            "name",
+            "persona",
+            "model",
+            "engine",
+            "computer_id",
+            "turn_time_limit_s",
+            "egress",
+        }
         fields = {k: v for k, v in changes.items() if k in allowed}
+        if "egress" in fields:
+            fields["egress"] = stored_egress(fields["egress"])
         warnings: list[str] = []
         with self._database.write() as tx:
             row = tx.execute(

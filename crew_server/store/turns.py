@@ -22,7 +22,7 @@ from crew_server.store.turn_binding import new_turn_secret
 
 TURN_COLS = (
     "id, agent_id, computer_id, fence, status, failure, rooms, input, engine, model, "
-    "session_id, usage, gaps, started_at, finished_at"
+    "session_id, usage, gateway_usage, gaps, started_at, finished_at"
 )
 
 
@@ -33,6 +33,7 @@ def turn_of(r: sqlite3.Row) -> dict[str, Any]:
         "failure": orjson.loads(r["failure"]) if r["failure"] else None,
         "rooms": orjson.loads(r["rooms"]),
         "usage": orjson.loads(r["usage"]) if r["usage"] else None,
+        "gateway_usage": orjson.loads(r["gateway_usage"]) if r["gateway_usage"] else None,
         "gaps": orjson.loads(r["gaps"]),
     }
 
@@ -205,8 +206,10 @@ class Turns(StorePart):
         usage: dict[str, Any] | None,
         event_count: int | None = None,
         input_text: str | None = None,
+        gateway_usage: dict[str, Any] | None = None,
     ) -> None:
         """Record a turn's result; usage summed from `step_finish` events when absent.
+        `gateway_usage` is what the Computer's model gateway counted (None: it ran none).
 
         `event_count` is how many events the turn produced: a tail the server never got
         (the Computer could not send it) is recorded as a gap. `input_text`, when given,
@@ -226,12 +229,13 @@ class Turns(StorePart):
                 ]
                 usage = rules.usage_from_events(events)
             tx.execute(
-                "UPDATE turns SET status = ?, failure = ?, usage = ?, finished_at = ?, "
-                "input = COALESCE(?, input) WHERE id = ?",
+                "UPDATE turns SET status = ?, failure = ?, usage = ?, gateway_usage = ?, "
+                "finished_at = ?, input = COALESCE(?, input) WHERE id = ?",
                 (
                     status,
                     orjson.dumps(failure).decode() if failure else None,
                     orjson.dumps(usage).decode(),
+                    orjson.dumps(gateway_usage).decode() if gateway_usage is not None else None,
                     tx.now(),
                     input_text,
                     turn_id,

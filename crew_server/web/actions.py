@@ -162,12 +162,15 @@ async def mute(web: Web, request: Request, session: Session, form: Form) -> Resp
 
 
 def agent_fields(form: Form) -> dict[str, Any]:
-    """The agent form's fields as the API's request body (a blank Computer is none)."""
+    """The agent form's fields as the API's request body (a blank Computer is none; the
+    egress rules are the non-blank lines of their text box)."""
+    rules = [line.strip() for line in form.get("egress_allow").splitlines() if line.strip()]
     return {
         "name": form.get("name"),
         "persona": form.get("persona"),
         "model": form.get("model").strip(),
         "computer_id": form.optional("computer_id"),
+        "egress": {"mode": form.get("egress_mode", "public"), "allow": rules},
     }
 
 
@@ -175,7 +178,13 @@ async def create_agent(web: Web, request: Request, session: Session, form: Form)
     """A new agent, through the user API's request model and store function."""
     body = validated(m.AgentCreate, {"handle": form.get("handle").strip(), **agent_fields(form)})
     created = web.store.create_agent(
-        body.handle, body.name, body.persona, body.model, body.engine, body.computer_id
+        body.handle,
+        body.name,
+        body.persona,
+        body.model,
+        body.engine,
+        body.computer_id,
+        egress=body.egress.model_dump() if body.egress else None,
     )
     note_warnings(web, session, created)
     return see(f"/agents/{created['id']}")
@@ -189,7 +198,8 @@ def note_warnings(web: Web, session: Session, saved: dict[str, Any]) -> None:
 
 
 async def edit_agent(web: Web, request: Request, session: Session, form: Form) -> Response:
-    """Change an agent's name, persona, model or Computer (as PATCH /api/agents/{id})."""
+    """Change an agent's name, persona, model, Computer or egress policy (as PATCH
+    /api/agents/{id})."""
     agent_id = request.path_params["agent_id"]
     body = validated(m.AgentPatch, agent_fields(form))
     changes = {

@@ -27,6 +27,13 @@ SHAPES: dict[str, dict[str, tuple[type, ...]]] = {
     },
     "step_finish": {"reason": _TEXT, "tokens": (dict,), "cost": (*_NUMBER, type(None))},
     "error": {"name": _TEXT, "message": _TEXT},
+    "egress_denied": {
+        "address": _TEXT,
+        "port": (int,),
+        "protocol": _TEXT,
+        "name": (str, type(None)),
+        "count": (int,),
+    },
 }
 TOKENS = ("input", "output", "cache_read")
 

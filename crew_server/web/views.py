@@ -11,6 +11,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from crew_common.egress import MODES, EgressError, EgressPolicy
 from crew_server import rules
 from crew_server.errors import Invalid
 from crew_server.store import USER
@@ -22,6 +23,14 @@ from crew_server.web.session import Session
 PAGE = 50
 TURNS_SHOWN = 50
 STATUSES = ("todo", "in_progress", "in_review", "done")
+# What the agent form's egress select says of each mode (`crew_common.egress.MODES`).
+EGRESS_TEXTS = {
+    "public": "public: the public internet (the default)",
+    "open": "open: everything but this machine",
+    "allow": "allow: only the hosts listed below",
+    "none": "none: only the crew server and the model gateway",
+}
+EGRESS_MODES = [(mode, EGRESS_TEXTS[mode]) for mode in MODES]
 
 
 def room_title(room: dict[str, Any]) -> str:
@@ -64,6 +73,14 @@ def agents_with_reasons(web: Web) -> list[dict[str, Any]]:
             }
         )
     return roster
+
+
+def egress_summary(egress: Any) -> str:
+    """An agent's stored egress policy in one line (`EgressPolicy.summary`)."""
+    try:
+        return EgressPolicy.parse(egress).summary()
+    except EgressError as exc:
+        return f"unreadable ({exc})"
 
 
 def known_models(web: Web) -> list[str]:
@@ -149,6 +166,7 @@ async def agents(web: Web, request: Request, session: Session) -> Response:
         "roster": agents_with_reasons(web),
         "computers": web.store.list_computers(),
         "models": known_models(web),
+        "egress_modes": EGRESS_MODES,
     }
     return page(request, "agents.html", context)
 
@@ -165,6 +183,8 @@ async def agent(web: Web, request: Request, session: Session) -> Response:
         "reminders": web.store.list_reminders(agent_id),
         "computers": web.store.list_computers(),
         "models": known_models(web),
+        "egress_modes": EGRESS_MODES,
+        "egress": egress_summary(shown["egress"]),
     }
     return page(request, "agent.html", context)
 

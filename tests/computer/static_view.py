@@ -51,6 +51,7 @@ class StaticView:
             problem="cannot prepare" if problem else None,
             retry_at=None,
             turn_started_at=None if problem else "2026-01-02T03:04:05+00:00",
+            egress="public",
         )
 
     def agent_rows(self) -> list[AgentRow]:

@@ -51,6 +51,7 @@ def agent(handle: str, **changes: Any) -> dict[str, Any]:
         "retry_at": None,
         "turn_started_at": None,
         "today": ZERO,
+        "egress": "public",
     } | changes
 
 
@@ -73,7 +74,12 @@ def test_status_is_a_header_and_a_row_per_agent() -> None:
             turn_started_at="2026-03-01T10:17:00+00:00",
             today=ZERO | {"input_tokens": 17900, "output_tokens": 340, "cost": 0.0412},
         ),
-        agent("bob", state="problem", problem="sandbox unavailable: bwrap not found"),
+        agent(
+            "bob",
+            state="problem",
+            problem="sandbox unavailable: bwrap not found",
+            egress="allow github.com:443, *.pypi.org",
+        ),
         agent(
             "carol",
             last_result="failed",
@@ -87,10 +93,14 @@ def test_status_is_a_header_and_a_row_per_agent() -> None:
         "Computer: version 0.1.0, sandbox bwrap (ok), engine opencode 1.18.33\n"
         "Turns:    1 running, 0 queued\n"
         "\n"
-        "AGENT   STATE      TURN  AGE  LAST RESULT  TOKENS TODAY                 COST TODAY\n"
-        "@alice  running    t-1   41s  succeeded    18,240 (17,900 in, 340 out)  $0.0412\n"
-        "@bob    problem    -     -    -            0 (0 in, 0 out)              $0.0000\n"
-        "@carol  idle+wake  -     -    failed       0 (0 in, 0 out)              $0.0000\n"
+        "AGENT   STATE      TURN  AGE  LAST RESULT  TOKENS TODAY                 COST TODAY  "
+        "EGRESS\n"
+        "@alice  running    t-1   41s  succeeded    18,240 (17,900 in, 340 out)  $0.0412     "
+        "public\n"
+        "@bob    problem    -     -    -            0 (0 in, 0 out)              $0.0000     "
+        "allow github.com:443, *.pypi.org\n"
+        "@carol  idle+wake  -     -    failed       0 (0 in, 0 out)              $0.0000     "
+        "public\n"
         "\n"
         "@bob: sandbox unavailable: bwrap not found\n"
         "@carol last failed: the provider refused: 429 (retrying at 2026-03-01T10:18:00+00:00)\n"
@@ -160,6 +170,34 @@ def test_follow_prints_one_turn_readably_and_only_the_agent_asked_for() -> None:
             },
         ),
         ("engine", engine | {"type": "text", "data": {"text": "done"}}),
+        (
+            "engine",
+            engine
+            | {
+                "type": "egress_denied",
+                "data": {
+                    "address": "10.99.0.1",
+                    "port": 80,
+                    "protocol": "tcp",
+                    "name": None,
+                    "count": 3,
+                },
+            },
+        ),
+        (
+            "engine",
+            engine
+            | {
+                "type": "egress_denied",
+                "data": {
+                    "address": "2001:db8::5",
+                    "port": 53,
+                    "protocol": "udp",
+                    "name": "evil.example",
+                    "count": 1,
+                },
+            },
+        ),
         ("missed", {"count": 3, "reason": "this reader fell more than 1024 events behind"}),
         (
             "turn",
@@ -185,6 +223,8 @@ def test_follow_prints_one_turn_readably_and_only_the_agent_asked_for() -> None:
         "@alice  tool read: -",
         "@alice    → FAILED denied",
         "@alice  says: done",
+        "@alice  refused 10.99.0.1:80 (tcp) ×3",
+        "@alice  refused evil.example [2001:db8::5]:53 (udp)",
         "(missed 3 events: this reader fell more than 1024 events behind)",
         "@alice  ■ turn failed (engine_error: boom): 1 steps, 2 tool calls, "
         "150 in / 30 out tokens, $0.0020",

@@ -98,7 +98,7 @@ def test_app_conforms_to_openapi(case: schemathesis.Case) -> None:
     elif path.startswith("/api/"):
         headers["Authorization"] = f"Bearer {IDS['user_token']}"
     response = case.call(headers=headers)
-    if _beyond_64_bits(path, response):
+    if _beyond_64_bits(path, response) or _unreadable_egress(path, response):
         return
     case.validate_response(response, headers=headers)
 
@@ -112,3 +112,12 @@ def _beyond_64_bits(path: str, response: Any) -> bool:
     return bool(
         re.fullmatch(r"events\.\d+\.data cannot be stored: Integer exceeds 64-bit range", message)
     )
+
+
+def _unreadable_egress(path: str, response: Any) -> bool:
+    """The other: an egress policy whose rules `crew_common.egress` cannot read (or rules
+    with a mode other than `allow`) is refused with 422 `invalid_egress`, as the document
+    says of `Egress.allow`; a schema cannot state the rules' grammar."""
+    if path not in ("/api/agents", "/api/agents/{agent_id}") or response.status_code != 422:
+        return False
+    return bool(response.json()["error"]["code"] == "invalid_egress")
