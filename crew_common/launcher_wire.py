@@ -266,6 +266,22 @@ class LogFrame(_Answer):
     line: str
 
 
+class DeniedFrame(_Answer):
+    """Connections the sandbox's firewall refused since the last such frame (issue 23).
+
+    One per (address, port, protocol), `count` the refused packets; `name` the
+    host name when the sandbox's resolver answered that address. A name the
+    resolver refused is one too: `address` empty, `port` 53.
+    """
+
+    t: Literal["denied"]
+    address: str = Field(max_length=64)
+    port: int = Field(ge=0, le=65535)
+    protocol: Literal["tcp", "udp"]
+    name: str | None = Field(default=None, max_length=300)
+    count: int = Field(ge=1)
+
+
 class ExitFrame(_Answer):
     """The last frame. `code` is the exit status (null when killed by `signal`).
 
@@ -287,7 +303,7 @@ class ExitFrame(_Answer):
     )
 
 
-Frame = StartedFrame | LineFrame | LogFrame | ExitFrame
+Frame = StartedFrame | LineFrame | LogFrame | DeniedFrame | ExitFrame
 
 
 class SandboxHealth(_Answer):
@@ -417,6 +433,13 @@ class ServerLimitHit(_Answer):
 
     agent_id: str
     limit_hit: LimitHit | None
+
+
+class Denials(_Answer):
+    """`POST /servers/{agent_id}/denials`: what the server's firewall refused since the last call."""
+
+    agent_id: str
+    denials: list[DeniedFrame]
 
 
 class ServerStopped(_Answer):

@@ -453,9 +453,10 @@ def firewall_ruleset(
         not_public = not_public_networks()
         public4 = _nft_set(n for n in not_public if n.version == 4)
         public6 = _nft_set(n for n in not_public if n.version == 6)
+        # Not on `lo`: the forwarded ports are the sandbox's own 127.0.0.1 (pasta's listeners).
         refused = (
-            f"    ip daddr {{ {public4} }} meta l4proto {{ tcp, udp }} jump refuse\n"
-            f"    ip6 daddr {{ {public6} }} meta l4proto {{ tcp, udp }} jump refuse\n"
+            f'    oifname != "lo" ip daddr {{ {public4} }} meta l4proto {{ tcp, udp }} jump refuse\n'
+            f'    oifname != "lo" ip6 daddr {{ {public6} }} meta l4proto {{ tcp, udp }} jump refuse\n'
         )
     closed = ""
     if egress.mode in ("allow", "none"):
@@ -548,9 +549,10 @@ def _allowed_rules(egress: EgressPolicy) -> str:
     return rules
 
 
-def _nft_set(networks: Iterable[ipaddress.IPv4Network] | Iterable[ipaddress.IPv6Network]) -> str:
-    # nft refuses overlapping intervals in one set: collapse them first.
-    return ", ".join(str(n) for n in ipaddress.collapse_addresses(networks))  # type: ignore[arg-type]
+def _nft_set(networks: Iterable[ipaddress.IPv4Network | ipaddress.IPv6Network]) -> str:
+    """One family's networks as an nft set's elements, collapsed (nft refuses overlaps)."""
+    collapsed: Iterable[object] = ipaddress.collapse_addresses(list(networks))  # type: ignore[type-var]
+    return ", ".join(str(n) for n in collapsed)
 
 
 def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:

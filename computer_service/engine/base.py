@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal, Protocol
 
+from crew_common.egress import EgressPolicy
+
 
 class FailureClass(StrEnum):
     """Why a turn failed: a fixed set a user (and the UI) can act on."""
@@ -123,6 +125,8 @@ class TurnRequest:
     render_input: Callable[[bool], str]
     wall_clock_limit_s: float = 30 * 60
     max_steps: int = 200
+    # Where its sandbox may connect (the agent's, crew_common.egress); `public` by default.
+    egress: EgressPolicy = field(default_factory=EgressPolicy)
 
 
 @dataclass

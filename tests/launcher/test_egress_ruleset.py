@@ -38,11 +38,9 @@ def position(lines: list[str], text: str) -> int:
 
 
 HOST_REFUSED = "ip daddr { 10.0.2.2/32, 198.51.100.1/32 } meta l4proto { tcp, udp } jump refuse"
-CAP = (
-    "meta l4proto tcp ct state new ct status & confirmed == 0 ct count over 64 reject with tcp reset"
-)
+CAP = "meta l4proto tcp ct state new ct status & confirmed == 0 ct count over 64 reject with tcp reset"
 NOT_PUBLIC4 = (
-    "ip daddr { 0.0.0.0/8, 10.0.0.0/8, 100.64.0.0/10, 127.0.0.0/8, 169.254.0.0/16, "
+    'oifname != "lo" ip daddr { 0.0.0.0/8, 10.0.0.0/8, 100.64.0.0/10, 127.0.0.0/8, 169.254.0.0/16, '
     "172.16.0.0/12, 192.168.0.0/16, 224.0.0.0/3 } meta l4proto { tcp, udp } jump refuse"
 )
 
@@ -68,7 +66,7 @@ def test_public_refuses_exactly_the_not_public_ranges_but_the_nameservers() -> N
     # The resolv.conf nameservers (a LAN router's 192.168.1.1) keep their port 53, first.
     dns = position(lines, "ip daddr 192.168.1.1 meta l4proto { tcp, udp } th dport 53 accept")
     assert dns < refused
-    (v6,) = [line for line in lines if line.startswith("    ip6 daddr { ::1/128")]
+    (v6,) = [line for line in lines if line.startswith('    oifname != "lo" ip6 daddr { ::1/128')]
     # The IPv4-mapped forms as Python (and nft) write them: ::ffff:a9fe:0/112 is 169.254/16.
     for network in ("fc00::/7", "fe80::/10", "ff00::/8", "::ffff:a9fe:0/112", "::ffff:a00:0/104"):
         assert network in v6, v6
