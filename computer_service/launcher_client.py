@@ -21,6 +21,8 @@ from pydantic import ValidationError
 from crew_common.launcher_wire import (
     DEFAULT_STDOUT_LIMIT,
     LIMIT_HITS,
+    Denials,
+    DeniedFrame,
     ExitFrame,
     Frame,
     Health,
@@ -79,6 +81,8 @@ def frame_of(line: bytes) -> Frame:
             return ExitFrame.model_validate(obj)
         if kind == "log":
             return LogFrame.model_validate(obj)
+        if kind == "denied":
+            return DeniedFrame.model_validate(obj)
     except ValidationError as exc:
         raise LauncherError(f"the launcher sent a malformed {kind!r} frame: {exc}") from exc
     raise LauncherError(f"the launcher sent an unknown frame type {kind!r}")
@@ -198,6 +202,22 @@ class LauncherClient:
             return None
         hit = answer.get("limit_hit") if isinstance(answer, dict) else None
         return next((known for known in LIMIT_HITS if known == hit), None)
+
+    async def server_denials(self, agent_id: str) -> list[DeniedFrame]:
+        """`POST /servers/{id}/denials`: what its firewall refused since the last call (drained).
+
+        A server already gone (404) has none left to tell.
+        """
+        try:
+            answer = await self._request("POST", f"/servers/{agent_id}/denials")
+        except LauncherRefused as exc:
+            if exc.status != 404:
+                raise
+            return []
+        try:
+            return Denials.model_validate(answer).denials
+        except ValidationError as exc:
+            raise LauncherError(f"the launcher's denials answer is malformed: {exc}") from exc
 
     async def stop_server(self, agent_id: str) -> None:
         """`POST /servers/{id}/stop`; a server already gone (404) is not an error."""

@@ -41,7 +41,14 @@ from computer_service.parts_protocol import (
 from computer_service.run_dir import RunDirectory, RunDirectoryError
 from computer_service.safe_fs import UnsafePath
 from computer_service.upstream import AgentRecord
-from crew_common.launcher_wire import Frame, ModelsRequest, RunRequest, ServerInfo, ServerRequest
+from crew_common.launcher_wire import (
+    DeniedFrame,
+    Frame,
+    ModelsRequest,
+    RunRequest,
+    ServerInfo,
+    ServerRequest,
+)
 from crew_common.layout import AgentPaths
 from crew_common.unix_socket import remove_dead_sockets
 
@@ -162,6 +169,10 @@ class CurrentLauncher:
     async def server_limit_hit(self, agent_id: str) -> str | None:
         """`GET /servers/{id}/limit` on the current launcher."""
         return await self._current().server_limit_hit(agent_id)
+
+    async def server_denials(self, agent_id: str) -> list[DeniedFrame]:
+        """`POST /servers/{id}/denials` on the current launcher."""
+        return await self._current().server_denials(agent_id)
 
     async def stop_server(self, agent_id: str) -> None:
         """`POST /servers/{id}/stop` on the current launcher (none: nothing to stop)."""

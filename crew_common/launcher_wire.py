@@ -28,6 +28,7 @@ from pydantic import (
     model_validator,
 )
 
+from crew_common.egress import MAX_RULE_LENGTH, MAX_RULES, MODES, EgressError, EgressPolicy
 from crew_common.model_id import MODEL_PATTERN
 
 MIB = 1024 * 1024
@@ -117,6 +118,44 @@ class EngineArgs(_Strict):
     dir: str | None = Field(default=None, max_length=4096)
 
 
+class EgressRuleWire(_Strict):
+    """One `allow` rule: a host name (`*.` for subdomains) or an address range, and a port."""
+
+    host: str | None = Field(default=None, max_length=MAX_RULE_LENGTH)
+    network: str | None = Field(default=None, max_length=MAX_RULE_LENGTH)
+    port: Port | None = None  # null: every port
+
+
+EgressMode = Literal["open", "public", "allow", "none"]
+assert get_args(EgressMode) == MODES
+
+
+class EgressWire(_Strict):
+    """Where the sandbox may connect (crew_common.egress `as_wire`); `public` when absent."""
+
+    mode: EgressMode = "public"
+    rules: list[EgressRuleWire] = Field(default_factory=list, max_length=MAX_RULES)
+
+    @model_validator(mode="after")
+    def _a_policy(self) -> EgressWire:
+        for rule in self.rules:
+            if (rule.host is None) == (rule.network is None):
+                raise ValueError("an egress rule has exactly one of host and network")
+        try:
+            self.policy()
+        except EgressError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+    def policy(self) -> EgressPolicy:
+        """The policy, checked as the server checks the user's form (raises `EgressError`)."""
+        return EgressPolicy.from_wire(self.model_dump())
+
+    @classmethod
+    def of(cls, policy: EgressPolicy) -> EgressWire:
+        return cls.model_validate(policy.as_wire())
+
+
 class RunRequest(_Strict):
     """`POST /runs`: one engine run of one agent (launcher.md, docs/contracts.md)."""
 
@@ -138,6 +177,8 @@ class RunRequest(_Strict):
     # Linux: a TCP port inside the sandbox made reachable on the host's 127.0.0.1 at a
     # port the launcher picks (the `started` frame names it). For an engine server.
     publish_port: Port | None = None
+    # Linux: where the sandbox may connect (its firewall); absent: `public`.
+    egress: EgressWire = Field(default_factory=EgressWire)
 
     @field_validator("env")
     @classmethod
@@ -225,6 +266,22 @@ class LogFrame(_Answer):
     line: str
 
 
+class DeniedFrame(_Answer):
+    """Connections the sandbox's firewall refused since the last such frame (issue 23).
+
+    One per (address, port, protocol), `count` the refused packets; `name` the
+    host name when the sandbox's resolver answered that address. A name the
+    resolver refused is one too: `address` empty, `port` 53.
+    """
+
+    t: Literal["denied"]
+    address: str = Field(max_length=64)
+    port: int = Field(ge=0, le=65535)
+    protocol: Literal["tcp", "udp"]
+    name: str | None = Field(default=None, max_length=300)
+    count: int = Field(ge=1)
+
+
 class ExitFrame(_Answer):
     """The last frame. `code` is the exit status (null when killed by `signal`).
 
@@ -246,7 +303,7 @@ class ExitFrame(_Answer):
     )
 
 
-Frame = StartedFrame | LineFrame | LogFrame | ExitFrame
+Frame = StartedFrame | LineFrame | LogFrame | DeniedFrame | ExitFrame
 
 
 class SandboxHealth(_Answer):
@@ -323,6 +380,8 @@ class ServerRequest(_Strict):
     env: dict[str, str] = Field(default_factory=dict, repr=False)  # holds the server's password
     # Host-loopback ports the server's sandbox reaches, as a run's `loopback_ports`.
     loopback_ports: list[Port] = Field(default_factory=list, max_length=32)
+    # As a run's `egress`: the server's sandbox keeps it for its whole life.
+    egress: EgressWire = Field(default_factory=EgressWire)
 
     @field_validator("env")
     @classmethod
@@ -374,6 +433,13 @@ class ServerLimitHit(_Answer):
 
     agent_id: str
     limit_hit: LimitHit | None
+
+
+class Denials(_Answer):
+    """`POST /servers/{agent_id}/denials`: what the server's firewall refused since the last call."""
+
+    agent_id: str
+    denials: list[DeniedFrame]
 
 
 class ServerStopped(_Answer):

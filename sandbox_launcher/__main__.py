@@ -7,6 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
+from crew_common.egress import DEFAULT_MODE, MODES, EgressError, EgressPolicy
 from crew_common.version import VERSION
 from sandbox_launcher.bwrap import LinuxMode
 from sandbox_launcher.limits import MIB, TurnLimits
@@ -51,6 +52,20 @@ def _parser() -> argparse.ArgumentParser:
         help="a host-loopback TCP port reachable inside (Linux; repeatable), as a run's",
     )
     _connection_argument(sandbox)
+    sandbox.add_argument(
+        "--egress",
+        choices=MODES,
+        default=DEFAULT_MODE,
+        help="where the command may connect, as an agent's egress mode (Linux; default public)",
+    )
+    sandbox.add_argument(
+        "--allow",
+        action="append",
+        default=[],
+        metavar="RULE",
+        help="with --egress allow: a host name, *.name, address or range, each optionally "
+        ":PORT (repeatable), as an agent's allow list",
+    )
     sandbox.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS…]")
     return parser
 
@@ -134,6 +149,10 @@ def main(argv: list[str] | None = None) -> int:
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if args.max_connections < 1:
         raise SystemExit("crew-launcher: --max-connections must be at least 1")
+    try:
+        egress = EgressPolicy.parse({"mode": args.egress, "allow": args.allow})
+    except EgressError as exc:
+        raise SystemExit(f"crew-launcher: {exc}") from None
     return run_sandboxed(
         mode,
         args.agent_dir,
@@ -142,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         command,
         args.loopback_port,
         args.max_connections,
+        egress,
     )
 
 

@@ -21,6 +21,8 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from crew_common.launcher_wire import (
+    Denials,
+    DeniedFrame,
     ModelList,
     ModelsRequest,
     RunList,
@@ -205,6 +207,13 @@ def create_app(launcher: Launcher, secret: str) -> ASGIApp:
         hit = await anyio.to_thread.run_sync(server.check_limits)
         return JSONResponse(ServerLimitHit(agent_id=agent_id, limit_hit=hit))
 
+    async def server_denials(request: Request) -> Response:
+        agent_id = request.path_params["agent_id"]
+        server = _known(launcher.servers.peek(agent_id), agent_id)
+        found = await anyio.to_thread.run_sync(server.denials)
+        frames = [DeniedFrame(t="denied", **d.as_json()) for d in found]  # type: ignore[arg-type]
+        return JSONResponse(Denials(agent_id=agent_id, denials=frames))
+
     async def stop_server(request: Request) -> Response:
         agent_id = request.path_params["agent_id"]
         server = _known(launcher.servers.remove(agent_id), agent_id)
@@ -218,6 +227,7 @@ def create_app(launcher: Launcher, secret: str) -> ASGIApp:
         Route("/servers/{agent_id}/sweep", sweep_server, methods=["POST"]),
         Route("/servers/{agent_id}/stop", stop_server, methods=["POST"]),
         Route("/servers/{agent_id}/limit", server_limit, methods=["GET"]),
+        Route("/servers/{agent_id}/denials", server_denials, methods=["POST"]),
         Route("/runs", runs, methods=["GET", "POST"]),
         Route("/runs/{run_id}/stop", stop_run, methods=["POST"]),
         Route("/models", models, methods=["POST"]),

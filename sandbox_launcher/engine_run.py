@@ -43,6 +43,7 @@ _PR_SET_CHILD_SUBREAPER = 36
 STOP_GRACE_S = 2.0
 CLEANUP_GRACE_S = 2.0
 DRAIN_GRACE_S = 1.0
+DENIAL_POLL_S = 2.0  # how often a run's denials are read and sent while it runs
 EXIT_GRACE_S = 2.0  # bwrap's exit after its sandbox ended before the network was up
 GROUP_POLL_S = 0.05
 STDERR_TAIL = 64 * 1024
@@ -263,6 +264,8 @@ class EngineRun:
                 tg.start_soon(self._collect_stderr, process)
                 tg.start_soon(self._pump_stdout, stdout, process.pid)
                 tg.start_soon(self._stop_when_asked, process.pid)
+                if network:
+                    tg.start_soon(self._report_denials, network)
                 watch = self._watch(process.pid)
                 if watch is not None:
                     tg.start_soon(self._end_at_limit, watch, process.pid)
@@ -279,6 +282,7 @@ class EngineRun:
             with anyio.CancelScope(shield=True):
                 await self._ensure_dead(process, stdout)
                 if network:
+                    await self._send_denials(network)  # before the exit frame: the last ones
                     network.close()
         code = process.returncode
         assert code is not None  # the process has been waited for
@@ -317,6 +321,18 @@ class EngineRun:
             with anyio.move_on_after(DRAIN_GRACE_S):
                 stderr = await _read_to_end(process.stderr)
             raise NetworkUnavailable(sandbox_failure(str(exc), process.returncode, stderr)) from exc
+
+    async def _report_denials(self, network: SandboxNetwork) -> None:
+        """While the run goes on: what its firewall refused, every `DENIAL_POLL_S`."""
+        while True:
+            await anyio.sleep(DENIAL_POLL_S)
+            await self._send_denials(network)
+
+    async def _send_denials(self, network: SandboxNetwork) -> None:
+        denials = await anyio.to_thread.run_sync(network.denials)
+        if denials:
+            frames = (orjson.dumps({"t": "denied", **d.as_json()}) + b"\n" for d in denials)
+            await self._send(b"".join(frames))
 
     async def _send(self, data: bytes) -> None:
         if self.client_gone or self._emit is None:

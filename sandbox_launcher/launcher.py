@@ -17,6 +17,7 @@ from pathlib import Path
 
 import anyio
 
+from crew_common.egress import EgressPolicy
 from crew_common.launcher_wire import (
     EngineHealth,
     Health,
@@ -26,11 +27,11 @@ from crew_common.launcher_wire import (
     ServerRequest,
 )
 from crew_common.layout import AgentPaths
-from sandbox_launcher.backend import Backend
+from sandbox_launcher.backend import Backend, BwrapBackend
 from sandbox_launcher.engine_run import EngineRun
 from sandbox_launcher.git_guard import Baseline, baseline, guarded_git_dirs, restore
 from sandbox_launcher.limits import CgroupParents, RunCgroup, TurnLimits
-from sandbox_launcher.network import NetworkPlan, free_loopback_port
+from sandbox_launcher.network import NetworkPlan, egress_refusal, free_loopback_port
 from sandbox_launcher.ownership import HandOverFailed, hand_over, shared_dir_readable
 from sandbox_launcher.paths import PathRefused, dir_below, is_inside
 from sandbox_launcher.policy import SandboxPolicy, check_read_dir
@@ -199,7 +200,7 @@ class Launcher:
         publish = None
         if request.publish_port is not None:
             publish = (request.publish_port, free_loopback_port())
-        plan = NetworkPlan(tuple(request.loopback_ports), publish, self.limits.max_connections)
+        plan = self._plan(request.loopback_ports, publish, request.egress.policy())
         network = backend.network(plan)
         if network is None and publish is not None:
             raise RequestRefused(
@@ -247,6 +248,20 @@ class Launcher:
         if not stopped:
             self.server_git_baselines[agent_id] = baseline(before.work_dir)
 
+    def _plan(
+        self, ports: list[int], publish: tuple[int, int] | None, egress: EgressPolicy
+    ) -> NetworkPlan:
+        """The sandbox's network; refuses a policy this machine cannot enforce (fail closed).
+
+        Linux only: macOS sandboxes share the host's network (README's platform table).
+        """
+        refusal = None
+        if isinstance(self.backend, BwrapBackend):
+            refusal = egress_refusal(self.backend.pasta, egress)
+        if refusal is not None:
+            raise RequestRefused(503, "egress_unavailable", refusal)
+        return NetworkPlan(tuple(ports), publish, self.limits.max_connections, egress)
+
     def _cgroup(self, run_id: str) -> RunCgroup | None:
         """The run's own cgroup (process and memory caps), when this machine gives us one."""
         if self.cgroups is None:
@@ -278,7 +293,7 @@ class Launcher:
         # In its own network namespace the server's port is reached only through the
         # host port pasta publishes (ours); without one (macOS) the kernel picks a port.
         publish = (NAMESPACE_PORT, free_loopback_port())
-        plan = NetworkPlan(tuple(request.loopback_ports), publish, self.limits.max_connections)
+        plan = self._plan(request.loopback_ports, publish, request.egress.policy())
         network = backend.network(plan)
         port = NAMESPACE_PORT if network is not None else 0
         command = server_command(os.path.realpath(self.config.opencode), port)

@@ -96,13 +96,16 @@ import sys
 import sysconfig
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import IO
 
 import anyio
 
+from crew_common.egress import EgressPolicy, not_public_networks
+from sandbox_launcher.denials import DENIED_SETS, Denial, DenialLog, merge_counts
 from sandbox_launcher.limits import DEFAULT_MAX_CONNECTIONS
+from sandbox_launcher.nft_helper import NftError, NftHelper
 
 log = logging.getLogger(__name__)
 
@@ -117,9 +120,12 @@ READY_POLL_S = 0.002
 MAX_FORWARDED_PORTS = 32
 FIREWALL_TIMEOUT_S = 10.0
 NFT_TABLE = "crew_sandbox"
+OPEN = EgressPolicy(mode="open")
+PUBLIC = EgressPolicy()  # the default: fail safe
 NO_FIREWALL_NOTE = (
     "libnftables not found: sandboxes reach services bound to 0.0.0.0 on this machine's "
-    "own addresses and have no connection cap (install nftables; Debian/Ubuntu: apt install "
+    "own addresses and have no connection cap, and only agents with egress mode 'open' "
+    "can run (install nftables; Debian/Ubuntu: apt install "
     "nftables, Fedora: dnf install nftables)"
 )
 _TCP_LISTEN = "0A"
@@ -148,6 +154,8 @@ class NetworkPlan:
     # TCP connections the sandbox may hold at a time (the bootstrap's
     # turn_limits.max_connections): one agent cannot exhaust pasta or a port.
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    # Where the sandbox may connect (crew_common.egress); `public` unless told.
+    egress: EgressPolicy = PUBLIC
 
 
 @dataclass(frozen=True)
@@ -403,52 +411,148 @@ def firewall_ruleset(
     max_connections: int,
     resolvers: Sequence[str] = (),
     forwarded: Sequence[int] = (),
+    egress: EgressPolicy = OPEN,
 ) -> str:
-    """The nftables table of a sandbox's namespace: no host address, a TCP connection cap. Pure.
+    """The nftables table of a sandbox's namespace: no host address, a TCP connection cap,
+    and the `egress` policy's refusals. Pure.
 
     The cap counts what goes through pasta: connections out of the sandbox's
     interface and those to the `forwarded` loopback ports (pasta's listeners).
     The sandbox's own loopback otherwise (a test server of the agent's, pasta's
-    inbound connections to a published port: the Computer's to a warm server)
-    is not counted.
+    inbound connections to a published port: the Computer's to a warm server,
+    the launcher's resolver for `allow` and `none`) is not counted.
 
     pasta's gateway addresses are refused too: with `--no-map-gw` they lead
     nowhere, and a host that has one of them as its own would be reached.
     TCP and UDP only (all pasta carries to a host socket besides pings): ICMPv6
     must pass, the kernel's neighbour probes go to the gateway's own address.
     `resolvers`: the nameservers of the sandbox's resolv.conf; their port 53
-    stays reachable when one is the host's own (a dnsmasq on its LAN address).
+    stays reachable when one is the host's own (a dnsmasq on its LAN address)
+    or on the LAN (`public`). `allow` and `none` reach no nameserver outside:
+    their DNS is the launcher's resolver on the sandbox's own 127.0.0.1:53.
+
+    Every refusal goes through the `refuse` chain, which counts it in the
+    `denied4`/`denied6` sets (one element per address, protocol and port,
+    with a counter: what `denials` reads) before it rejects.
     """
     v4 = {*host4, ipaddress.IPv4Network(f"{SANDBOX_IPV4[2]}/32")}
     v6 = {ipaddress.IPv6Network(a) for a in [*host6, ipaddress.IPv6Address(SANDBOX_IPV6[1])]}
-    set4 = ", ".join(str(n) for n in ipaddress.collapse_addresses(v4))
-    set6 = ", ".join(str(n) for n in ipaddress.collapse_addresses(v6))
+    set4 = _nft_set(v4)
+    set6 = _nft_set(v6)
     dns = ""
-    for address in sorted(
-        {a for a in map(_address, resolvers) if a and not a.is_loopback}, key=str
-    ):
-        family = "ip" if address.version == 4 else "ip6"
-        dns += f"    {family} daddr {address} meta l4proto {{ tcp, udp }} th dport 53 accept\n"
+    if egress.mode in ("open", "public"):
+        for address in sorted(
+            {a for a in map(_address, resolvers) if a and not a.is_loopback}, key=str
+        ):
+            family = "ip" if address.version == 4 else "ip6"
+            dns += f"    {family} daddr {address} meta l4proto {{ tcp, udp }} th dport 53 accept\n"
     ports = ", ".join(str(p) for p in sorted(set(forwarded)))
     own_loopback = f'oifname "lo" tcp dport != {{ {ports} }}' if ports else 'oifname "lo"'
+    refused = ""
+    if egress.mode == "public":
+        not_public = not_public_networks()
+        public4 = _nft_set(n for n in not_public if n.version == 4)
+        public6 = _nft_set(n for n in not_public if n.version == 6)
+        # Not on `lo`: the forwarded ports are the sandbox's own 127.0.0.1 (pasta's listeners).
+        refused = (
+            f'    oifname != "lo" ip daddr {{ {public4} }} meta l4proto {{ tcp, udp }} jump refuse\n'
+            f'    oifname != "lo" ip6 daddr {{ {public6} }} meta l4proto {{ tcp, udp }} jump refuse\n'
+        )
+    closed = ""
+    if egress.mode in ("allow", "none"):
+        # Established ones first: a name's addresses leaving the set (its TTL) end no
+        # connection opened while they were in it.
+        closed = (
+            '    oifname "lo" accept\n'
+            + _allowed_rules(egress)
+            + (
+                "    meta l4proto { tcp, udp } jump refuse\n"
+                # Pings carry data too (pasta sends them on from a host socket).
+                "    icmp type echo-request drop\n"
+                "    icmpv6 type echo-request drop\n"
+            )
+        )
+        own_loopback = "ct state established,related accept\n    " + own_loopback
     return (
         f"table inet {NFT_TABLE} {{\n"
         "  chain output {\n"
         "    type filter hook output priority 0; policy accept;\n"
         f"    {own_loopback} accept\n"
         f"{dns}"
-        f"    ip daddr {{ {set4} }} meta l4proto tcp reject with tcp reset\n"
-        f"    ip daddr {{ {set4} }} meta l4proto udp reject\n"
-        f"    ip6 daddr {{ {set6} }} meta l4proto tcp reject with tcp reset\n"
-        f"    ip6 daddr {{ {set6} }} meta l4proto udp reject\n"
+        f"    ip daddr {{ {set4} }} meta l4proto {{ tcp, udp }} jump refuse\n"
+        f"    ip6 daddr {{ {set6} }} meta l4proto {{ tcp, udp }} jump refuse\n"
+        f"{refused}"
         # Only a connection's first SYN (its conntrack entry not confirmed yet) is counted:
         # on a retransmitted one (pasta answers once its host connect is done) this
         # kernel's `ct count` fails, and a failing `ct count` drops the packet.
         "    meta l4proto tcp ct state new ct status & confirmed == 0 "
         f"ct count over {max_connections} reject with tcp reset\n"
+        f"{closed}"
         "  }\n"
+        "  chain refuse {\n"
+        "    meta nfproto ipv4 update @denied4 { ip daddr . meta l4proto . th dport }\n"
+        "    meta nfproto ipv6 update @denied6 { ip6 daddr . meta l4proto . th dport }\n"
+        "    meta l4proto tcp reject with tcp reset\n"
+        "    reject\n"
+        "  }\n"
+        f"{_sets(egress)}"
         "}\n"
     )
+
+
+# One element per refused (address, protocol, port), with its counter; full at
+# DENIED_SET_SIZE (a refusal past it is still refused, just not recorded).
+DENIED_SET_SIZE = 4096
+
+
+def _sets(egress: EgressPolicy) -> str:
+    sets = ""
+    for name, kind in (("denied4", "ipv4_addr"), ("denied6", "ipv6_addr")):
+        sets += (
+            f"  set {name} {{ type {kind} . inet_proto . inet_service; flags dynamic; "
+            f"counter; size {DENIED_SET_SIZE}; }}\n"
+        )
+    if egress.mode == "allow":
+        # The addresses the launcher's resolver answered for an allowed name, until its TTL.
+        for name, kind in ALLOWED_SETS.items():
+            sets += f"  set {name} {{ type {kind}; flags timeout; }}\n"
+    return sets
+
+
+# The sets `egress_dns` fills: with a port (a rule `name:443`) and without (every port).
+ALLOWED_SETS = {
+    "allowed4": "ipv4_addr . inet_service",
+    "allowed6": "ipv6_addr . inet_service",
+    "allowed4_all": "ipv4_addr",
+    "allowed6_all": "ipv6_addr",
+}
+
+
+def _allowed_rules(egress: EgressPolicy) -> str:
+    """`allow`'s accepts: each listed range as written, then the resolver's sets."""
+    if egress.mode != "allow":
+        return ""
+    rules = ""
+    for rule in egress.rules:
+        if rule.network is None:
+            continue
+        family = "ip6" if ":" in rule.network else "ip"
+        port = f" th dport {rule.port}" if rule.port is not None else ""
+        rules += f"    {family} daddr {rule.network} meta l4proto {{ tcp, udp }}{port} accept\n"
+    if any(rule.host is not None for rule in egress.rules):
+        rules += (
+            "    meta l4proto { tcp, udp } ip daddr . th dport @allowed4 accept\n"
+            "    meta l4proto { tcp, udp } ip6 daddr . th dport @allowed6 accept\n"
+            "    meta l4proto { tcp, udp } ip daddr @allowed4_all accept\n"
+            "    meta l4proto { tcp, udp } ip6 daddr @allowed6_all accept\n"
+        )
+    return rules
+
+
+def _nft_set(networks: Iterable[ipaddress.IPv4Network | ipaddress.IPv6Network]) -> str:
+    """One family's networks as an nft set's elements, collapsed (nft refuses overlaps)."""
+    collapsed: Iterable[object] = ipaddress.collapse_addresses(list(networks))  # type: ignore[type-var]
+    return ", ".join(str(n) for n in collapsed)
 
 
 def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
@@ -468,39 +572,19 @@ def host_ruleset(plan: NetworkPlan, resolv_conf: str) -> str:
         plan.max_connections,
         nameservers(_read(resolv_conf)),
         plan.loopback_ports,
+        plan.egress,
     )
 
 
-# Runs as a child of the launcher (the system's or the venv's Python, `-I -S`): enters
-# the sandbox's user and network namespaces and loads the ruleset through libnftables.
-# Its own process because a user namespace is entered only single-threaded; no exec
-# after the setns because an exec as a non-root uid drops the namespace's capabilities.
-_FIREWALL_HELPER = r"""
-import ctypes, os, sys
-libc = ctypes.CDLL(None, use_errno=True)
-for fd, kind in ((int(sys.argv[1]), 0x10000000), (int(sys.argv[2]), 0x40000000)):
-    if fd >= 0 and libc.setns(fd, kind) != 0:
-        sys.exit("setns: " + os.strerror(ctypes.get_errno()))
-nft = ctypes.CDLL(sys.argv[3])
-nft.nft_ctx_new.restype = ctypes.c_void_p
-nft.nft_ctx_new.argtypes = [ctypes.c_uint32]
-nft.nft_ctx_buffer_error.argtypes = [ctypes.c_void_p]
-nft.nft_ctx_get_error_buffer.restype = ctypes.c_char_p
-nft.nft_ctx_get_error_buffer.argtypes = [ctypes.c_void_p]
-nft.nft_run_cmd_from_buffer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-ctx = nft.nft_ctx_new(0)
-if not ctx:
-    sys.exit("nft_ctx_new failed")
-nft.nft_ctx_buffer_error(ctx)
-if nft.nft_run_cmd_from_buffer(ctx, sys.stdin.buffer.read()) != 0:
-    sys.exit((nft.nft_ctx_get_error_buffer(ctx) or b"nftables refused the ruleset").decode())
-"""
-
-
-def firewall_argv(python: str, ns_fds: tuple[int, int], library: str) -> list[str]:
-    """The argv of the child that sets the firewall; a user fd of -1 enters no user ns. Pure."""
-    user_fd, net_fd = ns_fds
-    return [python, "-I", "-S", "-c", _FIREWALL_HELPER, str(user_fd), str(net_fd), library]
+def egress_refusal(tools: PastaTools | None, egress: EgressPolicy) -> str | None:
+    """Why a sandbox with `egress` cannot start here (fail closed), or None. Pure."""
+    if egress.mode == "open" or (tools is not None and tools.nftables is not None):
+        return None
+    return (
+        f"egress mode {egress.mode!r} needs the sandbox's firewall, and libnftables was not "
+        "found: only mode 'open' can run here (install nftables; Debian/Ubuntu: apt install "
+        "nftables, Fedora: dnf install nftables)"
+    )
 
 
 def _read(path: str) -> str:
@@ -532,6 +616,8 @@ class SandboxNetwork:
         self._waiting_for = "bwrap to start the sandbox"
         self._pasta: subprocess.Popen[bytes] | None = None
         self._pasta_log: IO[bytes] | None = None
+        self._nft: NftHelper | None = None  # once the firewall is set
+        self.denial_log = DenialLog()
 
     @property
     def pass_fds(self) -> tuple[int, int]:
@@ -613,9 +699,16 @@ class SandboxNetwork:
         return user_fd, net_fd
 
     def _set_firewall(self, pid: int) -> None:
-        """Load the sandbox's nftables table (`firewall_ruleset`); raises `NetworkUnavailable`."""
+        """Load the sandbox's nftables table (`firewall_ruleset`); raises `NetworkUnavailable`.
+
+        The helper that loaded it stays (`NftHelper`): the resolver adds addresses
+        through it and `denials` reads through it.
+        """
         if self.tools.nftables is None:
-            return  # the backend's health says so (NO_FIREWALL_NOTE)
+            refusal = egress_refusal(self.tools, self.plan.egress)
+            if refusal is not None:
+                raise NetworkUnavailable(refusal)
+            return  # `open`: the backend's health says so (NO_FIREWALL_NOTE)
         self._waiting_for = "the sandbox's firewall"
         shown = self.resolver[0] if self.resolver is not None else HOST_RESOLV_CONF
         ruleset = host_ruleset(self.plan, shown)
@@ -623,29 +716,30 @@ class SandboxNetwork:
         try:
             # setns refuses the user namespace one is in already (EINVAL): enter none then.
             same = _same_namespace(user_fd, "/proc/self/ns/user")
-            argv = firewall_argv(
+            self._nft = NftHelper.start(
                 sys.executable, (-1 if same else user_fd, net_fd), self.tools.nftables
             )
-            done = subprocess.run(
-                argv,
-                input=ruleset.encode(),
-                capture_output=True,
-                pass_fds=(user_fd, net_fd),
-                env={"PATH": "/usr/bin:/bin"},
-                timeout=FIREWALL_TIMEOUT_S,
-                check=False,
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise NetworkUnavailable(f"the sandbox's firewall could not be set: {exc}") from exc
+            self._nft.run(ruleset)
+        except NftError as exc:
+            raise NetworkUnavailable(
+                f"the sandbox's firewall (nftables) could not be set: {exc}; "
+                "check that this kernel has nf_tables and conntrack"
+            ) from exc
         finally:
             os.close(user_fd)
             os.close(net_fd)
-        if done.returncode != 0:
-            said = done.stderr.decode("utf-8", "replace").strip()[-500:] or "no message"
-            raise NetworkUnavailable(
-                f"the sandbox's firewall (nftables) could not be set: {said}; "
-                "check that this kernel has nf_tables and conntrack"
-            )
+
+    def denials(self) -> list[Denial]:
+        """What the firewall refused since the last call (`DenialLog.drain`); [] without one."""
+        if self._nft is None:
+            return []
+        answers = []
+        for name in DENIED_SETS:
+            try:
+                answers.append(self._nft.run(f"list set inet {NFT_TABLE} {name}", as_json=True))
+            except NftError as exc:
+                log.warning("reading the sandbox's denials: %s", exc)
+        return self.denial_log.drain(merge_counts(answers))
 
     def _start_pasta(self, pid: int) -> None:
         user_fd, net_fd = self._namespace_fds(pid)
@@ -771,6 +865,9 @@ class SandboxNetwork:
             _close(self._child)
             self._child = None
         self._stop_pasta()
+        if self._nft is not None:
+            self._nft.close()
+            self._nft = None
 
     def _stop_pasta(self) -> None:
         pasta, self._pasta = self._pasta, None

@@ -7,6 +7,7 @@ the environment; the self-test must pass first (never run unsandboxed).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -15,12 +16,19 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from crew_common.egress import EgressPolicy
 from sandbox_launcher.backend import open_backend
 from sandbox_launcher.bwrap import LinuxMode
 from sandbox_launcher.engine_run import become_subreaper, group_alive
 from sandbox_launcher.git_guard import baseline, guarded_git_dirs, restore
 from sandbox_launcher.limits import DEFAULT_MAX_CONNECTIONS
-from sandbox_launcher.network import NetworkPlan, NetworkUnavailable
+from sandbox_launcher.network import (
+    PUBLIC,
+    NetworkPlan,
+    NetworkUnavailable,
+    SandboxNetwork,
+    egress_refusal,
+)
 from sandbox_launcher.ownership import HandOverFailed, hand_over
 from sandbox_launcher.paths import PathRefused, resolved_dir
 from sandbox_launcher.policy import SandboxPolicy, check_read_dir
@@ -89,11 +97,14 @@ def run_sandboxed(
     command: list[str],
     loopback_ports: list[int] | None = None,
     max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    egress: EgressPolicy = PUBLIC,
 ) -> int:
     """Run `command` sandboxed; its exit status (128+N when killed by signal N).
 
     `loopback_ports`: host-loopback TCP ports reachable inside (Linux), as a run's;
-    `max_connections`: the TCP connections it may hold at a time (Linux).
+    `max_connections`: the TCP connections it may hold at a time (Linux); `egress`:
+    where it may connect (Linux). What the firewall refused is written to stderr at
+    the end, one `egress denied: {json}` line per address, port and protocol.
     """
     loopback_ports = loopback_ports or []
     if not command:
@@ -127,7 +138,12 @@ def run_sandboxed(
         except HandOverFailed as exc:
             sys.stderr.write(f"crew-launcher sandbox: {exc}\n")
             return 2
-    network = backend.network(NetworkPlan(tuple(loopback_ports), None, max_connections))
+    refusal = egress_refusal(getattr(backend, "pasta", None), egress)
+    if backend.name == "bwrap" and refusal is not None:
+        sys.stderr.write(f"crew-launcher sandbox: {refusal}\n")
+        return 125
+    plan = NetworkPlan(tuple(loopback_ports), None, max_connections, egress)
+    network = backend.network(plan)
     argv = backend.argv(policy, command)
     repos = baseline(policy.work_dir)  # what it plants in git hooks and config is undone
     process = subprocess.Popen(
@@ -148,8 +164,14 @@ def run_sandboxed(
         return 125
     finally:
         if network:
+            _report_denials(network)
             network.close()
         restore(repos)
+
+
+def _report_denials(network: SandboxNetwork) -> None:
+    for denial in network.denials():
+        sys.stderr.write(f"crew-launcher sandbox: egress denied: {json.dumps(denial.as_json())}\n")
 
 
 def _wait(process: subprocess.Popen[bytes]) -> int:

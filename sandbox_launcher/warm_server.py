@@ -51,6 +51,7 @@ import anyio
 
 from crew_common.launcher_wire import ServerInfo
 from crew_common.procfs import process_start_time
+from sandbox_launcher.denials import Denial
 from sandbox_launcher.engine_run import EXIT_GRACE_S, engine_channel, reap_group, spawn_cwd
 from sandbox_launcher.limits import (
     WATCH_INTERVAL_S,
@@ -389,6 +390,10 @@ class WarmServer:
         self._stderr_read.set()
 
     # ---- resource limits ----
+
+    def denials(self) -> list[Denial]:
+        """What its firewall refused since the last call (none without its own network)."""
+        return self.network.denials() if self.network is not None else []
 
     def check_limits(self) -> LimitHit | None:
         """The limit the server's sandbox ran into, if any; at the first hit it is killed.

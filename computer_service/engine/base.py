@@ -125,6 +125,7 @@ class TurnRequest:
     render_input: Callable[[bool], str]
     wall_clock_limit_s: float = 30 * 60
     max_steps: int = 200
+    # Where its sandbox may connect (the agent's, crew_common.egress); `public` by default.
     egress: EgressPolicy = field(default_factory=EgressPolicy)
 
 

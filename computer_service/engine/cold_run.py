@@ -28,11 +28,14 @@ from computer_service.engine.attempt import (
     Attempt,
 )
 from computer_service.engine.base import EventSink, Failure, FailureClass, StopSignal, TurnRequest
+from computer_service.engine.egress_events import denied_event
 from computer_service.engine.events import OutputCheck, engine_event_of
 from computer_service.engine.pipeline import Way
 from computer_service.engine.preparation import PreparedTurn
 from computer_service.launcher_client import LauncherError, LauncherRefused, LauncherUnavailable
 from crew_common.launcher_wire import (
+    DeniedFrame,
+    EgressWire,
     EngineArgs,
     ExitFrame,
     Frame,
@@ -165,6 +168,8 @@ class ColdAttempts:
                                 if guard and a.ending is None:
                                     a.guard_reason = guard
                                     tg.start_soon(end_run, "guard")
+                            elif isinstance(frame, DeniedFrame):
+                                await on_event(denied_event(frame))
                             elif isinstance(frame, StartedFrame):
                                 started.set()
                             elif isinstance(frame, ExitFrame):
@@ -202,6 +207,7 @@ class ColdAttempts:
             stdin=request.render_input(session_id is None),
             stdout_limit=turn.stdout_limit,
             loopback_ports=turn.ports,
+            egress=EgressWire.of(turn.egress),
             engine_args=EngineArgs(
                 session_id=session_id,
                 model=request.model,

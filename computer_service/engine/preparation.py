@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
@@ -43,6 +43,7 @@ from computer_service.engine.user_opencode import (
     read_user_providers,
 )
 from computer_service.safe_fs import UnsafePath
+from crew_common.egress import EgressPolicy
 from crew_common.launcher_wire import DEFAULT_STDOUT_LIMIT
 from crew_common.layout import AgentPaths
 
@@ -63,6 +64,7 @@ class PreparedTurn:
     interpreter_dirs: list[str]
     stdout_limit: int
     secrets: list[str]
+    egress: EgressPolicy = field(default_factory=EgressPolicy)  # the request's, to the launcher
 
 
 class Preparation:
@@ -161,6 +163,7 @@ class Preparation:
             interpreter_dirs=self.interpreter_dirs,
             stdout_limit=self.stdout_limit,
             secrets=secrets,
+            egress=request.egress,
         )
 
     async def forwarded_ports(self) -> list[int]:

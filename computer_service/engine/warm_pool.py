@@ -32,7 +32,7 @@ import httpx
 from computer_service.engine.warm_channel import ServerAddress, server_client
 from computer_service.engine.warm_events import server_password
 from computer_service.launcher_client import LauncherError
-from crew_common.launcher_wire import ServerInfo, ServerRequest
+from crew_common.launcher_wire import DeniedFrame, ServerInfo, ServerRequest
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,8 @@ class ServerLauncher(Protocol):
     async def sweep_server(self, agent_id: str) -> tuple[int, int | None]: ...
 
     async def server_limit_hit(self, agent_id: str) -> str | None: ...
+
+    async def server_denials(self, agent_id: str) -> list[DeniedFrame]: ...
 
     async def stop_server(self, agent_id: str) -> None: ...
 
@@ -233,6 +235,16 @@ class WarmPool:
         except LauncherError as exc:
             log.warning("agent %s: cannot read its warm server's limits: %s", server.agent_id, exc)
             return None
+
+    async def denials(self, server: AgentServer) -> list[DeniedFrame]:
+        """What the server's firewall refused since the last call ([] when it cannot say: logged)."""
+        if server.generation is not self.launcher.generation():
+            return []  # a replaced launcher took the server, and its firewall, with it
+        try:
+            return await self.launcher.server_denials(server.agent_id)
+        except LauncherError as exc:
+            log.warning("agent %s: cannot read its warm server's denials: %s", server.agent_id, exc)
+            return []
 
     async def discard(self, server: AgentServer) -> None:
         """Stop the server and forget it (a new one starts at the agent's next turn)."""

@@ -49,6 +49,7 @@ import orjson
 from computer_service import safe_fs
 from computer_service.engine.attempt import RETRY_PATIENCE_S, TURN_TITLE, Attempt
 from computer_service.engine.base import EventSink, Failure, FailureClass, StopSignal
+from computer_service.engine.egress_events import denied_event
 from computer_service.engine.events import engine_event_of
 from computer_service.engine.pipeline import Attempts, Way
 from computer_service.engine.preparation import PreparedTurn
@@ -64,7 +65,7 @@ from computer_service.engine.warm_events import (
     session_of,
 )
 from computer_service.engine.warm_pool import AgentServer, WarmPool
-from crew_common.launcher_wire import ExitFrame, ServerRequest
+from crew_common.launcher_wire import EgressWire, ExitFrame, ServerRequest
 from crew_common.layout import AgentPaths
 
 log = logging.getLogger(__name__)
@@ -140,8 +141,12 @@ class WarmRun(Way):
             request.agent_id,
             turn.env,
             lambda password: _server_request(turn, password),
-            # new forwarded ports, or directories made anew: a new server
-            extra_key=agents_md + repr(turn.ports).encode() + directories,
+            # new forwarded ports, directories made anew or another egress policy: a new
+            # server (its sandbox's firewall is set once, at its start)
+            extra_key=agents_md
+            + repr(turn.ports).encode()
+            + directories
+            + orjson.dumps(turn.egress.as_wire()),
             start_timeout_s=request.wall_clock_limit_s,
         )
         async with AsyncExitStack() as cold_stack:
@@ -151,6 +156,10 @@ class WarmRun(Way):
             drop = True  # unless the turn got to its end with the server working
             try:
                 yield warm
+                if warm.server is not None:
+                    # At the end of each turn: what its sandbox's firewall refused meanwhile.
+                    for frame in await self.pool.denials(warm.server):
+                        await on_event(denied_event(frame))
                 drop = warm.last is None or warm.last.broken is not None
                 if warm.last is not None and warm.last.broken is not None:
                     log.warning(
@@ -539,6 +548,7 @@ def _server_request(turn: PreparedTurn, password: str) -> ServerRequest:
         interpreter_dirs=turn.interpreter_dirs,
         env={**turn.env, "OPENCODE_SERVER_PASSWORD": password},
         loopback_ports=turn.ports,
+        egress=EgressWire.of(turn.egress),
     )
 
 

@@ -225,6 +225,9 @@ class FakeLauncher:
         self.swept.append(agent_id)
         return 0, self.rss
 
+    async def server_denials(self, agent_id: str) -> list[Any]:
+        return []
+
     async def server_limit_hit(self, agent_id: str) -> str | None:
         return None
 

@@ -154,6 +154,9 @@ class Launcher:
     async def sweep_server(self, agent_id: str) -> tuple[int, int | None]:
         return 0, None
 
+    async def server_denials(self, agent_id: str) -> list[Any]:
+        return []
+
     async def server_limit_hit(self, agent_id: str) -> str | None:
         return self.limit_hit
 

@@ -8,10 +8,10 @@ from sandbox_launcher.backend import health_note
 from sandbox_launcher.bwrap import LinuxMode
 from sandbox_launcher.network import (
     NO_FIREWALL_NOTE,
+    OPEN,
     NetworkPlan,
     PastaTools,
     child_pid,
-    firewall_argv,
     firewall_ruleset,
     has_default_route,
     inet6_addresses,
@@ -24,6 +24,7 @@ from sandbox_launcher.network import (
     sandbox_failure,
     with_network,
 )
+from sandbox_launcher.nft_helper import helper_argv
 
 TOOLS = PastaTools(pasta="/usr/bin/pasta", setpriv="/usr/bin/setpriv")
 BASE = [
@@ -250,17 +251,17 @@ def test_inet6_addresses_without_loopback() -> None:
 
 def test_firewall_ruleset_refuses_the_host_and_the_gateways_and_caps_tcp() -> None:
     host4 = local_networks(HOST_FIB_TRIE)
-    ruleset = firewall_ruleset(host4, inet6_addresses(IF_INET6), 256)
+    ruleset = firewall_ruleset(host4, inet6_addresses(IF_INET6), 256, egress=OPEN)
     v4 = "{ 10.0.2.2/32, 172.17.0.1/32, 192.0.2.2/32, 198.51.100.0/24 }"
     v6 = "{ fd00::2/128, fd63:7265:7700::2/128, fe80::fc:ff:fe00:1/128 }"
-    assert f"ip daddr {v4} meta l4proto tcp reject with tcp reset" in ruleset
-    assert f"ip daddr {v4} meta l4proto udp reject" in ruleset
-    assert f"ip6 daddr {v6} meta l4proto udp reject" in ruleset
+    assert f"ip daddr {v4} meta l4proto {{ tcp, udp }} jump refuse" in ruleset
+    assert f"ip6 daddr {v6} meta l4proto {{ tcp, udp }} jump refuse" in ruleset
     # ICMPv6 passes: neighbour probes go to the gateway's address (IPv6 stalled without).
     assert "icmp" not in ruleset
-    assert f"ip6 daddr {v6} meta l4proto tcp reject with tcp reset" in ruleset
     assert "ct status & confirmed == 0 ct count over 256 reject with tcp reset" in ruleset
     assert "127.0.0" not in ruleset and "::1/" not in ruleset  # the sandbox's own loopback
+    # What is refused is counted first (the denials), then rejected.
+    assert "update @denied4 { ip daddr . meta l4proto . th dport }" in ruleset
     # No host address at all (a machine with loopback only): the gateways still go in.
     bare = firewall_ruleset([], [], 8)
     assert "ip daddr { 10.0.2.2/32 }" in bare and "ip6 daddr { fd63:7265:7700::2/128 }" in bare
@@ -288,8 +289,8 @@ def test_a_resolver_on_a_host_address_keeps_its_port_53() -> None:
     assert ruleset.count("dport 53") == 2  # not for loopback, scoped or malformed entries
 
 
-def test_firewall_argv_passes_the_namespaces_and_the_library() -> None:
-    argv = firewall_argv("/usr/bin/python3", (-1, 8), "/usr/lib/libnftables.so.1")
+def test_helper_argv_passes_the_namespaces_and_the_library() -> None:
+    argv = helper_argv("/usr/bin/python3", (-1, 8), "/usr/lib/libnftables.so.1")
     assert argv[:4] == ["/usr/bin/python3", "-I", "-S", "-c"]
     assert argv[5:] == ["-1", "8", "/usr/lib/libnftables.so.1"]
 

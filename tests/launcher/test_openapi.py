@@ -31,6 +31,10 @@ MODELS: dict[str, type[BaseModel]] = {
     "StartedFrame": models.StartedFrame,
     "LineFrame": models.LineFrame,
     "LogFrame": models.LogFrame,
+    "DeniedFrame": models.DeniedFrame,
+    "Denials": models.Denials,
+    "Egress": models.EgressWire,
+    "EgressRule": models.EgressRuleWire,
     "ExitFrame": models.ExitFrame,
     "SandboxHealth": models.SandboxHealth,
     "EngineHealth": models.EngineHealth,
@@ -49,7 +53,7 @@ MODELS: dict[str, type[BaseModel]] = {
     "ServerLimitHit": models.ServerLimitHit,
 }
 # What the launcher receives is described as it is read; the rest as it is written.
-REQUESTS = {"RunRequest", "EngineArgs", "ModelsRequest", "ServerRequest"}
+REQUESTS = {"RunRequest", "EngineArgs", "ModelsRequest", "ServerRequest", "Egress", "EgressRule"}
 # What a field validator enforces: the document states it, the models' own schema cannot.
 # Each is checked against the code below (`test_validated_rules_are_the_code`).
 VALIDATED: dict[tuple[str, str], tuple[str, ...]] = {
@@ -136,6 +140,8 @@ def test_documented_defaults_are_the_models(name: str) -> None:
     fields = MODELS[name].model_fields
     for prop, spec in COMPONENTS[name]["properties"].items():
         default = fields[prop].get_default(call_default_factory=True)
+        if isinstance(default, BaseModel):  # an object's default, as the document writes it
+            default = default.model_dump()
         if "default" in spec:
             assert spec["default"] == default, prop
         else:
