@@ -568,6 +568,7 @@ class Runner:
                             usage.as_upstream(),
                             event_count=outcome.event_count,
                             engine_input=outcome.engine_input,
+                            gateway_usage=usage.gateway,
                         ),
                     )
                 )

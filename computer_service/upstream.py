@@ -290,6 +290,7 @@ class Upstream:
         usage: dict[str, Any],
         event_count: int | None = None,
         engine_input: str | None = None,
+        gateway_usage: dict[str, Any] | None = None,
     ) -> None:
         """`POST /computer/turns/{id}/finish`: the turn's result.
 
@@ -307,6 +308,10 @@ class Upstream:
             body["event_count"] = event_count
         if engine_input is not None:
             body["input"] = engine_input
+        if gateway_usage is not None:
+            # The model gateway's count next to the engine's (a server that does not
+            # know the field ignores it).
+            body["gateway_usage"] = gateway_usage
         await self._call_raw("POST", f"/computer/turns/{turn_id}/finish", body)
 
     async def ack(
