@@ -100,6 +100,12 @@ class Bootstrap(BaseModel):
     # A warm server left over this after a turn is restarted (docs/warm-engine.md).
     warm_server_max_mb: Annotated[int, Strict()] = Field(default=1536, ge=64, le=16 * 1024**2)
 
+    # The model gateway's OAuth token endpoints, by provider, over its built-in table
+    # (`computer_service/gateway/oauth.py`). Tests point them at a scripted endpoint.
+    gateway_token_endpoints: dict[str, Annotated[str, Field(pattern=r"^https?://")]] = Field(
+        default_factory=dict, max_length=16
+    )
+
     # How long one turn may run before it is ended (computer.md §3; 30 min by default).
     turn_time_limit_s: Annotated[int, Strict()] = Field(default=30 * 60, ge=1, le=7 * 24 * 3600)
     # Directories every agent may read (never write), e.g. a repository; never a secret place.

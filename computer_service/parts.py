@@ -21,9 +21,10 @@ from computer_service.engine.cold_run import ColdRun
 from computer_service.engine.opencode_env import model_listing_env
 from computer_service.engine.pipeline import OpenCodeEngine
 from computer_service.engine.preparation import PRICE_TABLE_LIMIT, Preparation
-from computer_service.engine.user_opencode import UserOpenCode
+from computer_service.engine.user_opencode import UserOpenCode, referenced_variables
 from computer_service.engine.warm_pool import WarmPool, default_memory_budget
 from computer_service.engine.warm_run import WarmRun
+from computer_service.gateway.gateway import Gateway
 from computer_service.home import AgentHome, AgentHomeError
 from computer_service.launcher_client import (
     LauncherClient,
@@ -60,14 +61,18 @@ _REPLACEMENT_POLL_S = 0.1
 
 
 def launcher_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """The launcher's environment: the Computer's, without the Computer's token.
+    """The launcher's environment: the Computer's, without the Computer's token or model keys.
 
     The launcher needs the user's environment (`opencode models` and
-    `--version` run in it, with the API keys and proxies in it), never the
-    token: its children and everything that reads `/proc/<launcher>/environ`
-    would have it (issue 20).
+    `--version` run in it, with the proxies in it), never the token: its
+    children and everything that reads `/proc/<launcher>/environ` would have
+    it (issue 20). Nor the variables the user's OpenCode config names as
+    `{env:VAR}` keys: only the model gateway, in this process, uses them.
     """
-    return {name: value for name, value in environ.items() if name != TOKEN_ENV}
+    keys = referenced_variables(UserOpenCode.from_env(environ).config_files)
+    return {
+        name: value for name, value in environ.items() if name != TOKEN_ENV and name not in keys
+    }
 
 
 def models_request(environ: Mapping[str, str]) -> ModelsRequest:
@@ -292,6 +297,7 @@ class LocalParts:
     def engine(self) -> Engine:
         """The OpenCode engine, following whichever launcher is current: warm or cold."""
         launcher = CurrentLauncher(self)
+        gateway = Gateway(token_endpoint_overrides=self.bootstrap.gateway_token_endpoints)
         preparation = Preparation(
             crew_home=self.crew_home,
             run_id=self.run_id,
@@ -299,10 +305,11 @@ class LocalParts:
             bin_dir=self.run_dir.bin_dir,
             interpreter_dirs=self.run_dir.interpreter_dirs(),
             loopback_ports=list(self.bootstrap.sandbox_loopback_ports),
+            gateway=gateway,
         )
         cold = ColdRun(launcher)
         if self.engine_mode() == "cold":
-            return OpenCodeEngine(preparation, cold)
+            return OpenCodeEngine(preparation, cold, gateway=gateway)
         budget = self.bootstrap.warm_memory_mb
         pool = WarmPool(
             launcher,
@@ -310,7 +317,7 @@ class LocalParts:
             idle_timeout_s=float(self.bootstrap.warm_idle_timeout_s),
             server_ceiling=self.bootstrap.warm_server_max_mb * 1024 * 1024,
         )
-        return OpenCodeEngine(preparation, WarmRun(cold, pool))
+        return OpenCodeEngine(preparation, WarmRun(cold, pool), gateway=gateway)
 
     def engine_mode(self) -> str:
         """The bootstrap's `engine_mode`, else warm where supported (Linux with bwrap)."""

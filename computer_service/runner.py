@@ -127,9 +127,6 @@ class Outcome:
     acked: bool = False
     # The input the engine got when it is not the registered one (a new session's).
     engine_input: str | None = None
-    # What the model gateway counted over the turn (upstream's `GatewayUsage`); None:
-    # no gateway ran.
-    gateway_usage: dict[str, Any] | None = None
 
 
 class Runner:
@@ -576,7 +573,7 @@ class Runner:
                             usage.as_upstream(),
                             event_count=outcome.event_count,
                             engine_input=outcome.engine_input,
-                            gateway_usage=outcome.gateway_usage,
+                            gateway_usage=usage.gateway,
                         ),
                     )
                 )

@@ -13,7 +13,9 @@ it); a rule's regex groups fill `{{name}}` holes in its reply, so a rule can
 say "when the prompt says `crew reply <room-id>`, call bash with
 `crew reply {{room}} <<'EOF' … EOF`". With no matching rule the model says
 `ok` (or `done` right after a tool result). Rules can also answer 401, 429,
-500 or hang. Every request is recorded for assertions.
+500 or hang. Every request is recorded for assertions. `POST /oauth/token` is
+a scripted OAuth token endpoint (`ModelState.oauth_refresh`), for the model
+gateway's refresh of an OAuth login.
 
 Run it as `python -m crew_harness.scripted_model --port N --script FILE` (or
 `--scenario NAME` for a built-in script), or in-process with
@@ -35,6 +37,7 @@ import re
 import sys
 import threading
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -523,6 +526,10 @@ class ModelState:
         self.required_key = required_key
         self._requests: list[RecordedRequest] = []
         self.stopping: asyncio.Event | None = None  # created on the serving loop
+        # A scripted OAuth token endpoint (`POST /oauth/token`): the refresh token it takes
+        # now (None: it refuses every grant), and the grants it was asked for.
+        self.oauth_refresh: str | None = None
+        self.oauth_grants: list[dict[str, str]] = []
 
     def set_script(self, script: Script) -> None:
         """Replace the script; request numbering starts again at 1."""
@@ -682,8 +689,31 @@ def build_app(state: ModelState) -> Starlette:
         state.set_script(script)
         return Response(status_code=204)
 
+    async def oauth_token(request: Request) -> Response:
+        # A refresh grant as JSON (Anthropic's) or a form (OpenAI's). The n-th grant gives
+        # the access token `scripted-access-<n>` and rotates the refresh token.
+        if request.headers.get("content-type", "").startswith("application/json"):
+            raw = orjson.loads(await request.body())
+            grant = {str(k): str(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
+        else:
+            grant = dict(urllib.parse.parse_qsl((await request.body()).decode()))
+        with state._lock:
+            state.oauth_grants.append(grant)
+            n = len(state.oauth_grants)
+            if state.oauth_refresh is None or grant.get("refresh_token") != state.oauth_refresh:
+                return JSONResponse({"error": "invalid_grant"}, status_code=400)
+            state.oauth_refresh = f"scripted-refresh-{n}"
+        return JSONResponse(
+            {
+                "access_token": f"scripted-access-{n}",
+                "refresh_token": f"scripted-refresh-{n}",
+                "expires_in": 3600,
+            }
+        )
+
     return Starlette(
         routes=[
+            Route("/oauth/token", oauth_token, methods=["POST"]),
             Route("/v1/chat/completions", completions, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/_scripted/requests", recorded, methods=["GET"]),

@@ -78,13 +78,17 @@ class EngineRig:
         assert isinstance(engine, OpenCodeEngine) and isinstance(engine.way, WarmRun)
         # The same Computer's engine, every turn the cold way (sessions shared, as both
         # ways share them when a warm turn falls back to cold).
-        cold = OpenCodeEngine(engine.preparation, engine.way.cold, sessions=engine.sessions)
+        cold = OpenCodeEngine(
+            engine.preparation, engine.way.cold, sessions=engine.sessions, gateway=engine.gateway
+        )
         self.warm, self.cold, self.pool = engine, cold, engine.way.pool
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         with anyio.CancelScope(shield=True):
             await self.pool.close()
+            if self.warm.gateway is not None:
+                await self.warm.gateway.aclose()
             await self.parts.stop_launcher()
             self.parts.remove_run_dir()
 

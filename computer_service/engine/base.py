@@ -62,6 +62,9 @@ class Usage:
     cache_read: int = 0
     cache_write: int = 0
     cost: float = 0.0
+    # What the model gateway counted in the turn (`gateway.usage.TrafficSnapshot.since`):
+    # every call, title and summary ones too, as the provider reported it. None: no gateway.
+    gateway: dict[str, Any] | None = None
 
     def as_upstream(self) -> dict[str, Any]:
         return {

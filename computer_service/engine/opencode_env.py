@@ -2,7 +2,10 @@
 
 computer.md §3. Pure builders: `engine_env` (nothing inherited),
 `opencode_config` (`OPENCODE_CONFIG_CONTENT` for a turn) and
-`model_listing_env` (the same credentials and providers for `opencode models`).
+`model_listing_env` (the user's logins and providers for `opencode models`,
+every secret in them replaced: the listing needs to know who is logged in,
+never with what). Neither holds a credential: a turn's calls go through the
+model gateway (`computer_service/gateway/`), which holds them.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from computer_service.engine.user_opencode import (
     read_auth,
     read_user_providers,
 )
+from computer_service.gateway.engine_view import listing_auth, listing_providers
 from crew_common.layout import AgentPaths
 
 log = logging.getLogger(__name__)
@@ -58,18 +62,21 @@ def opencode_config(agents_md: Path, model: str, providers: dict[str, Any] | Non
 def model_listing_env(user: UserOpenCode, environ: Mapping[str, str]) -> dict[str, str]:
     """The OpenCode variables of `opencode models`, so it lists what a turn can use.
 
-    The user's credentials and `provider` section exactly as a turn gets them
-    (no instructions, no model), no project config, no catalog download. Not
-    logged in: no `OPENCODE_AUTH_CONTENT` (OpenCode then lists the providers
-    the config and the environment enable).
+    The user's logins and `provider` section with every credential replaced
+    by a marker (`listing_auth`, `listing_providers`: `opencode models` only
+    needs to know which providers are logged in), no instructions, no model,
+    no project config, no catalog download. Not logged in: no
+    `OPENCODE_AUTH_CONTENT` (OpenCode then lists the providers the config and
+    the environment enable).
     """
+    providers = listing_providers(read_user_providers(user.config_files, environ))
     env = {
         "OPENCODE_DISABLE_PROJECT_CONFIG": "1",
         "OPENCODE_DISABLE_MODELS_FETCH": "1",
-        "OPENCODE_CONFIG_CONTENT": _config(read_user_providers(user.config_files, environ)),
+        "OPENCODE_CONFIG_CONTENT": _config(providers),
     }
     try:
-        env["OPENCODE_AUTH_CONTENT"] = read_auth(user.auth_file)
+        env["OPENCODE_AUTH_CONTENT"] = listing_auth(read_auth(user.auth_file))
     except NotLoggedIn as exc:
         # No auth.json is a normal setup (keys in the config, OpenCode's free models):
         # only one that cannot be used is worth a line.

@@ -17,19 +17,29 @@ whether it runs cold or warm:
    session for the next one, unless a `crew reply` of it ended refused (the
    runner fails such a turn).
 
+Around steps 2 to 4 the model gateway's counters for the agent are read
+(`Gateway.snapshot`): their difference is the turn's `usage.gateway`, and a
+turn that failed after the gateway saw a 429 is a rate limit with the
+provider's own `Retry-After`. The gateway lives as long as `maintain` runs
+(the Computer's main loop).
+
 `run_turn` never raises (except cancellation): a bug becomes `process_crashed`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from contextlib import AbstractAsyncContextManager
-from typing import Protocol
+from typing import Any, Protocol
+
+import anyio
 
 from computer_service.engine.attempt import Attempt, add_usage, attempt_result, crashed_result
 from computer_service.engine.base import (
     EngineEvent,
     EventSink,
+    Failure,
     FailureClass,
     SessionPlan,
     StopSignal,
@@ -39,6 +49,7 @@ from computer_service.engine.base import (
 from computer_service.engine.failures import ReplyAttempts
 from computer_service.engine.preparation import Preparation, PreparedTurn
 from computer_service.engine.session import ENGINE_NAME, Sessions
+from computer_service.gateway.gateway import Gateway
 from crew_common.layout import AgentPaths
 
 log = logging.getLogger(__name__)
@@ -99,10 +110,14 @@ class OpenCodeEngine:
         way: Way,
         *,
         sessions: Sessions | None = None,
+        gateway: Gateway | None = None,
     ) -> None:
         self.preparation = preparation
         self.way = way
         self.sessions = sessions or Sessions(self.name)
+        # The preparation's gateway (the Computer's one), counted and closed here; None in
+        # tests whose preparation is a stand-in.
+        self.gateway = gateway
 
     def plan_session(self, agent_id: str, model: str, agents_md: str) -> SessionPlan:
         """Continue the saved session when engine, model and AGENTS.md are unchanged."""
@@ -124,7 +139,12 @@ class OpenCodeEngine:
                 replies.see(event)
                 await on_event(event)
 
+            gateway = self.gateway
+            before = gateway.snapshot(request.agent_id) if gateway is not None else None
             result = await run_attempts(self.way, turn, seen, stop)
+            if gateway is not None and before is not None:
+                result.usage.gateway = gateway.snapshot(request.agent_id).since(before)
+                result = gateway_rate_limit(result, result.usage.gateway)
             # A refused `crew reply` fails the turn (the runner's rule): its session is not kept.
             if result.status == "succeeded" and replies.failure() is None:
                 self._keep_session(paths, request, result)
@@ -141,7 +161,16 @@ class OpenCodeEngine:
             result.session_id = None  # the next turn starts a new session
 
     async def maintain(self) -> None:
-        await self.way.maintain()
+        """The way's upkeep; the gateway's listeners stay open until this is cancelled."""
+        if self.gateway is None:
+            await self.way.maintain()
+            return
+        try:
+            await self.way.maintain()
+            await anyio.sleep_forever()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.gateway.aclose()
 
     def health(self) -> dict[str, object] | None:
         return self.way.health()
@@ -150,7 +179,8 @@ class OpenCodeEngine:
         return self.way.agent_status(agent_id)
 
     def metric_lines(self) -> list[str]:
-        return self.way.metric_lines()
+        gateway = self.gateway.metric_lines() if self.gateway is not None else []
+        return self.way.metric_lines() + gateway
 
 
 async def run_attempts(
@@ -173,6 +203,29 @@ async def run_attempts(
         if await attempts.settle(a):
             result = attempt_result(a, stop, secrets)
     return result
+
+
+def gateway_rate_limit(result: TurnResult, traffic: dict[str, Any]) -> TurnResult:
+    """A failed turn in which the gateway saw a 429: a rate limit, with the provider's wait.
+
+    OpenCode's own report of a rate limit may come late or not at all (it
+    retries, then fails with whatever came last); the gateway saw the answer.
+    """
+    if result.status != "failed" or result.failure is None or not traffic.get("rate_limited"):
+        return result
+    if result.failure.cls is FailureClass.STOPPED:
+        return result
+    wait = traffic.get("retry_after_s")
+    if result.failure.cls is FailureClass.RATE_LIMITED and wait is None:
+        return result
+    said = f" and asked to wait {round(wait)} s before the next one" if wait is not None else ""
+    failure = Failure(
+        FailureClass.RATE_LIMITED,
+        f"the model provider answered 429 (rate limited){said}; the turn was ended and the "
+        "agent tries again then. The messages are kept.",
+        retry_after_s=wait if wait is not None else result.failure.retry_after_s,
+    )
+    return dataclasses.replace(result, failure=failure)
 
 
 def _vanished(request: TurnRequest, result: TurnResult) -> bool:

@@ -1,12 +1,16 @@
 """Everything a turn's engine is given, computed before its first attempt (computer.md §3).
 
 The Computer computes it all — the exact environment (nothing inherited),
-the derived OpenCode config, the user's login for this turn's provider only,
-the host-loopback ports the sandbox reaches, the price table copied into the
-agent's cache — and both ways of running the turn get exactly this
-(`PreparedTurn`): a warm server is started with the same environment a cold
-run gets. What must never show in a reason (credentials, the agent's token)
-is collected into the turn's `secrets` on the way.
+the derived OpenCode config, the host-loopback ports the sandbox reaches, the
+price table copied into the agent's cache — and both ways of running the
+turn get exactly this (`PreparedTurn`): a warm server is started with the
+same environment a cold run gets. The user's login for the turn's provider
+goes to the model gateway (`computer_service/gateway/`), never to the
+engine: the engine's config points the provider at the agent's gateway port
+(forwarded like the crew server's) and its auth and config carry only the
+agent's placeholder (`gateway.engine_view`). What must never show in a
+reason (credentials, the agent's token) is collected into the turn's
+`secrets` on the way.
 """
 
 from __future__ import annotations
@@ -16,8 +20,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import anyio
+import orjson
 
 from computer_service import safe_fs
 from computer_service.engine.attempt import stopped_result
@@ -42,6 +48,11 @@ from computer_service.engine.user_opencode import (
     read_auth,
     read_user_providers,
 )
+from computer_service.gateway.engine_view import engine_auth, engine_provider
+from computer_service.gateway.forward import Route
+from computer_service.gateway.gateway import Gateway
+from computer_service.gateway.logins import KeyLogin, Login
+from computer_service.gateway.upstream import upstream_base
 from computer_service.safe_fs import UnsafePath
 from crew_common.egress import EgressPolicy
 from crew_common.launcher_wire import DEFAULT_STDOUT_LIMIT
@@ -84,6 +95,7 @@ class Preparation:
         lang: str | None = None,
         stdout_limit: int = DEFAULT_STDOUT_LIMIT,
         environ: Mapping[str, str] | None = None,
+        gateway: Gateway | None = None,
     ) -> None:
         self.crew_home = crew_home
         self.run_id = run_id
@@ -97,6 +109,7 @@ class Preparation:
         self.stdout_limit = stdout_limit
         # Where `{env:VAR}` in the user's provider config is looked up (never passed on whole).
         self.environ = os.environ if environ is None else environ
+        self.gateway = gateway or Gateway()
 
     def paths(self, agent_id: str) -> AgentPaths:
         return AgentPaths(crew_home=self.crew_home, run_id=self.run_id, agent_id=agent_id)
@@ -135,6 +148,17 @@ class Preparation:
         secrets += auth_secrets(auth)
         if providers:
             secrets += config_secrets(providers)
+        section = (providers or {}).get(provider)
+        base = await anyio.to_thread.run_sync(
+            upstream_base, provider, section, self.user.price_table
+        )
+        entry = orjson.loads(auth).get(provider)
+        access = await self.gateway.access_for(request.agent_id)
+        self.gateway.route(
+            request.agent_id,
+            provider,
+            Route(base, self._login(provider, entry, section), _configured_headers(section)),
+        )
         try:
             token = safe_fs.read_regular_file(self.crew_home, paths.token_file, 4096)
         except UnsafePath as exc:
@@ -149,8 +173,10 @@ class Preparation:
             paths,
             bin_dir=self.bin_dir,
             server_url=self.server_url,
-            auth_content=auth,
-            config_content=opencode_config(paths.agents_md, request.model, providers),
+            auth_content=engine_auth(entry, provider, access.placeholder),
+            config_content=opencode_config(
+                paths.agents_md, request.model, engine_provider(section, provider, access)
+            ),
             base_path=self.base_path,
             lang=self.lang,
         )
@@ -158,7 +184,7 @@ class Preparation:
             request=request,
             paths=paths,
             env=env,
-            ports=await self.forwarded_ports(),
+            ports=sorted({*await self.forwarded_ports(), access.port}),
             bin_dir=self.bin_dir,
             interpreter_dirs=self.interpreter_dirs,
             stdout_limit=self.stdout_limit,
@@ -166,12 +192,41 @@ class Preparation:
             egress=request.egress,
         )
 
+    def _login(self, provider: str, entry: Any, section: Any) -> Login:
+        """The real credential the gateway puts into the turn's calls to `provider`.
+
+        The config's own `apiKey` (its `{env:}`/`{file:}` resolved) first, as
+        OpenCode merges it over the login; then auth.json's entry.
+        """
+        options = section.get("options") if isinstance(section, dict) else None
+        key = options.get("apiKey") if isinstance(options, dict) else None
+        if isinstance(key, str) and key:
+            return KeyLogin(key)
+        if isinstance(entry, dict):
+            if entry.get("type") == "oauth":
+                return self.gateway.oauth_login(self.user.auth_file, provider)
+            found = entry.get("key") if entry.get("type") == "api" else None
+            found = found or entry.get("key") or entry.get("token")
+            if isinstance(found, str) and found:
+                return KeyLogin(found)
+        # OpenCode's own keyless providers send the key "public" (user_opencode).
+        return KeyLogin("public" if provider in KEYLESS_PROVIDERS else None)
+
     async def forwarded_ports(self) -> list[int]:
         """The host-loopback ports this Computer's sandboxes reach: crew server, local models."""
         providers = await anyio.to_thread.run_sync(
             read_user_providers, self.user.config_files, self.environ
         )
         return sandbox_loopback_ports(self.server_url, providers, self.loopback_ports)
+
+
+def _configured_headers(section: Any) -> dict[str, str]:
+    """The headers the user's config sets for the provider: the gateway sends them."""
+    options = section.get("options") if isinstance(section, dict) else None
+    headers = options.get("headers") if isinstance(options, dict) else None
+    if not isinstance(headers, dict):
+        return {}
+    return {str(k): v for k, v in headers.items() if isinstance(v, str)}
 
 
 def copy_price_table(paths: AgentPaths, source: Path) -> bool:

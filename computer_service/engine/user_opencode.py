@@ -224,6 +224,24 @@ def read_user_providers(
     return None
 
 
+def referenced_variables(config_files: tuple[Path, ...]) -> set[str]:
+    """The environment variables the `provider` section names as `{env:VAR}` (its keys)."""
+    found: set[str] = set()
+
+    def walk(value: Any) -> None:
+        if isinstance(value, str):
+            found.update(_ENV_REF.findall(value))
+        elif isinstance(value, dict):
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, list):
+            for v in value:
+                walk(v)
+
+    walk(read_user_providers(config_files))
+    return found
+
+
 # ---- JSONC ----
 
 

@@ -3,6 +3,7 @@ CurrentLauncher.run: a run that starts while the launcher is replaced waits for 
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import AsyncGenerator
 from pathlib import Path
@@ -12,6 +13,7 @@ import anyio
 import pytest
 
 from computer_service.bootstrap import Bootstrap
+from computer_service.gateway.engine_view import SECRET_MARKER
 from computer_service.launcher_client import (
     LauncherError,
     LauncherNotListening,
@@ -68,7 +70,10 @@ async def test_models_request_carries_the_users_setup(isolated_home: Path) -> No
     prices.parent.mkdir(parents=True)
     prices.write_text('{"acme": {}}')
     sent = models_request(os.environ)
-    assert sent.env["OPENCODE_AUTH_CONTENT"] == auth.read_text()
+    # The login, not its key: the model gateway holds that (issue 23).
+    assert json.loads(sent.env["OPENCODE_AUTH_CONTENT"]) == {
+        "acme": {"type": "api", "key": SECRET_MARKER}
+    }
     assert sent.price_table == '{"acme": {}}'
     prices.write_bytes(b"\xff not utf-8")  # left out, logged: the listing still runs
     assert models_request(os.environ).price_table is None

@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import time
 from pathlib import Path
 
@@ -29,13 +30,14 @@ from computer_service.engine.user_opencode import (
     read_user_providers,
     strip_jsonc,
 )
+from computer_service.gateway.access import PLACEHOLDER_PREFIX
+from computer_service.gateway.engine_view import SECRET_MARKER
 from computer_service.launcher_client import LauncherClient
 from crew_common.launcher_wire import MAX_STDIN
 from crew_common.layout import AgentPaths
 from crew_harness.waiting import wait_until_async
 from tests.computer_unit.engine_fixtures import (
     AGENT_TOKEN,
-    AUTH,
     BASE_PATH,
     make_rig,
     standin_launcher,
@@ -191,7 +193,10 @@ def test_model_listing_env_carries_the_login_and_the_providers_only(tmp_path: Pa
     user.config_files[1].parent.mkdir(parents=True)
     user.config_files[1].write_text('{"provider": {"gw": {}}, "model": "a/b", // mine\n}')
     env = model_listing_env(user, {})
-    assert env["OPENCODE_AUTH_CONTENT"] == user.auth_file.read_text()
+    # Who is logged in, never with what: the gateway holds the key (issue 23).
+    assert json.loads(env["OPENCODE_AUTH_CONTENT"]) == {
+        "acme": {"type": "api", "key": SECRET_MARKER}
+    }
     assert json.loads(env["OPENCODE_CONFIG_CONTENT"]) == {**bare, "provider": {"gw": {}}}
     assert {k: env[k] for k in fixed} == fixed
 
@@ -253,9 +258,15 @@ async def test_ok_turn_exact_env_argv_events_usage(tmp_path: Path) -> None:
     assert env.pop("PWD") == str(p.work_dir)
     config = json.loads(env.pop("OPENCODE_CONFIG_CONTENT"))
     assert config["instructions"] == [str(p.agents_md)] and config["model"] == "local/scripted"
-    assert config["provider"] == {"local": {"options": {"baseURL": "http://127.0.0.1:1/v1"}}}
+    # The provider goes through the agent's gateway port with its placeholder (issue 23).
+    options = config["provider"]["local"]["options"]
+    placeholder = options["apiKey"]
+    assert placeholder.startswith(PLACEHOLDER_PREFIX)
+    assert re.fullmatch(r"http://127\.0\.0\.1:\d+/local", options["baseURL"]), options
     assert "theme" not in config
-    assert json.loads(env.pop("OPENCODE_AUTH_CONTENT")) == AUTH
+    assert json.loads(env.pop("OPENCODE_AUTH_CONTENT")) == {
+        "local": {"type": "api", "key": placeholder}
+    }
     assert env == {
         "PATH": f"{rig.run.bin_dir}:{BASE_PATH}",
         "LANG": "C.UTF-8",

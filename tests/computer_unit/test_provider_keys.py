@@ -22,6 +22,7 @@ from computer_service.engine.user_opencode import (
     config_secrets,
     resolve_references,
 )
+from computer_service.gateway.access import PLACEHOLDER_PREFIX
 from tests.computer_unit.engine_fixtures import make_rig, standin_launcher
 
 pytestmark = pytest.mark.anyio
@@ -87,8 +88,11 @@ async def test_a_turn_gets_only_its_providers_login(tmp_path: Path) -> None:
     assert result.status == "succeeded", result.failure
     (dump,) = rig.dumps()
     env = dump["env"]
-    assert json.loads(env["OPENCODE_AUTH_CONTENT"]) == {"local": logins["local"]}
+    # The turn's provider only, and its key is the agent's gateway placeholder (issue 23).
+    auth = json.loads(env["OPENCODE_AUTH_CONTENT"])
+    assert list(auth) == ["local"] and auth["local"]["key"].startswith(PLACEHOLDER_PREFIX)
     assert "sk-other-login-222" not in json.dumps(env)
+    assert "sk-local-login-111" not in json.dumps(env)
 
 
 async def test_env_and_file_keys_reach_the_engine_config_not_the_variable(tmp_path: Path) -> None:
@@ -102,7 +106,11 @@ async def test_env_and_file_keys_reach_the_engine_config_not_the_variable(tmp_pa
     (dump,) = rig.dumps()
     env = dump["env"]
     config = json.loads(env["OPENCODE_CONFIG_CONTENT"])
-    assert config["provider"] == {"local": {"options": {"apiKey": ENV_KEY}}}
+    # Resolved by the Computer and kept by its gateway: the engine has the placeholder.
+    options = config["provider"]["local"]["options"]
+    assert options["apiKey"].startswith(PLACEHOLDER_PREFIX)
+    assert options["baseURL"].startswith("http://127.0.0.1:")
+    assert ENV_KEY not in json.dumps(env)
     assert "MY_KEY" not in env and json.loads(env["OPENCODE_AUTH_CONTENT"]) == {}
 
 
