@@ -7,8 +7,8 @@ cannot run (no sandbox, no engine, an egress policy that cannot be read, a
 directory that cannot be prepared or repaired before a turn) is kept as a
 problem, reported upstream once, and prepared again at the next sync and at
 its next wake-up (from the server or the introspection socket); a success
-clears the problem. A launcher replaced
-by an unusable one makes every agent a problem until a later one is usable.
+clears the problem. A launcher replaced by an unusable one makes every agent
+a problem until a later one is usable.
 A runner fenced out by a newer connection stays dropped until the next sync.
 
 The roster owns its runners' task group (`running`); leaving it stops every
