@@ -4,10 +4,11 @@ computer.md §1 step 6 and §2. `sync_agents` makes the runners match the
 server's agent list: new agents get their directories, token and a runner;
 changed ones are replaced; agents moved away are dropped. An agent that
 cannot run (no sandbox, no engine, an egress policy that cannot be read, a
-directory that cannot be prepared or repaired before a turn) is kept as a problem, reported upstream once, and
-prepared again at the next sync and at its next wake-up (from the server or
-the introspection socket); a success clears the problem. A launcher replaced
-by an unusable one makes every agent a problem until a later one is usable.
+directory that cannot be prepared or repaired before a turn) is kept as a
+problem, reported upstream once, and prepared again at the next sync and at
+its next wake-up (from the server or the introspection socket); a success
+clears the problem. A launcher replaced by an unusable one makes every agent
+a problem until a later one is usable.
 A runner fenced out by a newer connection stays dropped until the next sync.
 
 The roster owns its runners' task group (`running`); leaving it stops every

@@ -25,7 +25,7 @@ TURNS_SHOWN = 50
 STATUSES = ("todo", "in_progress", "in_review", "done")
 # What the agent form's egress select says of each mode (`crew_common.egress.MODES`).
 EGRESS_TEXTS = {
-    "public": "public: the public internet (the default)",
+    "public": "public: the public internet (default)",
     "open": "open: everything but this machine",
     "allow": "allow: only the hosts listed below",
     "none": "none: only the crew server and the model gateway",

@@ -8,6 +8,8 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import httpx
+import orjson
 import pytest
 
 from computer_service.engine.base import (
@@ -18,7 +20,7 @@ from computer_service.engine.base import (
     TurnResult,
 )
 from computer_service.metrics import Metrics
-from computer_service.upstream import AgentRecord
+from computer_service.upstream import AgentRecord, Upstream
 from crew_common.egress import EgressPolicy
 from crew_harness.waiting import wait_until_async
 from crew_testkit.scripted import AT, ScriptedEngine, succeed
@@ -173,3 +175,21 @@ def test_denials_count_per_agent_and_a_missing_count_is_one() -> None:
         ("agent_id", "a2"): 1,
     }
     assert 'handle="b\\"e"' in metrics.render()
+
+
+async def test_finish_sends_the_gateway_usage_only_when_there_is_one() -> None:
+    bodies: list[dict[str, Any]] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        bodies.append(orjson.loads(request.content))
+        return httpx.Response(204)
+
+    upstream = Upstream("http://crew.test", "t", transport=httpx.MockTransport(answer))
+    gateway = {"requests": 1, "input_tokens": 5, "rate_limited": 1, "retry_after_s": 2.0}
+    try:
+        await upstream.finish_turn("t1", 1, "succeeded", None, {}, gateway_usage=gateway)
+        await upstream.finish_turn("t2", 1, "succeeded", None, {})
+    finally:
+        await upstream.aclose()
+    assert bodies[0]["gateway_usage"] == gateway
+    assert "gateway_usage" not in bodies[1]

@@ -120,12 +120,14 @@ def test_status_shows_the_computer_and_its_agents(crew_server: Any) -> None:
                 line for line in out.splitlines() if "@alice7" in line or "AGENT" in line
             ]
             assert header.split() == [
-                "AGENT", "STATE", "TURN", "AGE", "LAST", "RESULT", "TOKENS", "TODAY", "COST", "TODAY"
+                "AGENT", "STATE", "TURN", "AGE", "LAST", "RESULT", "TOKENS", "TODAY", "COST", "TODAY",
+                "EGRESS",
             ]  # fmt: skip
             # The fake engine's two steps (the command, then "ok") report 100 in / 20 out
             # tokens and $0.001 each.
             assert row.split()[:5] == ["@alice7", "idle", "-", "-", "succeeded"]
             assert "240 (200 in, 40 out)" in row and "$0.0020" in row
+            assert row.split()[-1] == "public"  # the default egress policy
 
             answer = orjson.loads(watch(m, "status", "--json").stdout)
             assert answer["health"]["connected_since"] is not None

@@ -7,13 +7,15 @@ from __future__ import annotations
 import html
 from typing import Any
 
+import anyio
 import orjson
 import pytest
 
 from crew_common.egress import MODES
+from crew_harness.waiting import wait_until_async
 from crew_server.web.turn_events import shown_event
 from crew_server.web.views import EGRESS_TEXTS
-from tests.web.site import Site
+from tests.web.site import Site, open_browser_stream, updates_in
 
 pytestmark = pytest.mark.anyio
 
@@ -160,3 +162,62 @@ def a_turn_without_gateway(site: Site) -> str:
     turn = site.store.register_turn(computer_id, agent["id"], [], "go", "opencode", "m/x", None)
     site.store.finish_turn(computer_id, turn["turn_id"], turn["fence"], "succeeded", None, None)
     return str(turn["turn_id"])
+
+
+async def test_a_running_turn_appends_its_denials_and_ends_with_the_gateway_usage(
+    site: Site,
+) -> None:
+    csrf = await site.sign_in()
+    computer_id, _ = site.store.create_computer("box")
+    site.store.connect(computer_id, "h", "linux", "1", 1)
+    agent = site.store.create_agent("ada", "Ada", "", "local/scripted", "opencode", computer_id)
+    turn = site.store.register_turn(computer_id, agent["id"], [], "go", "opencode", "m/x", None)
+    turn_id, fence = turn["turn_id"], turn["fence"]
+    async with anyio.create_task_group() as tasks:
+        stream, stream_id = await open_browser_stream(site, tasks)
+        answer = await site.browser.post(
+            "/live/subscriptions",
+            data={
+                "csrf": csrf,
+                "stream": stream_id,
+                "key": "t:events",
+                "topic": f"/live/turns/{turn_id}?from=0",
+            },
+            headers={"X-Crew-Fetch": "1"},
+        )
+        assert answer.status_code == 204, answer.text
+        event = denied("10.99.0.1", 80, None, 5)
+        stored = {
+            "type": event["type"],
+            "at": AT,
+            "data_json": orjson.dumps(event["data"]).decode(),
+        }
+        site.store.add_events(computer_id, turn_id, fence, 0, [stored])
+
+        def appended() -> list[str]:
+            return [u["html"] for u in updates_in(stream) if u["mode"] == "append"]
+
+        [line] = await wait_until_async("the denial", appended)
+        assert "10.99.0.1:80 (tcp) ×5" in " ".join(line.split())
+        gateway = {
+            "requests": 2,
+            "input_tokens": 9,
+            "output_tokens": 3,
+            "cache_read": 0,
+            "cache_write": 0,
+            "rate_limited": 0,
+            "retry_after_s": None,
+        }
+        site.store.finish_turn(
+            computer_id, turn_id, fence, "succeeded", None, None, gateway_usage=gateway
+        )
+
+        def summary() -> list[str]:
+            return [
+                u["html"]
+                for u in updates_in(stream)
+                if u.get("target") == "turn-summary" and "Model gateway" in u.get("html", "")
+            ]
+
+        assert "2 requests · 9 in · 3 out" in (await wait_until_async("the summary", summary))[0]
+        tasks.cancel_scope.cancel()
