@@ -84,6 +84,7 @@ is table-tested; `SandboxNetwork` is the one place that starts and stops pasta.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import ipaddress
 import json
@@ -104,6 +105,7 @@ import anyio
 
 from crew_common.egress import EgressPolicy, not_public_networks
 from sandbox_launcher.denials import DENIED_SETS, Denial, DenialLog, merge_counts
+from sandbox_launcher.egress_dns import EgressResolver, SetFiller, ask_upstream
 from sandbox_launcher.limits import DEFAULT_MAX_CONNECTIONS
 from sandbox_launcher.nft_helper import NftError, NftHelper
 
@@ -214,12 +216,18 @@ def _port_spec(ports: Sequence[int]) -> str:
 
 
 def pasta_argv(
-    tools: PastaTools, ns_fds: tuple[int | None, int], plan: NetworkPlan, as_root: bool
+    tools: PastaTools,
+    ns_fds: tuple[int | None, int],
+    plan: NetworkPlan,
+    as_root: bool,
+    dns_port: int | None = None,
 ) -> list[str]:
     """The argv that attaches pasta to a sandbox's namespaces, given as fds (user, net). Pure.
 
     No user fd: the network namespace is owned by pasta's own user namespace (a
     root launcher's sandboxes have none of their own), which pasta cannot re-enter.
+    `dns_port`: the launcher's resolver for this sandbox, on the host's loopback,
+    reached at the sandbox's own 127.0.0.1:53 (UDP).
     """
     address4, prefix4, gateway4 = SANDBOX_IPV4
     address6, gateway6 = SANDBOX_IPV6
@@ -230,7 +238,8 @@ def pasta_argv(
     if plan.publish is not None:
         inside, host = plan.publish
         inbound = f"127.0.0.1/{host}:{inside}"
-    argv += ["-t", inbound, "-u", "none", "-T", _port_spec(plan.loopback_ports), "-U", "none"]
+    udp = f"53:{dns_port}" if dns_port is not None else "none"
+    argv += ["-t", inbound, "-u", "none", "-T", _port_spec(plan.loopback_ports), "-U", udp]
     if as_root:
         argv += ["--runas", "0"]
     user_fd, net_fd = ns_fds
@@ -352,6 +361,15 @@ def listening_ports(proc_net_tcp: str, address: str = _LOOPBACK_V4) -> set[int]:
         if host == address:
             ports.add(int(port, 16))
     return ports
+
+
+def udp_bound(proc_net_udp: str, port: int, address: str = _LOOPBACK_V4) -> bool:
+    """Is a UDP socket bound to `address`:`port` in a `/proc/<pid>/net/udp` text? Pure."""
+    wanted = f"{address}:{port:04X}"
+    return any(
+        len(fields) > 1 and fields[1] == wanted
+        for fields in (line.split() for line in proc_net_udp.splitlines()[1:])
+    )
 
 
 def loopback_addressed(fib_trie: str) -> bool:
@@ -618,6 +636,32 @@ class SandboxNetwork:
         self._pasta_log: IO[bytes] | None = None
         self._nft: NftHelper | None = None  # once the firewall is set
         self.denial_log = DenialLog()
+        self._filler: SetFiller | None = None
+        self._dns: EgressResolver | None = None
+        self._dns_conf: str | None = None
+        if plan.egress.mode in ("allow", "none") and tools.nftables is not None:
+            self._start_resolver()
+
+    def _start_resolver(self) -> None:
+        """`allow` and `none`: the sandbox's DNS is ours (`egress_dns`), named in its resolv.conf."""
+        upstream = nameservers(_read(HOST_RESOLV_CONF)) or ["127.0.0.1"]
+        self._dns = EgressResolver(
+            self.plan.egress,
+            ask_upstream(upstream),
+            self._allow_addresses,
+            self.denial_log.refused_name,
+            self.denial_log.name_address,
+        )
+        fd, self._dns_conf = tempfile.mkstemp(prefix="crew-resolv-", suffix=".conf")
+        with os.fdopen(fd, "w") as f:
+            f.write("nameserver 127.0.0.1\noptions timeout:2 attempts:2\n")
+        os.chmod(self._dns_conf, 0o644)
+        self.resolver = (self._dns_conf, os.path.realpath(HOST_RESOLV_CONF))
+
+    def _allow_addresses(self, elements: list[tuple[str, str]], ttl: int) -> None:
+        if self._filler is None:
+            raise NftError("the sandbox's firewall is not set")
+        self._filler.allow(elements, ttl)
 
     @property
     def pass_fds(self) -> tuple[int, int]:
@@ -720,6 +764,9 @@ class SandboxNetwork:
                 sys.executable, (-1 if same else user_fd, net_fd), self.tools.nftables
             )
             self._nft.run(ruleset)
+            self._filler = SetFiller(self._nft.run, NFT_TABLE)
+            if self._dns is not None:
+                self._dns.start()
         except NftError as exc:
             raise NetworkUnavailable(
                 f"the sandbox's firewall (nftables) could not be set: {exc}; "
@@ -747,7 +794,11 @@ class SandboxNetwork:
         # sandbox has none of its own): then it enters only the network namespace.
         own = _same_namespace(user_fd, "/proc/self/ns/user")
         argv = pasta_argv(
-            self.tools, (None if own else user_fd, net_fd), self.plan, os.geteuid() == 0
+            self.tools,
+            (None if own else user_fd, net_fd),
+            self.plan,
+            os.geteuid() == 0,
+            self._dns.port if self._dns is not None else None,
         )
         # A file, not a pipe: nobody reads pasta's stderr while the run goes on.
         self._pasta_log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
@@ -780,6 +831,9 @@ class SandboxNetwork:
         missing = set(self.plan.loopback_ports) - listening_ports(_read(f"/proc/{pid}/net/tcp"))
         if missing:
             self._waiting_for = f"pasta to listen inside on {sorted(missing)}"
+            return False
+        if self._dns is not None and not udp_bound(_read(f"/proc/{pid}/net/udp"), 53):
+            self._waiting_for = "pasta to listen inside on UDP 53 (the sandbox's resolver)"
             return False
         if self.plan.publish is not None:
             self._waiting_for = f"pasta to listen on the host's 127.0.0.1:{self.plan.publish[1]}"
@@ -865,6 +919,13 @@ class SandboxNetwork:
             _close(self._child)
             self._child = None
         self._stop_pasta()
+        if self._dns is not None:
+            self._dns.close()
+            self._dns = None
+        if self._dns_conf is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self._dns_conf)
+            self._dns_conf = None
         if self._nft is not None:
             self._nft.close()
             self._nft = None
