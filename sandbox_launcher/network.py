@@ -594,9 +594,9 @@ def host_ruleset(plan: NetworkPlan, resolv_conf: str) -> str:
     )
 
 
-def egress_refusal(tools: PastaTools | None, egress: EgressPolicy) -> str | None:
+def egress_refusal(tools: PastaTools, egress: EgressPolicy) -> str | None:
     """Why a sandbox with `egress` cannot start here (fail closed), or None. Pure."""
-    if egress.mode == "open" or (tools is not None and tools.nftables is not None):
+    if egress.mode == "open" or tools.nftables is not None:
         return None
     return (
         f"egress mode {egress.mode!r} needs the sandbox's firewall, and libnftables was not "

@@ -39,7 +39,7 @@ from computer_service.engine.pipeline import OpenCodeEngine, Way
 from computer_service.engine.preparation import PreparedTurn
 from computer_service.engine.warm_pool import WarmPool
 from computer_service.engine.warm_run import WarmRun
-from crew_common.launcher_wire import ExitFrame, ServerInfo, ServerRequest
+from crew_common.launcher_wire import DeniedFrame, ExitFrame, ServerInfo, ServerRequest
 from crew_common.layout import AgentPaths
 from crew_common.procfs import process_start_time
 
@@ -132,6 +132,7 @@ class Launcher:
         self.never_ready = False  # a server that never starts
         self.stopped: list[str] = []
         self.limit_hit: str | None = None  # what `GET /servers/{id}/limit` answers
+        self.denials: list[DeniedFrame] = []  # what `POST /servers/{id}/denials` drains
 
     def generation(self) -> object:
         return self
@@ -154,8 +155,9 @@ class Launcher:
     async def sweep_server(self, agent_id: str) -> tuple[int, int | None]:
         return 0, None
 
-    async def server_denials(self, agent_id: str) -> list[Any]:
-        return []
+    async def server_denials(self, agent_id: str) -> list[DeniedFrame]:
+        drained, self.denials = self.denials, []
+        return drained
 
     async def server_limit_hit(self, agent_id: str) -> str | None:
         return self.limit_hit
@@ -281,6 +283,33 @@ async def test_a_scripted_turn_gives_runs_events(standin: tuple[StandIn, int]) -
     assert [e.type for e in events] == ["step_start", "text", "step_finish"]
     assert result.usage.input_tokens == 3 and result.usage.cost == 0.5
     assert cold.cold_turns == 0 and warm.pool.counters.warm_turns == 1
+
+
+async def test_the_servers_denials_are_events_at_the_end_of_the_turn(
+    standin: tuple[StandIn, int],
+) -> None:
+    server, port = standin
+    server.script = [part("text", text="ok", time={"start": 1, "end": 2}), FINAL, IDLE]
+    warm, _, launcher = engine(port)
+    launcher.denials = [
+        DeniedFrame(
+            t="denied", address="10.99.0.1", port=80, protocol="tcp", name="lan.test", count=3
+        )
+    ]
+    result, events = await turn(warm)
+    assert result.status == "succeeded"
+    assert [e.type for e in events] == ["text", "egress_denied"]
+    assert events[-1].data == {
+        "address": "10.99.0.1",
+        "port": 80,
+        "protocol": "tcp",
+        "name": "lan.test",
+        "count": 3,
+    }
+    # Drained: the next turn has none of them again.
+    server.script = [part("text", text="ok", time={"start": 1, "end": 2}), FINAL, IDLE]
+    _, events = await turn(warm)
+    assert [e.type for e in events] == ["text"]
 
 
 async def test_a_silent_server_is_dropped_and_the_turn_runs_cold(
