@@ -69,17 +69,37 @@ sandbox is let go (the agent has no capability in that namespace to change it):
   ports as well as the ones outwards); past it a connect is refused (RST).
   Closed connections stop counting at once (TIME_WAIT is not counted).
 
-nftables is driven through libnftables (`ctypes`) by a small Python child that
-enters the namespaces with `setns` itself: `nsenter` + `nft` would not do, an
-exec as a non-root uid drops the capabilities the user namespace gives. Without
-libnftables (Debian package libnftables1, from nftables) the sandbox runs
-without that firewall and the backend's health says so (`NO_FIREWALL_NOTE`);
-with it, a firewall that cannot be set fails the attach.
+- The agent's egress policy (issue 23, `crew_common.egress`, `NetworkPlan.egress`,
+  `public` unless told): `open` adds nothing; `public` refuses TCP and UDP to
+  every range of `not_public_networks()` (IPv4-mapped included) off the
+  sandbox's own loopback, the resolv.conf nameservers' port 53 excepted as
+  above; `allow` accepts, after the cap, only the forwarded loopback ports,
+  each listed range as written and the addresses the launcher's resolver put
+  into the `allowed*` sets (`egress_dns`), and refuses all other TCP and UDP
+  (pings dropped); `none` only the forwarded loopback ports. `allow` and
+  `none` reach no nameserver outside: their resolv.conf names 127.0.0.1, where
+  pasta (`-U 53:PORT`) forwards UDP to that sandbox's resolver on the host's
+  loopback. Established connections pass first in those two modes, so an
+  address leaving a set (its TTL) ends no connection.
+- Every refusal jumps to the `refuse` chain, which adds (address, protocol,
+  port) to the `denied4`/`denied6` sets (dynamic, a counter per element)
+  before it rejects: the kernel summarises, `denials` reads the counts. Works
+  in a user-owned namespace as root and unprivileged (no NFLOG, no netlink
+  listener). Cap refusals are not denials of the policy and are not counted.
+
+nftables is driven through libnftables (`ctypes`) by one long-lived Python
+child per sandbox (`nft_helper`) that enters the namespaces with `setns`
+itself: `nsenter` + `nft` would not do, an exec as a non-root uid drops the
+capabilities the user namespace gives. Without libnftables (Debian package
+libnftables1, from nftables) only egress mode `open` runs, without that
+firewall, and the backend's health says so (`NO_FIREWALL_NOTE`); any other
+mode is refused before the sandbox starts (`egress_refusal`: fail closed).
+With it, a firewall that cannot be set fails the attach.
 
 Everything pure here (`pasta_argv`, `with_network`, `child_pid`,
 `listening_ports`, `has_default_route`, `loopback_addressed`,
-`sandbox_failure`, `local_networks`, `inet6_addresses`, `firewall_ruleset`)
-is table-tested; `SandboxNetwork` is the one place that starts and stops pasta.
+`sandbox_failure`, `local_networks`, `inet6_addresses`, `firewall_ruleset`,
+`egress_refusal`, `udp_bound`) is table-tested; `SandboxNetwork` is the one place that starts and stops pasta.
 """
 
 from __future__ import annotations
