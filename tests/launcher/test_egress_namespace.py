@@ -280,3 +280,33 @@ def test_names_resolve_only_when_allowed_and_to_public_addresses(
         ) in by_name, denials
     else:
         assert ("allowed.test", "", 53) in by_name, denials
+
+
+# Inside the sandbox: UDP datagrams to each target, then `done`.
+UDP_PROBE = r"""
+import json, socket, sys
+for host, port in json.loads(sys.argv[1]):
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        for _ in range(3):
+            try:
+                s.sendto(b"x", (host, port))
+            except OSError:
+                pass  # a refusal shows as the next send's error
+print(json.dumps({"check": "done", "worked": True}), flush=True)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_public_refuses_and_records_udp_to_the_lan_but_not_to_the_internet(
+    netbox: Box,  # noqa: F811 - the fixture
+    internet: HostNamespace,
+) -> None:
+    port = free_port()
+    targets = [(LAN, port), (METADATA, port), (PUBLIC, port), (PUBLIC6, port)]
+    probe = [SYSTEM_PYTHON, "-I", "-c", UDP_PROBE, json.dumps(targets)]
+    checks, denials = _sandboxed(netbox, internet, ["--egress", "public"], [], probe)
+    assert "done" in checks, checks
+    udp = {(d["address"], d["port"]): d["count"] for d in denials if d["protocol"] == "udp"}
+    assert udp.get((LAN, port), 0) >= 1 and udp.get((METADATA, port), 0) >= 1, denials
+    assert (PUBLIC, port) not in udp and (PUBLIC6, port) not in udp, denials
