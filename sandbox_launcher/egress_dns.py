@@ -25,6 +25,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import random
+import select
 import socket
 import struct
 import threading
@@ -250,9 +251,9 @@ class EgressResolver:
         self._answered = answered
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self._socket.bind(("127.0.0.1", 0))
-        self._socket.settimeout(0.2)
         self.port: int = self._socket.getsockname()[1]
-        self._stop = threading.Event()
+        # `close` wakes the serving thread through this pair: no polling timeout, no delay.
+        self._wake_r, self._wake_w = socket.socketpair()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -260,11 +261,15 @@ class EgressResolver:
         self._thread.start()
 
     def _serve(self) -> None:
-        while not self._stop.is_set():
+        poller = select.poll()
+        poller.register(self._socket.fileno(), select.POLLIN)
+        poller.register(self._wake_r.fileno(), select.POLLIN)
+        while True:
+            ready = {fd for fd, _ in poller.poll()}
+            if self._wake_r.fileno() in ready:
+                return
             try:
                 packet, peer = self._socket.recvfrom(MAX_PACKET)
-            except TimeoutError:
-                continue
             except OSError:
                 return
             try:
@@ -303,10 +308,11 @@ class EgressResolver:
         return build_answer(query, NOERROR, records)
 
     def close(self) -> None:
-        self._stop.set()
+        self._wake_w.send(b"x")
         if self._thread is not None:
             self._thread.join(timeout=2.0)
-        self._socket.close()
+        for sock in (self._socket, self._wake_r, self._wake_w):
+            sock.close()
 
 
 class SetFiller:
