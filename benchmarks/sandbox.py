@@ -17,6 +17,9 @@ differences (robust against a neighbour's load coming and going). Aim
 - argv hybrid:    the launcher's full hybrid argv (helper: rlimits + Landlock + seccomp)
 - argv X +net:    the same with the sandbox's own network namespace: bwrap --unshare-net,
                   pasta attached before the command runs, stopped after (issue 12)
+- hybrid +net open / allow: `argv hybrid +net` (whose policy is the default, `public`)
+                  with egress mode `open` (no egress refusals) and `allow` (two rules, one a
+                  host name: the launcher's resolver and its sets too), issue 23
 - launcher X:     POST /runs over the launcher's Unix socket until the `exit` frame,
                   with `/usr/bin/true` as the engine (it ignores the opencode arguments);
                   with its network namespace, as every run has
@@ -42,11 +45,20 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from crew_common.egress import EgressPolicy
 from sandbox_launcher.bwrap import LinuxMode, bwrap_argv, find_tools
-from sandbox_launcher.network import NetworkPlan, PastaTools, SandboxNetwork, find_pasta
+from sandbox_launcher.network import (
+    OPEN,
+    PUBLIC,
+    NetworkPlan,
+    PastaTools,
+    SandboxNetwork,
+    find_pasta,
+)
 from sandbox_launcher.policy import SandboxPolicy
 
 TRUE = "/usr/bin/true"
+ALLOW = EgressPolicy.parse({"mode": "allow", "allow": ["example.test:443", "203.0.113.0/24"]})
 
 
 class Launcher:
@@ -130,9 +142,11 @@ def run_checked(argv: list[str], env: dict[str, str] | None = None) -> None:
     subprocess.run(argv, check=True, env=env, stdin=subprocess.DEVNULL)
 
 
-def run_networked(argv: list[str], env: dict[str, str], pasta: PastaTools) -> None:
+def run_networked(
+    argv: list[str], env: dict[str, str], pasta: PastaTools, egress: EgressPolicy = PUBLIC
+) -> None:
     """`argv` in its own network namespace, as the launcher runs it."""
-    network = SandboxNetwork(pasta, NetworkPlan())
+    network = SandboxNetwork(pasta, NetworkPlan(egress=egress))
     try:
         process = subprocess.Popen(
             network.argv(argv), env=env, stdin=subprocess.DEVNULL, pass_fds=network.pass_fds
@@ -197,6 +211,12 @@ def main() -> None:
             "argv hybrid +net": lambda: run_networked(
                 bwrap_argv(policy, LinuxMode.HYBRID, tools, [TRUE]), env, pasta
             ),
+            "hybrid +net open": lambda: run_networked(
+                bwrap_argv(policy, LinuxMode.HYBRID, tools, [TRUE]), env, pasta, OPEN
+            ),
+            "hybrid +net allow": lambda: run_networked(
+                bwrap_argv(policy, LinuxMode.HYBRID, tools, [TRUE]), env, pasta, ALLOW
+            ),
             "launcher tmpfs": lambda: launchers["tmpfs"].run_true("bench-tmpfs"),
             "launcher hybrid": lambda: launchers["hybrid"].run_true("bench-hybrid"),
         }
@@ -236,6 +256,14 @@ def main() -> None:
         print(
             f"network namespace ({mode}): {on / off:.2f}× the argv without it, "
             f"{over(f'argv {mode} +net', f'argv {mode}'):+.2f} ms (pasta started, attached, stopped)"
+        )
+    if pasta.nftables is not None:
+        print(
+            "egress policy at sandbox start (hybrid, vs open): "
+            f"public {over('argv hybrid +net', 'hybrid +net open'):+.2f} ms, "
+            f"allow {over('hybrid +net allow', 'hybrid +net open'):+.2f} ms "
+            f"(open {med['hybrid +net open']:.2f}, public {med['argv hybrid +net']:.2f}, "
+            f"allow {med['hybrid +net allow']:.2f} ms median)"
         )
     for mode in ("tmpfs", "hybrid"):
         total = over(f"launcher {mode}")

@@ -12,6 +12,7 @@ name is a denial of its own, address empty, port 53). Pure but for `read`.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -82,11 +83,13 @@ class DenialLog:
         self._reported: dict[Key, int] = {}
         self._names: dict[str, str] = {}
         self._refused_names: dict[tuple[str, str], int] = {}  # (name, protocol): count
+        self._lock = threading.Lock()  # the resolver's thread adds while a drain reads
 
     def name_address(self, address: str, name: str) -> None:
         """The resolver answered `name` with `address`: denials to it carry the name."""
-        if len(self._names) < MAX_NAMES or address in self._names:
-            self._names[address] = name
+        with self._lock:
+            if len(self._names) < MAX_NAMES or address in self._names:
+                self._names[address] = name
 
     def name_of(self, address: str) -> str | None:
         return self._names.get(address)
@@ -94,17 +97,22 @@ class DenialLog:
     def refused_name(self, name: str, protocol: str = "udp") -> None:
         """The resolver refused `name` (not allowed by the rules)."""
         key = (name, protocol)
-        if key in self._refused_names or len(self._refused_names) < MAX_NAMES:
-            self._refused_names[key] = self._refused_names.get(key, 0) + 1
+        with self._lock:
+            if key in self._refused_names or len(self._refused_names) < MAX_NAMES:
+                self._refused_names[key] = self._refused_names.get(key, 0) + 1
 
     def drain(self, counts: dict[Key, int]) -> list[Denial]:
         """What grew since the last drain: `counts` (the sets' now) less what was handed out."""
+        with self._lock:
+            return self._drain(counts)
+
+    def _drain(self, counts: dict[Key, int]) -> list[Denial]:
         found = []
         for key, count in sorted(counts.items()):
             grown = count - self._reported.get(key, 0)
             if grown > 0:
                 address, protocol, port = key
-                found.append(Denial(address, port, protocol, self.name_of(address), grown))
+                found.append(Denial(address, port, protocol, self._names.get(address), grown))
             self._reported[key] = count
         for (name, protocol), count in sorted(self._refused_names.items()):
             found.append(Denial("", 53, protocol, name, count))

@@ -256,7 +256,7 @@ class Launcher:
         Linux only: macOS sandboxes share the host's network (README's platform table).
         """
         refusal = None
-        if isinstance(self.backend, BwrapBackend):
+        if isinstance(self.backend, BwrapBackend) and self.backend.pasta is not None:
             refusal = egress_refusal(self.backend.pasta, egress)
         if refusal is not None:
             raise RequestRefused(503, "egress_unavailable", refusal)

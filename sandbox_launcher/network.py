@@ -69,21 +69,42 @@ sandbox is let go (the agent has no capability in that namespace to change it):
   ports as well as the ones outwards); past it a connect is refused (RST).
   Closed connections stop counting at once (TIME_WAIT is not counted).
 
-nftables is driven through libnftables (`ctypes`) by a small Python child that
-enters the namespaces with `setns` itself: `nsenter` + `nft` would not do, an
-exec as a non-root uid drops the capabilities the user namespace gives. Without
-libnftables (Debian package libnftables1, from nftables) the sandbox runs
-without that firewall and the backend's health says so (`NO_FIREWALL_NOTE`);
-with it, a firewall that cannot be set fails the attach.
+- The agent's egress policy (issue 23, `crew_common.egress`, `NetworkPlan.egress`,
+  `public` unless told): `open` adds nothing; `public` refuses TCP and UDP to
+  every range of `not_public_networks()` (IPv4-mapped included) off the
+  sandbox's own loopback, the resolv.conf nameservers' port 53 excepted as
+  above; `allow` accepts, after the cap, only the forwarded loopback ports,
+  each listed range as written and the addresses the launcher's resolver put
+  into the `allowed*` sets (`egress_dns`), and refuses all other TCP and UDP
+  (pings dropped); `none` only the forwarded loopback ports. `allow` and
+  `none` reach no nameserver outside: their resolv.conf names 127.0.0.1, where
+  pasta (`-U 53:PORT`) forwards UDP to that sandbox's resolver on the host's
+  loopback. Established connections pass first in those two modes, so an
+  address leaving a set (its TTL) ends no connection.
+- Every refusal jumps to the `refuse` chain, which adds (address, protocol,
+  port) to the `denied4`/`denied6` sets (dynamic, a counter per element)
+  before it rejects: the kernel summarises, `denials` reads the counts. Works
+  in a user-owned namespace as root and unprivileged (no NFLOG, no netlink
+  listener). Cap refusals are not denials of the policy and are not counted.
+
+nftables is driven through libnftables (`ctypes`) by one long-lived Python
+child per sandbox (`nft_helper`) that enters the namespaces with `setns`
+itself: `nsenter` + `nft` would not do, an exec as a non-root uid drops the
+capabilities the user namespace gives. Without libnftables (Debian package
+libnftables1, from nftables) only egress mode `open` runs, without that
+firewall, and the backend's health says so (`NO_FIREWALL_NOTE`); any other
+mode is refused before the sandbox starts (`egress_refusal`: fail closed).
+With it, a firewall that cannot be set fails the attach.
 
 Everything pure here (`pasta_argv`, `with_network`, `child_pid`,
 `listening_ports`, `has_default_route`, `loopback_addressed`,
-`sandbox_failure`, `local_networks`, `inet6_addresses`, `firewall_ruleset`)
-is table-tested; `SandboxNetwork` is the one place that starts and stops pasta.
+`sandbox_failure`, `local_networks`, `inet6_addresses`, `firewall_ruleset`,
+`egress_refusal`, `udp_bound`) is table-tested; `SandboxNetwork` is the one place that starts and stops pasta.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import ipaddress
 import json
@@ -104,6 +125,7 @@ import anyio
 
 from crew_common.egress import EgressPolicy, not_public_networks
 from sandbox_launcher.denials import DENIED_SETS, Denial, DenialLog, merge_counts
+from sandbox_launcher.egress_dns import EgressResolver, SetFiller, ask_upstream
 from sandbox_launcher.limits import DEFAULT_MAX_CONNECTIONS
 from sandbox_launcher.nft_helper import NftError, NftHelper
 
@@ -214,12 +236,18 @@ def _port_spec(ports: Sequence[int]) -> str:
 
 
 def pasta_argv(
-    tools: PastaTools, ns_fds: tuple[int | None, int], plan: NetworkPlan, as_root: bool
+    tools: PastaTools,
+    ns_fds: tuple[int | None, int],
+    plan: NetworkPlan,
+    as_root: bool,
+    dns_port: int | None = None,
 ) -> list[str]:
     """The argv that attaches pasta to a sandbox's namespaces, given as fds (user, net). Pure.
 
     No user fd: the network namespace is owned by pasta's own user namespace (a
     root launcher's sandboxes have none of their own), which pasta cannot re-enter.
+    `dns_port`: the launcher's resolver for this sandbox, on the host's loopback,
+    reached at the sandbox's own 127.0.0.1:53 (UDP).
     """
     address4, prefix4, gateway4 = SANDBOX_IPV4
     address6, gateway6 = SANDBOX_IPV6
@@ -230,7 +258,8 @@ def pasta_argv(
     if plan.publish is not None:
         inside, host = plan.publish
         inbound = f"127.0.0.1/{host}:{inside}"
-    argv += ["-t", inbound, "-u", "none", "-T", _port_spec(plan.loopback_ports), "-U", "none"]
+    udp = f"53:{dns_port}" if dns_port is not None else "none"
+    argv += ["-t", inbound, "-u", "none", "-T", _port_spec(plan.loopback_ports), "-U", udp]
     if as_root:
         argv += ["--runas", "0"]
     user_fd, net_fd = ns_fds
@@ -352,6 +381,15 @@ def listening_ports(proc_net_tcp: str, address: str = _LOOPBACK_V4) -> set[int]:
         if host == address:
             ports.add(int(port, 16))
     return ports
+
+
+def udp_bound(proc_net_udp: str, port: int, address: str = _LOOPBACK_V4) -> bool:
+    """Is a UDP socket bound to `address`:`port` in a `/proc/<pid>/net/udp` text? Pure."""
+    wanted = f"{address}:{port:04X}"
+    return any(
+        len(fields) > 1 and fields[1] == wanted
+        for fields in (line.split() for line in proc_net_udp.splitlines()[1:])
+    )
 
 
 def loopback_addressed(fib_trie: str) -> bool:
@@ -576,9 +614,9 @@ def host_ruleset(plan: NetworkPlan, resolv_conf: str) -> str:
     )
 
 
-def egress_refusal(tools: PastaTools | None, egress: EgressPolicy) -> str | None:
+def egress_refusal(tools: PastaTools, egress: EgressPolicy) -> str | None:
     """Why a sandbox with `egress` cannot start here (fail closed), or None. Pure."""
-    if egress.mode == "open" or (tools is not None and tools.nftables is not None):
+    if egress.mode == "open" or tools.nftables is not None:
         return None
     return (
         f"egress mode {egress.mode!r} needs the sandbox's firewall, and libnftables was not "
@@ -618,6 +656,32 @@ class SandboxNetwork:
         self._pasta_log: IO[bytes] | None = None
         self._nft: NftHelper | None = None  # once the firewall is set
         self.denial_log = DenialLog()
+        self._filler: SetFiller | None = None
+        self._dns: EgressResolver | None = None
+        self._dns_conf: str | None = None
+        if plan.egress.mode in ("allow", "none") and tools.nftables is not None:
+            self._start_resolver()
+
+    def _start_resolver(self) -> None:
+        """`allow` and `none`: the sandbox's DNS is ours (`egress_dns`), named in its resolv.conf."""
+        upstream = nameservers(_read(HOST_RESOLV_CONF)) or ["127.0.0.1"]
+        self._dns = EgressResolver(
+            self.plan.egress,
+            ask_upstream(upstream),
+            self._allow_addresses,
+            self.denial_log.refused_name,
+            self.denial_log.name_address,
+        )
+        fd, self._dns_conf = tempfile.mkstemp(prefix="crew-resolv-", suffix=".conf")
+        with os.fdopen(fd, "w") as f:
+            f.write("nameserver 127.0.0.1\noptions timeout:2 attempts:2\n")
+        os.chmod(self._dns_conf, 0o644)
+        self.resolver = (self._dns_conf, os.path.realpath(HOST_RESOLV_CONF))
+
+    def _allow_addresses(self, elements: list[tuple[str, str]], ttl: int) -> None:
+        if self._filler is None:
+            raise NftError("the sandbox's firewall is not set")
+        self._filler.allow(elements, ttl)
 
     @property
     def pass_fds(self) -> tuple[int, int]:
@@ -720,6 +784,9 @@ class SandboxNetwork:
                 sys.executable, (-1 if same else user_fd, net_fd), self.tools.nftables
             )
             self._nft.run(ruleset)
+            self._filler = SetFiller(self._nft.run, NFT_TABLE)
+            if self._dns is not None:
+                self._dns.start()
         except NftError as exc:
             raise NetworkUnavailable(
                 f"the sandbox's firewall (nftables) could not be set: {exc}; "
@@ -747,7 +814,11 @@ class SandboxNetwork:
         # sandbox has none of its own): then it enters only the network namespace.
         own = _same_namespace(user_fd, "/proc/self/ns/user")
         argv = pasta_argv(
-            self.tools, (None if own else user_fd, net_fd), self.plan, os.geteuid() == 0
+            self.tools,
+            (None if own else user_fd, net_fd),
+            self.plan,
+            os.geteuid() == 0,
+            self._dns.port if self._dns is not None else None,
         )
         # A file, not a pipe: nobody reads pasta's stderr while the run goes on.
         self._pasta_log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
@@ -780,6 +851,9 @@ class SandboxNetwork:
         missing = set(self.plan.loopback_ports) - listening_ports(_read(f"/proc/{pid}/net/tcp"))
         if missing:
             self._waiting_for = f"pasta to listen inside on {sorted(missing)}"
+            return False
+        if self._dns is not None and not udp_bound(_read(f"/proc/{pid}/net/udp"), 53):
+            self._waiting_for = "pasta to listen inside on UDP 53 (the sandbox's resolver)"
             return False
         if self.plan.publish is not None:
             self._waiting_for = f"pasta to listen on the host's 127.0.0.1:{self.plan.publish[1]}"
@@ -865,6 +939,13 @@ class SandboxNetwork:
             _close(self._child)
             self._child = None
         self._stop_pasta()
+        if self._dns is not None:
+            self._dns.close()
+            self._dns = None
+        if self._dns_conf is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self._dns_conf)
+            self._dns_conf = None
         if self._nft is not None:
             self._nft.close()
             self._nft = None

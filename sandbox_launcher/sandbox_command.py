@@ -138,8 +138,9 @@ def run_sandboxed(
         except HandOverFailed as exc:
             sys.stderr.write(f"crew-launcher sandbox: {exc}\n")
             return 2
-    refusal = egress_refusal(getattr(backend, "pasta", None), egress)
-    if backend.name == "bwrap" and refusal is not None:
+    pasta = getattr(backend, "pasta", None)  # Linux; macOS shares the host's network
+    refusal = egress_refusal(pasta, egress) if pasta is not None else None
+    if refusal is not None:
         sys.stderr.write(f"crew-launcher sandbox: {refusal}\n")
         return 125
     plan = NetworkPlan(tuple(loopback_ports), None, max_connections, egress)

@@ -166,5 +166,5 @@ def test_request_models_forbid_extra_keys(tmp_path: Path) -> None:
     assert set(body) == {
         "run_id", "agent_id", "agent_dir", "runtime_dir", "bin_dir", "interpreter_dirs", "model",
         "session_id", "env", "stdin", "stdout_limit", "engine_args", "loopback_ports",
-        "publish_port",
+        "publish_port", "egress",
     }  # fmt: skip

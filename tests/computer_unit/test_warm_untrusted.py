@@ -39,7 +39,8 @@ from computer_service.engine.pipeline import OpenCodeEngine, Way
 from computer_service.engine.preparation import PreparedTurn
 from computer_service.engine.warm_pool import WarmPool
 from computer_service.engine.warm_run import WarmRun
-from crew_common.launcher_wire import ExitFrame, ServerInfo, ServerRequest
+from crew_common.egress import EgressPolicy
+from crew_common.launcher_wire import DeniedFrame, ExitFrame, ServerInfo, ServerRequest
 from crew_common.layout import AgentPaths
 from crew_common.procfs import process_start_time
 
@@ -132,6 +133,7 @@ class Launcher:
         self.never_ready = False  # a server that never starts
         self.stopped: list[str] = []
         self.limit_hit: str | None = None  # what `GET /servers/{id}/limit` answers
+        self.denials: list[DeniedFrame] = []  # what `POST /servers/{id}/denials` drains
 
     def generation(self) -> object:
         return self
@@ -154,8 +156,9 @@ class Launcher:
     async def sweep_server(self, agent_id: str) -> tuple[int, int | None]:
         return 0, None
 
-    async def server_denials(self, agent_id: str) -> list[Any]:
-        return []
+    async def server_denials(self, agent_id: str) -> list[DeniedFrame]:
+        drained, self.denials = self.denials, []
+        return drained
 
     async def server_limit_hit(self, agent_id: str) -> str | None:
         return self.limit_hit
@@ -222,10 +225,13 @@ class Prepared:
             interpreter_dirs=[],
             stdout_limit=8 * 1024 * 1024,
             secrets=secrets,
+            egress=request.egress,
         )
 
 
-async def turn(warm: WarmRun, limit_s: float = 30 * 60) -> tuple[TurnResult, list[EngineEvent]]:
+async def turn(
+    warm: WarmRun, limit_s: float = 30 * 60, egress: EgressPolicy | None = None
+) -> tuple[TurnResult, list[EngineEvent]]:
     """One turn through the pipeline, the warm way (the session is not kept: a plan by hand)."""
     events: list[EngineEvent] = []
 
@@ -233,7 +239,12 @@ async def turn(warm: WarmRun, limit_s: float = 30 * 60) -> tuple[TurnResult, lis
         events.append(event)
 
     request = TurnRequest(
-        "a", "local/scripted", SessionPlan(None), lambda new: "hi", wall_clock_limit_s=limit_s
+        "a",
+        "local/scripted",
+        SessionPlan(None),
+        lambda new: "hi",
+        wall_clock_limit_s=limit_s,
+        egress=egress or EgressPolicy(),
     )
     engine = OpenCodeEngine(Prepared(), warm)  # type: ignore[arg-type]
     with anyio.fail_after(30):
@@ -281,6 +292,56 @@ async def test_a_scripted_turn_gives_runs_events(standin: tuple[StandIn, int]) -
     assert [e.type for e in events] == ["step_start", "text", "step_finish"]
     assert result.usage.input_tokens == 3 and result.usage.cost == 0.5
     assert cold.cold_turns == 0 and warm.pool.counters.warm_turns == 1
+
+
+async def test_the_servers_denials_are_events_at_the_end_of_the_turn(
+    standin: tuple[StandIn, int],
+) -> None:
+    server, port = standin
+    server.script = [part("text", text="ok", time={"start": 1, "end": 2}), FINAL, IDLE]
+    warm, _, launcher = engine(port)
+    launcher.denials = [
+        DeniedFrame(
+            t="denied", address="10.99.0.1", port=80, protocol="tcp", name="lan.test", count=3
+        )
+    ]
+    result, events = await turn(warm)
+    assert result.status == "succeeded"
+    assert [e.type for e in events] == ["text", "egress_denied"]
+    assert events[-1].data == {
+        "address": "10.99.0.1",
+        "port": 80,
+        "protocol": "tcp",
+        "name": "lan.test",
+        "count": 3,
+    }
+    # Drained: the next turn has none of them again.
+    server.script = [part("text", text="ok", time={"start": 1, "end": 2}), FINAL, IDLE]
+    _, events = await turn(warm)
+    assert [e.type for e in events] == ["text"]
+
+
+async def test_a_new_egress_policy_restarts_the_server_with_it(
+    standin: tuple[StandIn, int],
+) -> None:
+    server, port = standin
+    warm, _, launcher = engine(port)
+    sent: list[ServerRequest] = []
+    start = launcher.start_server
+
+    async def recording(request: ServerRequest) -> ServerInfo:
+        sent.append(request)
+        return await start(request)
+
+    launcher.start_server = recording  # type: ignore[method-assign]
+    server.script = [part("text", text="ok", time={"start": 1, "end": 2}), FINAL, IDLE]
+    result, _ = await turn(warm)
+    # A turn that ended well keeps its server: only the new policy stops it.
+    assert result.status == "succeeded" and launcher.stopped == []
+    server.script = [part("text", text="ok", time={"start": 1, "end": 2}), FINAL, IDLE]
+    await turn(warm, egress=EgressPolicy(mode="none"))
+    assert [r.egress.policy().mode for r in sent] == ["public", "none"]
+    assert launcher.stopped[:1] == ["a"]
 
 
 async def test_a_silent_server_is_dropped_and_the_turn_runs_cold(
