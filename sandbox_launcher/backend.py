@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
+from crew_common.egress import EgressPolicy
 from crew_common.engine_user import EngineIdentity, EngineUserMissing, engine_identity
 from crew_common.launcher_wire import SandboxHealth
 from sandbox_launcher import landlock
@@ -39,12 +40,13 @@ from sandbox_launcher.network import (
     NetworkPlan,
     PastaTools,
     SandboxNetwork,
+    egress_refusal,
     find_pasta,
     missing_reason,
     sandbox_resolver,
 )
 from sandbox_launcher.policy import SandboxPolicy
-from sandbox_launcher.seatbelt import SANDBOX_EXEC, seatbelt_argv
+from sandbox_launcher.seatbelt import SANDBOX_EXEC, seatbelt_argv, seatbelt_egress_refusal
 from sandbox_launcher.tool_shell import system_programs, write_tool_shells
 
 TMPFS_NOTE = (
@@ -83,7 +85,15 @@ class Backend(Protocol):
     @property
     def mode(self) -> Literal["hybrid", "tmpfs"] | None: ...
 
-    def argv(self, policy: SandboxPolicy, command: list[str]) -> list[str]: ...
+    def argv(
+        self, policy: SandboxPolicy, command: list[str], plan: NetworkPlan | None = None
+    ) -> list[str]:
+        """The sandboxed argv; `plan` is the run's network (None: the self-test's, open)."""
+        ...
+
+    def egress_refusal(self, egress: EgressPolicy) -> str | None:
+        """Why a sandbox with `egress` cannot be given it here (fail closed), or None."""
+        ...
 
     @property
     def engine_ids(self) -> tuple[int, int] | None:
@@ -112,12 +122,18 @@ class BwrapBackend:
     def engine_ids(self) -> tuple[int, int] | None:
         return self.tools.engine_ids
 
-    def argv(self, policy: SandboxPolicy, command: list[str]) -> list[str]:
+    def argv(
+        self, policy: SandboxPolicy, command: list[str], plan: NetworkPlan | None = None
+    ) -> list[str]:
+        # The network is pasta's and the firewall's (`network`), not bwrap's: `plan` unused.
         # Mounts change while the launcher runs: aliases are looked up per run.
         aliases = alias_masks(policy.deny_roots)
         ids = self.tools.engine_ids
         unreachable = unreachable_levels(reachable_needed(policy, self.tools), ids) if ids else ()
         return bwrap_argv(policy, self.linux_mode, self.tools, command, aliases, unreachable)
+
+    def egress_refusal(self, egress: EgressPolicy) -> str | None:
+        return egress_refusal(self.pasta, egress) if self.pasta is not None else None
 
     def network(self, plan: NetworkPlan) -> SandboxNetwork | None:
         # open_backend never makes one without pasta: no run shares the host's network.
@@ -135,8 +151,15 @@ class SeatbeltBackend:
     mode: Literal["hybrid", "tmpfs"] | None = None
     engine_ids: tuple[int, int] | None = None  # macOS: engines keep the caller's uid
 
-    def argv(self, policy: SandboxPolicy, command: list[str]) -> list[str]:
-        return seatbelt_argv(policy, command)
+    def argv(
+        self, policy: SandboxPolicy, command: list[str], plan: NetworkPlan | None = None
+    ) -> list[str]:
+        if plan is None:
+            return seatbelt_argv(policy, command)
+        return seatbelt_argv(policy, command, plan.egress.mode, plan.loopback_ports)
+
+    def egress_refusal(self, egress: EgressPolicy) -> str | None:
+        return seatbelt_egress_refusal(egress)
 
     def network(self, plan: NetworkPlan) -> SandboxNetwork | None:
         return None  # Seatbelt has no network namespaces: the host's network (README)

@@ -27,11 +27,11 @@ from crew_common.launcher_wire import (
     ServerRequest,
 )
 from crew_common.layout import AgentPaths
-from sandbox_launcher.backend import Backend, BwrapBackend
+from sandbox_launcher.backend import Backend
 from sandbox_launcher.engine_run import EngineRun
 from sandbox_launcher.git_guard import Baseline, baseline, guarded_git_dirs, restore
 from sandbox_launcher.limits import CgroupParents, RunCgroup, TurnLimits
-from sandbox_launcher.network import NetworkPlan, egress_refusal, free_loopback_port
+from sandbox_launcher.network import NetworkPlan, free_loopback_port
 from sandbox_launcher.ownership import HandOverFailed, hand_over, shared_dir_readable
 from sandbox_launcher.paths import PathRefused, dir_below, is_inside
 from sandbox_launcher.policy import SandboxPolicy, check_read_dir
@@ -200,14 +200,14 @@ class Launcher:
         publish = None
         if request.publish_port is not None:
             publish = (request.publish_port, free_loopback_port())
-        plan = self._plan(request.loopback_ports, publish, request.egress.policy())
+        plan = self._plan(backend, request.loopback_ports, publish, request.egress.policy())
         network = backend.network(plan)
         if network is None and publish is not None:
             raise RequestRefused(
                 400, "publish_unsupported", "publish_port needs the sandbox's own network (Linux)"
             )
         self.git_baselines[request.run_id] = baseline(policy.work_dir)
-        argv = backend.argv(policy, command)
+        argv = backend.argv(policy, command, plan)
         cgroup = self._cgroup(request.run_id)
         return EngineRun(
             run_id=request.run_id,
@@ -249,15 +249,18 @@ class Launcher:
             self.server_git_baselines[agent_id] = baseline(before.work_dir)
 
     def _plan(
-        self, ports: list[int], publish: tuple[int, int] | None, egress: EgressPolicy
+        self,
+        backend: Backend,
+        ports: list[int],
+        publish: tuple[int, int] | None,
+        egress: EgressPolicy,
     ) -> NetworkPlan:
         """The sandbox's network; refuses a policy this machine cannot enforce (fail closed).
 
-        Linux only: macOS sandboxes share the host's network (README's platform table).
+        macOS sandboxes share the host's network: Seatbelt enforces `open` and `none`
+        only (README's platform table).
         """
-        refusal = None
-        if isinstance(self.backend, BwrapBackend) and self.backend.pasta is not None:
-            refusal = egress_refusal(self.backend.pasta, egress)
+        refusal = backend.egress_refusal(egress)
         if refusal is not None:
             raise RequestRefused(503, "egress_unavailable", refusal)
         return NetworkPlan(tuple(ports), publish, self.limits.max_connections, egress)
@@ -293,7 +296,7 @@ class Launcher:
         # In its own network namespace the server's port is reached only through the
         # host port pasta publishes (ours); without one (macOS) the kernel picks a port.
         publish = (NAMESPACE_PORT, free_loopback_port())
-        plan = self._plan(request.loopback_ports, publish, request.egress.policy())
+        plan = self._plan(backend, request.loopback_ports, publish, request.egress.policy())
         network = backend.network(plan)
         port = NAMESPACE_PORT if network is not None else 0
         command = server_command(os.path.realpath(self.config.opencode), port)
@@ -302,7 +305,7 @@ class Launcher:
         # Its own name per start: a predecessor's cgroup still being removed never
         # leaves the new server without one.
         cgroup = self._cgroup(f"warm-{request.agent_id}-{secrets.token_hex(4)}")
-        argv = (cgroup.join_prefix() if cgroup else []) + backend.argv(policy, command)
+        argv = (cgroup.join_prefix() if cgroup else []) + backend.argv(policy, command, plan)
         self.server_git_baselines[request.agent_id] = baseline(policy.work_dir)
         return WarmServer(
             request.agent_id,

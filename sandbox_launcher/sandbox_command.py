@@ -27,7 +27,6 @@ from sandbox_launcher.network import (
     NetworkPlan,
     NetworkUnavailable,
     SandboxNetwork,
-    egress_refusal,
 )
 from sandbox_launcher.ownership import HandOverFailed, hand_over
 from sandbox_launcher.paths import PathRefused, resolved_dir
@@ -138,14 +137,13 @@ def run_sandboxed(
         except HandOverFailed as exc:
             sys.stderr.write(f"crew-launcher sandbox: {exc}\n")
             return 2
-    pasta = getattr(backend, "pasta", None)  # Linux; macOS shares the host's network
-    refusal = egress_refusal(pasta, egress) if pasta is not None else None
+    refusal = backend.egress_refusal(egress)
     if refusal is not None:
         sys.stderr.write(f"crew-launcher sandbox: {refusal}\n")
         return 125
     plan = NetworkPlan(tuple(loopback_ports), None, max_connections, egress)
     network = backend.network(plan)
-    argv = backend.argv(policy, command)
+    argv = backend.argv(policy, command, plan)
     repos = baseline(policy.work_dir)  # what it plants in git hooks and config is undone
     process = subprocess.Popen(
         network.argv(argv) if network else argv,

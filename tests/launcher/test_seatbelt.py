@@ -6,15 +6,18 @@ import os
 import re
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from crew_common.egress import EgressPolicy
 from sandbox_launcher.policy import SandboxPolicy
 from sandbox_launcher.seatbelt import (
     SANDBOX_EXEC,
     base_profile,
     profile_text,
     seatbelt_argv,
+    seatbelt_egress_refusal,
     seatbelt_params,
 )
 
@@ -134,3 +137,30 @@ def test_no_path_text_ever_appears_in_the_profile(paths: list[str], reads: int) 
     assert [values[k] for k in ("HOME", "CREW_HOME", "AGENT_DIR")] == [
         str(Path(x)) for x in paths[:3]
     ]
+
+
+def test_egress_none_lets_ip_through_only_to_the_forwarded_localhost_ports() -> None:
+    text = profile_text(2, 1, egress_mode="none", ports=[8123, 4242, 8123])
+    lines = [line for line in text.splitlines() if "remote ip" in line]
+    # The last matching rule wins in a Seatbelt profile: the refusal first, then each port.
+    assert lines == [
+        '(deny network-outbound (remote ip "*:*"))',
+        '(allow network-outbound (remote ip "localhost:4242"))',
+        '(allow network-outbound (remote ip "localhost:8123"))',
+    ]
+    assert text.index('(remote ip "*:*")') > text.index("(allow network*)")
+    # Open is today's profile (the golden file), without any IP rule.
+    assert profile_text(2, 1, egress_mode="open", ports=[8123]) == profile_text(2, 1)
+    argv = seatbelt_argv(policy(), ["/bin/true"], "none", (8123,))
+    assert '(remote ip "localhost:8123")' in argv[2]
+
+
+@pytest.mark.parametrize("mode", ["public", "allow"])
+def test_egress_seatbelt_cannot_enforce_is_refused_with_what_to_choose(mode: str) -> None:
+    refusal = seatbelt_egress_refusal(EgressPolicy(mode))
+    assert refusal is not None and f"{mode!r} cannot be enforced on macOS" in refusal
+    assert "'none'" in refusal and "'open'" in refusal
+    with pytest.raises(ValueError, match="cannot enforce"):
+        profile_text(0, 0, egress_mode=mode)
+    assert seatbelt_egress_refusal(EgressPolicy("none")) is None
+    assert seatbelt_egress_refusal(EgressPolicy("open")) is None

@@ -14,6 +14,7 @@ from typing import Literal
 
 import pytest
 
+from crew_common.egress import EgressPolicy
 from sandbox_launcher.backend import BwrapBackend, open_backend
 from sandbox_launcher.bwrap import LinuxMode
 from sandbox_launcher.network import NetworkPlan, SandboxNetwork
@@ -38,7 +39,9 @@ class Rewired:
     def engine_ids(self) -> tuple[int, int] | None:
         return self.inner.engine_ids if self.inner is not None else None
 
-    def argv(self, policy: SandboxPolicy, command: list[str]) -> list[str]:
+    def argv(
+        self, policy: SandboxPolicy, command: list[str], plan: NetworkPlan | None = None
+    ) -> list[str]:
         if self.edit == "unsandboxed":
             return command
         if self.edit == "fails_to_start":
@@ -76,6 +79,9 @@ class Rewired:
             i = argv.index("SHELL", argv.index("--setenv"))
             return [*argv[: i + 1], TOOL_SHELL_EDITS[self.edit], *argv[i + 2 :]]
         raise AssertionError(self.edit)
+
+    def egress_refusal(self, egress: EgressPolicy) -> str | None:
+        return None
 
     def network(self, plan: NetworkPlan) -> SandboxNetwork | None:
         if self.edit in ("unsandboxed", "fails_to_start", "shared_network"):
