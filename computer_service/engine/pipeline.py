@@ -206,26 +206,39 @@ async def run_attempts(
 
 
 def gateway_rate_limit(result: TurnResult, traffic: dict[str, Any]) -> TurnResult:
-    """A failed turn in which the gateway saw a 429: a rate limit, with the provider's wait.
+    """A failed turn in which the gateway saw a 429: a rate limit, at the provider's time.
 
-    OpenCode's own report of a rate limit may come late or not at all (it
+    OpenCode's own report of a rate limit may come late, without the
+    provider's wait (a cold run's log does not say it) or not at all (it
     retries, then fails with whatever came last); the gateway saw the answer.
+    A failure already classed `rate_limited` keeps its reason, with the
+    provider's wait added when it had none or another.
     """
     if result.status != "failed" or result.failure is None or not traffic.get("rate_limited"):
         return result
-    if result.failure.cls is FailureClass.STOPPED:
+    failure = result.failure
+    if failure.cls is FailureClass.STOPPED:
         return result
     wait = traffic.get("retry_after_s")
-    if result.failure.cls is FailureClass.RATE_LIMITED and wait is None:
-        return result
-    said = f" and asked to wait {round(wait)} s before the next one" if wait is not None else ""
-    failure = Failure(
+    if failure.cls is FailureClass.RATE_LIMITED:
+        if wait is None or failure.retry_after_s == wait:
+            return result
+        reason = (
+            f"{failure.reason} The provider's answer (seen by the model gateway) asked to "
+            f"wait {round(wait)} s: the agent tries again then."
+        )
+    else:
+        said = f" and asked to wait {round(wait)} s before the next one" if wait is not None else ""
+        reason = (
+            f"the model provider is rate limiting requests (it answered 429){said}; the turn "
+            "was ended and the agent tries again then. The messages are kept."
+        )
+    limited = Failure(
         FailureClass.RATE_LIMITED,
-        f"the model provider answered 429 (rate limited){said}; the turn was ended and the "
-        "agent tries again then. The messages are kept.",
-        retry_after_s=wait if wait is not None else result.failure.retry_after_s,
+        reason,
+        retry_after_s=wait if wait is not None else failure.retry_after_s,
     )
-    return dataclasses.replace(result, failure=failure)
+    return dataclasses.replace(result, failure=limited)
 
 
 def _vanished(request: TurnRequest, result: TurnResult) -> bool:

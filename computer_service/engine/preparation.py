@@ -52,6 +52,7 @@ from computer_service.gateway.engine_view import engine_auth, engine_provider
 from computer_service.gateway.forward import Route
 from computer_service.gateway.gateway import Gateway
 from computer_service.gateway.logins import KeyLogin, Login
+from computer_service.gateway.oauth import BEARER_BETAS, OAuthLogin
 from computer_service.gateway.upstream import upstream_base
 from computer_service.safe_fs import UnsafePath
 from crew_common.egress import EgressPolicy
@@ -154,10 +155,16 @@ class Preparation:
         )
         entry = orjson.loads(auth).get(provider)
         access = await self.gateway.access_for(request.agent_id)
+        login = self._login(provider, entry, section)
         self.gateway.route(
             request.agent_id,
             provider,
-            Route(base, self._login(provider, entry, section), _configured_headers(section)),
+            Route(
+                base,
+                login,
+                _configured_headers(section),
+                bearer_beta=BEARER_BETAS.get(provider) if isinstance(login, OAuthLogin) else None,
+            ),
         )
         try:
             token = safe_fs.read_regular_file(self.crew_home, paths.token_file, 4096)

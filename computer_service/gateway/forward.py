@@ -56,6 +56,9 @@ class Route:
     base_url: str | None
     login: Login
     headers: dict[str, str] = field(default_factory=dict)  # the user's configured headers
+    # An OAuth login sent as `Authorization: Bearer` with this `anthropic-beta` flag,
+    # whatever header the engine put the placeholder in (`oauth.BEARER_BETAS`).
+    bearer_beta: str | None = None
 
 
 @dataclass
@@ -206,6 +209,12 @@ class AgentApp:
                     continue  # a provider that needs no key gets none
                 value = value.replace(self._token, real)
             out.append((name, value))
+        if route.bearer_beta is not None and secret is not None:
+            out = [(k, v) for k, v in out if k not in (b"x-api-key", b"authorization")]
+            out.append((b"authorization", b"Bearer " + real))
+            betas = [v for k, v in out if k == b"anthropic-beta"]
+            out = [(k, v) for k, v in out if k != b"anthropic-beta"]
+            out.append((b"anthropic-beta", b",".join([*betas, route.bearer_beta.encode()])))
         configured = {k.lower().encode(): v.encode() for k, v in route.headers.items()}
         out = [(k, v) for k, v in out if k not in configured]
         out.extend(configured.items())

@@ -149,12 +149,17 @@ class Gateway:
         return lines
 
     async def aclose(self) -> None:
-        """Stop every listener (open calls end), then the upstream client."""
+        """Stop every listener at once (open calls end, each within its grace), then the client."""
         listeners, self._listeners = list(self._listeners.values()), {}
-        for listener in listeners:
-            listener.server.should_exit = True
-            try:
-                await listener.server.shutdown()
-            except Exception:
-                log.exception("gateway: stopping agent %s's listener failed", listener.app.agent_id)
+        async with anyio.create_task_group() as tasks:
+            for listener in listeners:
+                tasks.start_soon(_stop, listener)
         await self._client.aclose()
+
+
+async def _stop(listener: _Listener) -> None:
+    listener.server.should_exit = True
+    try:
+        await listener.server.shutdown()
+    except Exception:
+        log.exception("gateway: stopping agent %s's listener failed", listener.app.agent_id)

@@ -55,6 +55,12 @@ TOKEN_ENDPOINTS = {
 }
 
 
+# Providers whose API takes an OAuth access token differently from a key: Anthropic wants
+# `Authorization: Bearer` (not `x-api-key`) and this beta flag, as OpenCode's former
+# Anthropic login plugin sent them (OpenCode 1.18.33 bundles none for Anthropic).
+BEARER_BETAS = {"anthropic": "oauth-2025-04-20"}
+
+
 def token_endpoints(overrides: Mapping[str, str]) -> dict[str, TokenEndpoint]:
     """The table with the bootstrap's `gateway_token_endpoints` (provider → URL) over it."""
     table = dict(TOKEN_ENDPOINTS)

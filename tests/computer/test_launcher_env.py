@@ -10,6 +10,7 @@ writes its whole environment down for each call; the real launcher runs it.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -34,6 +35,16 @@ esac
 def test_the_launchers_environment_is_the_computers_without_its_token() -> None:
     environ = {"PATH": "/usr/bin", TOKEN_ENV: TOKEN, "ACME_API_KEY": "k"}
     assert launcher_env(environ) == {"PATH": "/usr/bin", "ACME_API_KEY": "k"}
+
+
+def test_the_launcher_gets_no_key_the_users_config_names(tmp_path: Path) -> None:
+    """A `{env:VAR}` key of the OpenCode config is the model gateway's (issue 23)."""
+    config = tmp_path / ".config" / "opencode" / "opencode.json"
+    config.parent.mkdir(parents=True)
+    options = {"apiKey": "{env:MY_MODEL_KEY}", "headers": {"X-Org": "{env:MY_ORG}"}}
+    config.write_text(json.dumps({"provider": {"p": {"options": options}}}))
+    environ = {"HOME": str(tmp_path), "PATH": "/usr/bin", "MY_MODEL_KEY": "k", "MY_ORG": "o"}
+    assert launcher_env(environ) == {"HOME": str(tmp_path), "PATH": "/usr/bin"}
 
 
 async def test_the_token_reaches_neither_the_launcher_nor_its_opencode_children(

@@ -19,6 +19,7 @@ import anyio
 import pytest
 
 from computer_service.engine.base import FailureClass, SessionPlan
+from computer_service.gateway.access import PLACEHOLDER_PREFIX
 from crew_harness.waiting import wait_until_async
 from tests.computer_unit.engine_fixtures import AUTH, BASE_PATH, Rig, sandboxed_rig
 from tests.launcher.helpers import processes_with
@@ -38,7 +39,9 @@ async def test_ok_turn_exact_env_in_the_sandbox(rig: Rig) -> None:
     assert [e.type for e in rig.events][:3] == ["step_start", "tool_use", "step_finish"]
     (dump,) = rig.dumps()
     env = dump["env"]
-    assert json.loads(env.pop("OPENCODE_AUTH_CONTENT")) == AUTH
+    # The login's key stays with the model gateway (issue 23): the placeholder here.
+    [key] = [e["key"] for e in json.loads(env.pop("OPENCODE_AUTH_CONTENT")).values()]
+    assert key.startswith(PLACEHOLDER_PREFIX) and AUTH["local"]["key"] not in json.dumps(env)
     assert json.loads(env.pop("OPENCODE_CONFIG_CONTENT"))["model"] == "local/scripted"
     p = rig.paths
     # The sandbox's own: the launcher's tool shell (sandbox_launcher/tool_shell.py).

@@ -262,3 +262,19 @@ def test_retry_after_reads_seconds_and_dates() -> None:
 async def test_the_listener_and_placeholder_stay_for_the_agent(gateway: Gateway) -> None:
     first = await gateway.access_for("a")
     assert await gateway.access_for("a") == first  # a warm server keeps using it
+
+
+async def test_an_anthropic_oauth_token_goes_as_a_bearer_with_its_beta(gateway: Gateway) -> None:
+    echo = Echo()
+    async with serving(echo) as upstream, httpx.AsyncClient() as client:
+        access = await gateway.access_for("a")
+        route = Route(upstream, KeyLogin("oauth-access"), bearer_beta="oauth-2025-04-20")
+        gateway.route("a", "anthropic", route)
+        answer = await client.post(
+            f"{access.base_url('anthropic')}/messages",
+            headers={"x-api-key": access.placeholder, "anthropic-beta": "tools-1"},
+        )
+    assert answer.status_code == 200
+    headers = echo.seen[0]["headers"]
+    assert "x-api-key" not in headers and headers["authorization"] == "Bearer oauth-access"
+    assert headers["anthropic-beta"] == "tools-1,oauth-2025-04-20"

@@ -1,7 +1,8 @@
 """No user secret reaches a sandbox, and every login still works (issue 23, the model gateway).
 
 The whole chain (crew-server, crew-computer, the launcher, the real OpenCode
-in bwrap) once with the warm engine and once with the cold one. The scripted
+in bwrap) with the warm engine and the cold one, each in the default sandbox
+mode and in tmpfs. The scripted
 model REQUIRES the user's real credential, so a turn that succeeds proves the
 gateway put it in (the positive control). In each turn the agent's bash tool
 dumps what a prompt-injected agent could read — its environment, every
@@ -64,11 +65,20 @@ def token_endpoint() -> Iterator[ScriptedModel]:
         yield endpoint
 
 
-@pytest.fixture(scope="module", params=ENGINE_MODES)
+# Each engine mode in the default sandbox (hybrid where Landlock allows) and in tmpfs.
+SETUPS = [(mode, sandbox) for sandbox in (None, "tmpfs") for mode in ENGINE_MODES]
+
+
+@pytest.fixture(scope="module", params=SETUPS, ids=[f"{m}-{s or 'default'}" for m, s in SETUPS])
 def chain(request: pytest.FixtureRequest, token_endpoint: ScriptedModel) -> Iterator[Chain]:
-    """One whole chain per engine mode, its gateway refreshing `local` at the endpoint."""
-    endpoints = {"local": f"{token_endpoint.url}/oauth/token"}
-    with running_chain(engine_mode=request.param, gateway_token_endpoints=endpoints) as started:
+    """One whole chain per setup, its gateway refreshing `local` at the scripted endpoint."""
+    mode, sandbox = request.param
+    extra: dict[str, Any] = {
+        "gateway_token_endpoints": {"local": f"{token_endpoint.url}/oauth/token"}
+    }
+    if sandbox is not None:
+        extra["sandbox_mode"] = sandbox
+    with running_chain(engine_mode=mode, **extra) as started:
         yield started
 
 

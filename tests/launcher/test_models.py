@@ -121,7 +121,10 @@ async def test_models_run_in_scratch_dirs_with_the_users_setup_passed_in(
     assert record["cwd"] == env["PWD"] == str(scratch / "work")
     assert record["stub"] is True
     assert json.loads(record["prices"]) == price_table()
-    assert json.loads(env["OPENCODE_AUTH_CONTENT"]) == AUTH
+    # Who is logged in, never the key: the model gateway holds it (issue 23).
+    assert json.loads(env["OPENCODE_AUTH_CONTENT"]) == {
+        "acme": {"type": "api", "key": "crew-gateway-holds-this"}
+    }
     config = json.loads(env["OPENCODE_CONFIG_CONTENT"])
     assert config["provider"] == PROVIDERS and "theme" not in config
     assert env["OPENCODE_DISABLE_PROJECT_CONFIG"] == env["OPENCODE_DISABLE_MODELS_FETCH"] == "1"
