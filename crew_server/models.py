@@ -285,6 +285,10 @@ class GatewayUsage(BaseModel):
     cache_read: Count = 0
     cache_write: Count = 0
     rate_limited: Count = Field(default=0, description="answers 429 or out of quota")
+    refused: Count = Field(default=0, description="requests refused: no or a wrong placeholder")
+    upstream_errors: Count = Field(default=0, description="the provider could not be reached")
+    bytes_up: Count = Field(default=0, description="request bytes sent to the provider")
+    bytes_down: Count = Field(default=0, description="response bytes from the provider")
     retry_after_s: Annotated[float, Field(ge=0, le=1e9)] | None = Field(
         default=None, description="the last rate limit's `Retry-After`, in seconds"
     )

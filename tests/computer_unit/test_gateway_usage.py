@@ -7,10 +7,12 @@ responses streams follow the shapes those APIs document.
 
 from __future__ import annotations
 
+import dataclasses
+
 import orjson
 import pytest
 
-from computer_service.gateway.usage import RequestUsage, UsageTap
+from computer_service.gateway.usage import RequestUsage, TrafficSnapshot, UsageTap
 from crew_harness.scripted_model import Reply, Usage, completion_body, stream_chunks
 
 
@@ -87,3 +89,14 @@ def test_non_streaming_bodies() -> None:
 def test_what_is_not_usage_counts_nothing() -> None:
     assert tapped(b"data: {not json\n\ndata: [DONE]\n\n", "text/event-stream", 3) == RequestUsage()
     assert tapped(b"<html>502</html>", "text/html", 4) == RequestUsage()
+
+
+def test_the_server_keeps_every_count_a_turn_delta_has() -> None:
+    # The finish call's `gateway_usage` is what `since` gives; a key the server's model
+    # does not know would be dropped without a word (its requests ignore unknown fields).
+    from crew_server.models import GatewayUsage
+
+    fields = {f.name: i + 1 for i, f in enumerate(dataclasses.fields(TrafficSnapshot))}
+    fields["retry_after_s"] = 7.5
+    delta = TrafficSnapshot(**fields).since(TrafficSnapshot())
+    assert GatewayUsage.model_validate(delta).model_dump() == delta
