@@ -10,6 +10,9 @@ its next wake-up (from the server or the introspection socket); a success
 clears the problem. A launcher replaced by an unusable one makes every agent
 a problem until a later one is usable.
 A runner fenced out by a newer connection stays dropped until the next sync.
+An agent whose token the server could not issue (down, its disk full) is synced
+again by the roster itself, with backoff: the stream may stay open and bring
+no event that would do it, and the agent's messages would wait for good.
 
 The roster owns its runners' task group (`running`); leaving it stops every
 runner. It also answers the introspection API's agent questions.
@@ -25,7 +28,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
-from computer_service.delivery import RETRY_BASE_S, RETRY_WINDOW_S
+from computer_service.delivery import RETRY_BASE_S, RETRY_WINDOW_S, Retries
 from computer_service.engine.base import Engine
 from computer_service.gate import TurnGate
 from computer_service.introspection import AgentDetail, AgentRow, DayUsage, TurnSummary
@@ -81,6 +84,9 @@ class Roster:
         self._group: TaskGroup | None = None
         # One preparation at a time: a sync and a wake-up must not both add a runner.
         self._preparing = anyio.Lock()
+        # A token could not be issued since the last sync; the task syncing again for it.
+        self._token_failed = False
+        self._sync_again: anyio.CancelScope | None = None
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
@@ -88,6 +94,8 @@ class Roster:
         async with anyio.create_task_group() as group:
             self._group = group
             yield
+            if self._sync_again is not None:
+                self._sync_again.cancel()
             runners = list(self.runners.values())
             for runner in runners:
                 runner.close()
@@ -201,6 +209,11 @@ class Roster:
             return None
         except UpstreamError as exc:
             log.warning("agent %s: issuing its token failed: %s", agent.handle, exc)
+            self._token_failed = True
+            if self._sync_again is None:
+                assert self._group is not None, "runners are added only inside `running()`"
+                self._sync_again = anyio.CancelScope()
+                self._group.start_soon(self._sync_until_issued, self._sync_again)
             return None
         except AgentPreparationFailed as exc:
             await self._report_problem(agent, str(exc))
@@ -229,6 +242,22 @@ class Roster:
             log.warning("agent %s: clearing its problem failed: %s", agent.handle, exc)
         self.problems.pop(agent.id, None)
         return runner
+
+    async def _sync_until_issued(self, scope: anyio.CancelScope) -> None:
+        """Sync again, with backoff, until a sync issues every agent's token."""
+        retries = Retries(base_s=self._retry_base_s)
+        with scope:
+            while self._token_failed:
+                delay = retries.next_delay()
+                log.info("syncing the agents again in %.1f s (a token was not issued)", delay)
+                await anyio.sleep(delay)
+                self._token_failed = False
+                try:
+                    await self.agents_changed()
+                except UpstreamError as exc:
+                    log.warning("syncing the agents failed: %s", exc)
+                    self._token_failed = True
+        self._sync_again = None
 
     async def _run_runner(self, runner: Runner) -> None:
         current = False

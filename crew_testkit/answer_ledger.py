@@ -119,17 +119,27 @@ class Ledger:
         return "\n".join(lines)
 
     def details(self, limit: int = 10) -> str:
-        """The messages answered twice or lost and the stuck turns, for a failure."""
-        bad = [f for f in self.fates if f.verdict in ("twice", "lost")][:limit]
+        """The messages answered twice, lost or still unread and the stuck turns, for a failure."""
+        bad = [f for f in self.fates if f.verdict in ("twice", "lost") or not f.read][:limit]
         lines = [
-            f"{f.verdict}: #{f.seq} in room {f.room_id} for @{f.handle} "
-            f"(turns {', '.join(f.answered_by) or '-'}): {f.body[:60]!r}"
+            f"{f.verdict}{'' if f.read else ' (unread)'}: #{f.seq} in room {f.room_id} for "
+            f"@{f.handle} (turns {', '.join(f.answered_by) or '-'}): {f.body[:60]!r}"
             for f in bad
         ]
         lines += [
             f"stuck: turn {t['id']} of {t['agent_id']} since {t['started_at']}" for t in self.stuck
         ]
         return "\n".join(lines)
+
+    def unrest(self) -> str:
+        """What keeps the database from rest, in a line ("" at rest)."""
+        if self.at_rest:
+            return ""
+        return (
+            f"not at rest: {len(self.unread)} message(s) unread "
+            f"({', '.join(f'#{f.seq} for @{f.handle}' for f in self.unread[:10])}), "
+            f"{len(self.stuck)} turn(s) still running"
+        )
 
 
 def read_ledger(db: Path | str) -> Ledger:

@@ -118,7 +118,7 @@ class StormPlan:
     disk_mb: int = 64
     think_s: float = 0.5  # the engine's work before its reply
     linger_s: float = 0.5  # and after it, before the turn ends
-    quiet_timeout_s: float = 150.0
+    quiet_timeout_s: float = 150.0  # after the last post and fault: until answered and at rest
     clients: int = 1  # posters at once, sharing `rate`
     engine_mode: str = "cold"  # the Computer's engine (the fake engine speaks both)
 
@@ -193,6 +193,9 @@ class StormResult:
     drain_s: float | None = None  # the last post → quiet
     kept: Path | None = None  # logs kept for a storm that lost messages
     ledger: Ledger | None = None  # the count read from the server's database at the end
+    # What kept the database from rest within the quiet timeout ("" at rest): the unread
+    # messages, the running turns and what the Computer said of each agent then.
+    unrest: str = ""
 
     @property
     def stored(self) -> int:
@@ -347,10 +350,12 @@ class Storm:
             f"  posted {self.posted} messages ({self.post_refusals} posts refused), "
             f"{len(self.faults)} faults; waiting until every message is answered or set aside"
         )
-        quiet = self._wait_quiet()
+        # One budget for both waits: answered, then read (a test's timeout bounds the sum).
+        deadline = time.monotonic() + self.plan.quiet_timeout_s
+        quiet = self._wait_quiet(deadline)
         wall = time.monotonic() - t0
         drain = time.monotonic() - self._posting_ended if quiet else None
-        self._wait_at_rest()
+        unrest = self._wait_at_rest(deadline)
         code = self.computer.stop()
         fates = self.account()
         ledger = read_ledger(self.server.db)
@@ -359,7 +364,7 @@ class Storm:
             turns.update(t["status"] for t in self._turns(agent_id))
         return StormResult(
             self.plan, fates, self.faults, self.posted, self.post_refusals, turns, wall,
-            quiet, code, self.notes, drain, ledger=ledger,
+            quiet, code, self.notes, drain, ledger=ledger, unrest=unrest,
         )  # fmt: skip
 
     def _guard(self, work: Callable[[], None]) -> None:
@@ -447,17 +452,34 @@ class Storm:
 
     # ---------------------------------------------------------- the accounting
 
-    def _wait_at_rest(self) -> None:
-        """Wait (up to the quiet timeout) until the database says every message is read
-        and no turn runs: an answered message still unread would be given again."""
-        deadline = time.monotonic() + self.plan.quiet_timeout_s
-        while time.monotonic() < deadline:
-            if read_ledger(self.server.db).at_rest:
-                return
+    def _wait_at_rest(self, deadline: float) -> str:
+        """Wait (until `deadline`) for the database to say every message is read and no
+        turn runs (an answered message still unread would be given again); "" then, else
+        what is not at rest and what the Computer says of each agent."""
+        while True:
+            ledger = read_ledger(self.server.db)
+            if ledger.at_rest:
+                return ""
+            if time.monotonic() >= deadline:
+                return f"{ledger.unrest()}\n{self.agents_report()}"
             time.sleep(1.0)
 
-    def _wait_quiet(self) -> bool:
-        deadline = time.monotonic() + self.plan.quiet_timeout_s
+    def agents_report(self) -> str:
+        """Each agent's row on the Computer (`GET /agents`): state, turn, retry, reason."""
+        try:
+            rows = self.computer.get("/agents")
+        except (httpx.HTTPError, AssertionError) as exc:
+            return f"the Computer's /agents did not answer: {exc}"
+        keys = ("state", "turn_id", "pending_wake", "retry_at", "last_result", "last_reason")
+        lines = [
+            f"@{row['handle']}: " + ", ".join(f"{k}={row.get(k)!r}" for k in (*keys, "problem"))
+            for row in rows
+        ]
+        shown = {row["handle"] for row in rows}
+        lines += [f"@{h}: no runner on the Computer" for _, h, _ in self.rooms if h not in shown]
+        return "\n".join(lines)
+
+    def _wait_quiet(self, deadline: float) -> bool:
         while time.monotonic() < deadline:
             with contextlib.suppress(httpx.HTTPError):
                 if not any(f.pending for f in self.account()):

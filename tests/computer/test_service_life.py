@@ -53,11 +53,17 @@ async def computer(
     *,
     parts: Callable[[Path], FakeParts] | None = None,
     backoff: RecordingBackoff | None = None,
+    retry_base_s: float = 5.0,
 ) -> AsyncIterator[Running]:
     """Serve a Computer against `server`; on exit stop it and wait for `serve()` to return."""
     crew_home = tmp_path / "crew"
     made = parts(crew_home) if parts else FakeParts(crew_home, ScriptedEngine())
-    boot = Bootstrap(server_url="http://crew.test", token="tok-computer", crew_home=crew_home)
+    boot = Bootstrap(
+        server_url="http://crew.test",
+        token="tok-computer",
+        crew_home=crew_home,
+        retry_base_s=retry_base_s,
+    )
     stdout = io.BytesIO()
     upstream = Upstream(boot.server_url, boot.token, transport=server.transport())
     service = ComputerService(boot, made, upstream=upstream, stdout=stdout, handle_signals=False)
@@ -313,3 +319,23 @@ async def test_a_stream_that_ends_before_any_event_still_backs_off(tmp_path: Pat
         for delay, ceiling in zip(backoff.delays, ceilings, strict=True):
             assert ceiling / 2 - 1e-9 <= delay <= ceiling + 1e-9
     assert c.outcome == [0]
+
+
+async def test_an_agent_whose_token_could_not_be_issued_gets_its_runner_without_a_new_event(
+    tmp_path: Path,
+) -> None:
+    """The server refuses the token once (its disk full, a restart) while the stream stays
+    open: no later event syncs the agents, so the Computer tries again by itself and the
+    message waiting for the agent is claimed (the chaos run's agent left without a runner)."""
+    server = FakeCrewServer()
+    alice = server.agent("alice")
+    server.faults["token"] = [503, 503]
+    server.post(alice["id"], "waiting since before the Computer started")
+    async with computer(tmp_path, server, retry_base_s=0.05) as c:
+        await wait_until_async(
+            "alice's unread claim", lambda: server.unread_claims(alice["id"]) >= 1, 10
+        )
+        assert server.faults["token"] == []
+        assert alice["id"] in c.service.roster.runners
+        # One stream all along: the runner came from the Computer's own retry.
+        assert server.count("GET", "/computer/events") == 1

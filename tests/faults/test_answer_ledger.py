@@ -129,3 +129,16 @@ def test_set_aside_lost_unread_and_stuck() -> None:
     pending = count(tables([user(1, 1)], [turn("t1", "running", 1, 1, 2)], 0))
     assert [f.verdict for f in pending.fates] == ["lost"]
     assert len(pending.stuck) == 1 and not pending.at_rest and not pending.ok
+
+
+def test_what_keeps_the_database_from_rest_is_named() -> None:
+    unread = count(tables([user(1, 1), user(2, 3)], [turn("t1", "failed", 1, 1, 2)], 1))
+    assert (
+        unread.unrest()
+        == "not at rest: 1 message(s) unread (#2 for @alice), 0 turn(s) still running"
+    )
+    assert "(unread): #2 in room r1 for @alice" in unread.details()
+    running = count(tables([user(1, 1)], [turn("t1", "running", 1, 1, 2)], 1))
+    assert running.unrest().endswith("1 turn(s) still running")
+    at_rest = count(tables([user(1, 1), agent(2, 3)], [turn("t1", "succeeded", 1, 1, 2)], 2))
+    assert at_rest.at_rest and at_rest.unrest() == ""

@@ -27,6 +27,9 @@ def test_a_small_chaos_run_answers_every_message_exactly_once() -> None:
     result = run_chaos(chaos_plan(SEED, "small"), say=said.append)
     assert result.ledger is not None
     story = "\n".join(said) + "\n" + result.ledger.summary() + "\n" + result.ledger.details()
+    # Not at rest within the plan's quiet timeout: the unread messages, running turns and
+    # the Computer's agents then (the database is read again after the Computer stopped).
+    assert not result.unrest, f"{result.unrest}\n{story}"
     struck = set(result.faults_by_kind())
     # Without root there is no tmpfs to fill: the disk fault is left out (a note says so).
     assert struck == set(CHAOS_KINDS) - ({"disk"} if result.notes else set()), story

@@ -30,6 +30,10 @@ FAULTS: dict[str, list[str]] = {
     "kill -9 of the launcher right after crew reply returned: the message is answered once": [
         "tests/faults/test_answered_once.py::test_kill_9_of_the_launcher_right_after_crew_reply_answers_once_in_both_engines",
     ],
+    "an agent's token answer lost as the Computer starts (no event follows): its message answered": [
+        "tests/faults/test_lost_token.py::test_a_lost_token_answer_at_start_still_answers_the_waiting_message",
+        "tests/computer/test_service_life.py::test_an_agent_whose_token_could_not_be_issued_gets_its_runner_without_a_new_event",
+    ],
     "the server's database disk full then freed mid-turn: answered once": [
         "tests/faults/test_server_full_disk.py::test_a_disk_full_then_freed_mid_turn_answers_once_in_both_engines",
     ],

@@ -1,6 +1,6 @@
 """A turn whose end never reached the server still ends.
 
-The runner's ack and finish give up after ~6 s each while the server is down,
+The runner's ack and finish give up after ~3 s each while the server is down,
 and a registration whose answer is lost leaves a turn the Computer never
 knew. The messages come back at the next wake (nothing lost), and the server
 interrupts an agent's turn still `running` when the next one is registered,
@@ -36,8 +36,8 @@ def test_a_long_outage_at_the_end_of_a_turn_still_ends_the_turn(tmp_path: Path) 
         dm = server.create_room("dm", [agent["id"]])
         with machine() as m:
             m.log_in()
-            # The ack and the finish each give up after 6 s (the default is 60 s).
-            c = launch(m, bootstrap_for(server.url, comp["token"], m, upstream_retry_window_s=6))
+            # The ack and the finish each give up after 3 s (the default is 60 s).
+            c = launch(m, bootstrap_for(server.url, comp["token"], m, upstream_retry_window_s=3))
             try:
                 usable(c)
                 work = m.crew_home / "agents" / agent["id"] / "work"

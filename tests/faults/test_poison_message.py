@@ -111,8 +111,9 @@ def test_an_environment_failure_keeps_the_message_and_retries_it_by_itself(
     dm = crew_server.create_room("dm", [agent["id"]])
     with machine() as m:
         m.log_in()
-        # A longer first wait: the row is read while a retry is due.
-        c = launch(m, bootstrap_for(crew_server.url, comp["token"], m, retry_base_s=1.0))
+        # Longer waits than the poison's: the row is read while a retry is due (the four
+        # backoffs, 0.5 + 1 + 2 + 4 s, give it four chances).
+        c = launch(m, bootstrap_for(crew_server.url, comp["token"], m, retry_base_s=0.5))
         try:
             usable(c)
             # More failures than it takes to set a message aside: the provider refuses

@@ -162,7 +162,13 @@ def test_an_ack_refused_by_a_full_disk_is_read_once_space_returns(
         elsewhere = server.create_room("dm", [server.create_agent("bystander2")["id"]])
         with machine() as m:
             m.log_in()
-            c = launch(m, bootstrap_for(server.url, comp["token"], m, upstream_retry_window_s=6))
+            # The ack gives up after 3 s (the default is 60 s), the retry comes after 1 s.
+            c = launch(
+                m,
+                bootstrap_for(
+                    server.url, comp["token"], m, upstream_retry_window_s=3, retry_base_s=1
+                ),
+            )
             try:
                 usable(c)
                 message = server.post(
@@ -228,7 +234,7 @@ def test_a_disk_full_then_freed_mid_turn_answers_once_in_both_engines(
     ends (its events, ack and finish are refused), then frees: the message is answered
     once, counted from the database; the model replies every time it is given it."""
     with fault_chain(
-        engine, db=small_disk / "crew.db", upstream_retry_window_s=6, retry_base_s=1
+        engine, db=small_disk / "crew.db", upstream_retry_window_s=3, retry_base_s=1
     ) as fc:
         fc.chain.script(
             [reply_rule("FULL", "answer", then="while [ ! -e go ]; do sleep 0.1; done")]
