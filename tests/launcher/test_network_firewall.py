@@ -72,7 +72,11 @@ while True:
             held += 1
             most = max(most, held)
         else:
-            if not key.fileobj.recv(100):
+            try:
+                data = key.fileobj.recv(100)
+            except ConnectionError:
+                data = b""  # a client gone with a reset (pasta's close, or unread greeting)
+            if not data:
                 sel.unregister(key.fileobj)
                 key.fileobj.close()
                 held -= 1
@@ -185,6 +189,34 @@ class HostNamespace:
         _run([*h, "route", "add", "default", "via", LAN4])
         _run([*h, "-6", "route", "add", "default", "via", LAN6])
 
+    def wait_reachable(self, address: str, port: int, timeout_s: float = 15.0) -> None:
+        """Until the host namespace connects to `address:port` (a fresh veth's IPv6 can
+        take a second before it carries traffic): the test's LAN is up before it is used."""
+        probe = (
+            "import socket, sys, time\n"
+            "end = time.monotonic() + float(sys.argv[3])\n"
+            "while True:\n"
+            "    try:\n"
+            "        socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=1).close()\n"
+            "        break\n"
+            "    except OSError:\n"
+            "        if time.monotonic() > end:\n"
+            "            sys.exit(f'{sys.argv[1]} port {sys.argv[2]}: {sys.exc_info()[1]}')\n"
+            "        time.sleep(0.1)\n"
+        )
+        _run(
+            [
+                *self.enter(self.host),
+                SYSTEM_PYTHON,
+                "-I",
+                "-c",
+                probe,
+                address,
+                str(port),
+                str(timeout_s),
+            ]
+        )
+
     def enter(self, ns: str, uid: int | None = None) -> list[str]:
         """The argv prefix that runs a command in namespace `ns`, as `uid` when given."""
         prefix = [NSENTER, f"--net=/run/netns/{ns}", "--"]
@@ -279,6 +311,8 @@ def test_the_hosts_own_addresses_are_refused_and_egress_is_not(netbox: Box, mode
         crew = Holder("127.0.0.1", server_port, "crew-server", host.enter(host.host))
         lan = Holder(f"{LAN4},{LAN6}", lan_port, "lan-service", host.enter(host.lan))
         holders += [wide, crew, lan]
+        host.wait_reachable(LAN4, lan_port)
+        host.wait_reachable(LAN6, lan_port)
         targets = [
             ("host_address", HOST4, port),
             ("host_other_address", HOST4_OTHER, port),

@@ -125,6 +125,10 @@ GATEWAY = {
     "cache_read": 7,
     "cache_write": 1,
     "rate_limited": 1,
+    "refused": 2,
+    "upstream_errors": 0,
+    "bytes_up": 2048,
+    "bytes_down": 65536,
     "retry_after_s": 2.5,
 }
 
