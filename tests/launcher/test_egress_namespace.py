@@ -24,7 +24,7 @@ import pytest
 
 from crew_harness.ports import free_port
 from sandbox_launcher.network import find_nftables, find_pasta
-from tests.launcher.test_network import SYSTEM_PYTHON, Box, _read_checks
+from tests.launcher.test_network import SYSTEM_PYTHON, Box
 from tests.launcher.test_network_firewall import (
     LAN4,
     SETPRIV,
@@ -32,6 +32,7 @@ from tests.launcher.test_network_firewall import (
     HostNamespace,
     _run,
     netbox,  # noqa: F401 - the fixture
+    run_checks,
 )
 from tests.support.ci import required_in_ci
 
@@ -73,27 +74,7 @@ def _sandboxed(
     prefix = list(prefix or host.enter(host.host))
     if box.uid != os.getuid():
         prefix += [SETPRIV, f"--reuid={box.uid}", f"--regid={box.uid}", "--clear-groups", "--"]
-    env = {"HOME": str(box.home), "CREW_HOME": str(box.home / ".crew"), "PATH": "/usr/bin:/bin"}
-    process = subprocess.Popen(
-        [*prefix, *argv],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd="/",
-        start_new_session=True,
-    )
-    try:
-        assert process.stdout is not None
-        checks = _read_checks(process.stdout, until="\0never")
-        err = process.stderr.read() if process.stderr else ""
-        process.wait(timeout=120)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    assert process.returncode == 0, err
+    checks, err = run_checks(box, [*prefix, *argv])
     denials = [json.loads(line[len(DENIED) :]) for line in err.splitlines() if DENIED in line]
     return checks, denials
 

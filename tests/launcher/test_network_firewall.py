@@ -270,12 +270,19 @@ def _sandboxed(
     if cap is not None:
         at = argv.index("sandbox") + 1
         argv[at:at] = ["--max-connections", str(cap)]
-    env = {"HOME": str(box.home), "CREW_HOME": str(box.home / ".crew"), "PATH": "/usr/bin:/bin"}
     other = box.uid != os.getuid()
     if other and not prefix:
         prefix = [SETPRIV, f"--reuid={box.uid}", f"--regid={box.uid}", "--clear-groups", "--"]
+    checks, _ = run_checks(box, [*prefix, *argv])
+    return checks
+
+
+def run_checks(box: Box, argv: list[str]) -> tuple[dict[str, dict[str, Any]], str]:
+    """Run a `crew-launcher sandbox` argv (with its namespace/user prefix) with the box's
+    HOME; its JSON checks and its stderr. It must exit 0."""
+    env = {"HOME": str(box.home), "CREW_HOME": str(box.home / ".crew"), "PATH": "/usr/bin:/bin"}
     process = subprocess.Popen(
-        [*prefix, *argv],
+        argv,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -294,7 +301,7 @@ def _sandboxed(
             process.kill()
             process.wait()
     assert process.returncode == 0, err
-    return checks
+    return checks, err
 
 
 @pytest.mark.timeout(240)
