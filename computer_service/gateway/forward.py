@@ -61,18 +61,6 @@ class Route:
     bearer_beta: str | None = None
 
 
-@dataclass
-class GatewayTotals:
-    """The gateway's totals over every agent, for `/metrics`."""
-
-    requests: int = 0
-    refused: int = 0
-    rate_limited: int = 0
-    upstream_errors: int = 0
-    bytes_up: int = 0
-    bytes_down: int = 0
-
-
 def retry_after_s(value: str | None) -> float | None:
     """A `Retry-After` header in seconds (delta-seconds or an HTTP date), None if absent."""
     if not value:
@@ -98,7 +86,6 @@ class AgentApp:
         routes: dict[str, Route],
         client: httpx.AsyncClient,
         counters: AgentCounters,
-        totals: GatewayTotals,
         owner_of: Callable[[str], str | None],
     ) -> None:
         self.agent_id = agent_id
@@ -107,7 +94,6 @@ class AgentApp:
         self.routes = routes
         self._client = client
         self._counters = counters
-        self._totals = totals
         self._owner_of = owner_of
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -142,8 +128,6 @@ class AgentApp:
             await _json_error(send, 401, str(exc))
             return
         self._counters.add(requests=1, bytes_up=len(body))
-        self._totals.requests += 1
-        self._totals.bytes_up += len(body)
         upstream = self._client.build_request(
             scope["method"],
             self._url(route, rest, query, secret),
@@ -154,7 +138,6 @@ class AgentApp:
             response = await self._client.send(upstream, stream=True)
         except httpx.HTTPError as exc:
             self._counters.add(upstream_errors=1)
-            self._totals.upstream_errors += 1
             log.warning("gateway: agent %s, %s unreachable: %s", self.agent_id, provider, exc)
             await _json_error(send, 502, f"the provider {provider} cannot be reached: {exc}")
             return
@@ -166,7 +149,6 @@ class AgentApp:
     async def _relay(self, response: httpx.Response, send: Send) -> None:
         if response.status_code == 429:
             self._counters.rate_limited(retry_after_s(response.headers.get("retry-after")))
-            self._totals.rate_limited += 1
         tap = UsageTap(response.headers.get("content-type", ""))
         out = [(k, v) for k, v in response.headers.raw if k.lower() not in HOP_BY_HOP]
         if (length := response.headers.get("content-length")) is not None:
@@ -181,7 +163,6 @@ class AgentApp:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             self._counters.add(bytes_down=down)
-            self._totals.bytes_down += down
             self._counters.used(tap.close())
 
     def _url(self, route: Route, rest: str, query: bytes, secret: str | None) -> str:
@@ -224,7 +205,6 @@ class AgentApp:
 
     async def _refuse(self, headers: list[tuple[bytes, bytes]], query: bytes, send: Send) -> None:
         self._counters.add(refused=1)
-        self._totals.refused += 1
         other = _other_placeholder(headers, query)
         owner = self._owner_of(other) if other else None
         if other:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import asdict
 from pathlib import Path
 
 import anyio
@@ -21,7 +22,7 @@ import httpx
 import uvicorn
 
 from computer_service.gateway.access import GatewayAccess, new_placeholder
-from computer_service.gateway.forward import AgentApp, GatewayTotals, Route
+from computer_service.gateway.forward import AgentApp, Route
 from computer_service.gateway.oauth import OAuthLogin, token_endpoints
 from computer_service.gateway.usage import AgentCounters, TrafficSnapshot
 from crew_common.tcp_listener import tcp_listener
@@ -57,7 +58,6 @@ class Gateway:
         self._counters: dict[str, AgentCounters] = {}
         self._oauth: dict[tuple[Path, str], OAuthLogin] = {}
         self._lock = anyio.Lock()
-        self.totals = GatewayTotals()
 
     async def access_for(self, agent_id: str) -> GatewayAccess:
         """The agent's port and placeholder; its listener is opened the first time."""
@@ -73,9 +73,7 @@ class Gateway:
         port = sock.getsockname()[1]
         access = GatewayAccess(port, new_placeholder())
         counters = self._counters.setdefault(agent_id, AgentCounters())
-        app = AgentApp(
-            agent_id, access.placeholder, {}, self._client, counters, self.totals, self.owner_of
-        )
+        app = AgentApp(agent_id, access.placeholder, {}, self._client, counters, self.owner_of)
         config = uvicorn.Config(
             app,
             lifespan="off",
@@ -119,9 +117,20 @@ class Gateway:
         counters = self._counters.get(agent_id)
         return counters.snapshot() if counters is not None else TrafficSnapshot()
 
+    def totals(self) -> TrafficSnapshot:
+        """The sum of every agent's counters."""
+        sums = [asdict(c.snapshot()) for c in self._counters.values()]
+        fields = {
+            k: sum(row[k] for row in sums)
+            for k in asdict(TrafficSnapshot())
+            if k != "retry_after_s"
+        }
+        return TrafficSnapshot(**fields)
+
     def metric_lines(self) -> list[str]:
         """The gateway's counters, in the Prometheus text of `/metrics`."""
-        t = self.totals
+        # Over every agent: each agent's counters live as long as the Computer.
+        t = self.totals()
         rows = [
             ("crew_gateway_requests_total", "Model calls forwarded by the gateway.", t.requests),
             (
