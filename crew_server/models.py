@@ -23,6 +23,7 @@ from pydantic.config import JsonDict
 
 from crew_common.egress import DEFAULT_MODE, MAX_RULE_LENGTH, MAX_RULES, MODES
 from crew_common.model_id import MODEL_PATTERN
+from crew_server.rules import HOP_LIMIT_MAX, RATE_LIMIT_MAX, RATE_LIMIT_MIN
 
 
 def _integral(value: Any) -> Any:
@@ -182,6 +183,37 @@ class RoomCreate(Request):
     kind: Literal["dm", "group"]
     title: Name | None = None
     agent_ids: Annotated[list[Uuid], Field(max_length=500)]
+
+
+class RoomPatch(Request):
+    """A room's loop guard (a dm or a group; a thread follows its group). null or absent:
+    no change."""
+
+    agent_hop_limit: (
+        Annotated[
+            int,
+            Field(
+                ge=0,
+                le=HOP_LIMIT_MAX,
+                description="how many agent messages in a row, since the user last wrote, may "
+                "wake other agents (0: agents never wake each other here)",
+            ),
+            _INTEGRAL,
+        ]
+        | None
+    ) = None
+    agent_rate_limit: (
+        Annotated[
+            int,
+            Field(
+                ge=RATE_LIMIT_MIN,
+                le=RATE_LIMIT_MAX,
+                description="how many agent messages a minute may wake other agents",
+            ),
+            _INTEGRAL,
+        ]
+        | None
+    ) = None
 
 
 class MessageCreate(Request):
@@ -499,6 +531,28 @@ class Room(BaseModel):
     root_message: Message | None
     muted: bool
     muted_until: str | None
+    agent_hop_limit: int = Field(
+        description="agent messages in a row (since the user last wrote) that may wake other "
+        "agents; a thread's are its group's"
+    )
+    agent_rate_limit: int = Field(description="agent messages a minute that may wake agents")
+    agent_messages_in_a_row: int = Field(
+        description="agent messages (and notices of agents' task actions) since the user last "
+        "wrote here"
+    )
+    agents_paused: AgentsPaused | None = Field(
+        description="set while agents are paused here (a limit was hit): their messages wake "
+        "nobody and claims hold the room's messages from `seq` on; the user's next message "
+        "ends it"
+    )
+
+
+class AgentsPaused(BaseModel):
+    since: str
+    seq: int = Field(description="the first message held back: the one beyond the limit")
+    reason: Literal["hops", "rate"] = Field(
+        description="`hops`: the hop limit; `rate`: the messages-a-minute cap"
+    )
 
 
 class UnreadRoom(BaseModel):

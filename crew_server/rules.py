@@ -69,6 +69,77 @@ def woken_by_message(room: RoomFacts, author_id: str, mentions: Iterable[str]) -
     return sorted(woken)
 
 
+# The loop guard (issue 24): agent messages wake other agents only so often in a row
+# since the user last wrote, and only so many a minute. 3 in a row lets one agent ask
+# another (@mention), get the answer and acknowledge it, while a pair answering each
+# other forever stops after four turns; 12 a minute is a busy group's pace, not a
+# runaway's (the demo's pair wrote about 4 a second).
+HOP_LIMIT_DEFAULT = 3
+HOP_LIMIT_MAX = 100
+RATE_LIMIT_DEFAULT = 12
+RATE_LIMIT_MIN = 1
+RATE_LIMIT_MAX = 600
+RATE_WINDOW = timedelta(minutes=1)
+PAUSE_REASONS = ("hops", "rate")
+
+
+@dataclass(frozen=True)
+class LoopFacts:
+    """What the loop guard knows of a room when an agent message arrives there."""
+
+    hop_limit: int  # agent messages in a row (since the user wrote) that may wake agents
+    rate_limit: int  # agent messages a minute that may
+    in_a_row: int  # agent messages since the user last wrote, before this one
+    last_minute: int  # agent messages in the past minute, before this one
+    paused: bool  # a limit was hit already and nobody wrote since
+
+
+def loop_pause(facts: LoopFacts) -> str | None:
+    """Why an agent message may not wake other agents (`hops`, `rate`, or `paused`: the
+    room is paused already); None when it may."""
+    if facts.paused:
+        return "paused"
+    if facts.in_a_row >= facts.hop_limit:
+        return "hops"
+    if facts.last_minute >= facts.rate_limit:
+        return "rate"
+    return None
+
+
+def guarded_wakes(woken: list[str], loop: LoopFacts) -> tuple[list[str], str | None]:
+    """Whom an agent's message (or a notice of its action) wakes under the loop guard,
+    and the pause it starts (`hops` | `rate`), if any.
+
+    Within the limits: everyone in `woken` (mentions included). Beyond them: nobody; it
+    starts a pause only when it would have woken someone (a message that concerns nobody,
+    e.g. in a dm, is no loop) and none is on already.
+    """
+    why = loop_pause(loop)
+    if why is None:
+        return woken, None
+    return [], (why if woken and why != "paused" else None)
+
+
+def woken_by_agent_message(
+    room: RoomFacts, author_id: str, mentions: Iterable[str], loop: LoopFacts
+) -> tuple[list[str], str | None]:
+    """`woken_by_message` for an agent's message, under the loop guard (`guarded_wakes`)."""
+    return guarded_wakes(woken_by_message(room, author_id, mentions), loop)
+
+
+def loop_pause_notice(reason: str, loop: LoopFacts) -> str:
+    """The one notice a room gets when agents are paused there."""
+    head = "Agents paused here until someone writes"
+    if reason == "hops":
+        count = loop.in_a_row + 1
+        what = "1 agent message" if count == 1 else f"{count} agent messages"
+        return f"{head} ({what} in a row; this room's hop limit is {loop.hop_limit})"
+    return (
+        f"{head} ({loop.last_minute + 1} agent messages within a minute; this room allows "
+        f"{loop.rate_limit})"
+    )
+
+
 def check_mute_until(until: datetime | None, now: datetime) -> None:
     """Raise ValueError with an English reason when `until` is outside 15 minutes – 7 days."""
     if until is None:

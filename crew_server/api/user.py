@@ -119,6 +119,15 @@ async def get_room(ctx: Context, request: Request) -> Response:
     return json_response(ctx.store.get_room(request.path_params["room_id"]))
 
 
+async def patch_room(ctx: Context, request: Request) -> Response:
+    """Change a room's loop guard."""
+    ctx.user(request)
+    body = await read_body(request, m.RoomPatch)
+    room_id = request.path_params["room_id"]
+    ctx.store.set_loop_limits(room_id, body.agent_hop_limit, body.agent_rate_limit)
+    return json_response(ctx.store.get_room(room_id))
+
+
 async def post_message(ctx: Context, request: Request) -> Response:
     """The user posts."""
     ctx.user(request)
@@ -323,6 +332,18 @@ OPS: list[Op] = [
         "user",
         answer=m.Room,
         handler=get_room,
+    ),
+    Op(
+        "patch",
+        "/api/rooms/{room_id}",
+        "patchRoom",
+        "Change a dm's or group's loop guard: `agent_hop_limit` (0–100), `agent_rate_limit` "
+        "(1–600 a minute). Out of range: 422 with the reason; a thread: 422 (it follows its "
+        "group). A pause on stays on until the user writes.",
+        "user",
+        m.RoomPatch,
+        answer=m.Room,
+        handler=patch_room,
     ),
     Op(
         "post",

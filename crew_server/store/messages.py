@@ -9,6 +9,7 @@ import orjson
 
 from crew_server import rules
 from crew_server.errors import Held, Invalid, NotFound, Refused
+from crew_server.store import loop_guard
 from crew_server.store.answered import ack_if_late
 from crew_server.store.db import StorePart, Transaction, new_id
 from crew_server.store.identities import USER, Actor, AgentIdentity
@@ -123,12 +124,14 @@ def post(
         )
     if author is None and caused_by is not None and caused_by.kind == "agent":
         _seen_own_notice(tx, caused_by.id, rid, seq)
+    pause_notice = None
     if author is None:
         woken = list(dict.fromkeys(notice_wakes or ()))
     else:
         woken = rules.woken_by_message(
             _room_facts(tx, rid, kind, people, mentions, now), author.id, mentions
         )
+    woken, pause_notice = _loop_guard(tx, rid, seq, author or caused_by, woken)
     if woken and kind == "thread":
         # Whoever a thread message wakes must also get it at the next unread claim.
         tx.executemany(
@@ -136,7 +139,29 @@ def post(
             [(a, rid) for a in woken],
         )
     tx.wake(woken)
-    return select_messages(tx, "WHERE m.id = ?", (message_id,))[0]
+    message = select_messages(tx, "WHERE m.id = ?", (message_id,))[0]
+    if pause_notice is not None:
+        post(tx, rid, None, pause_notice)
+    return message
+
+
+def _loop_guard(
+    tx: Transaction, rid: str, seq: int, actor: Actor | None, woken: list[str]
+) -> tuple[list[str], str | None]:
+    """Whom the message at `seq` wakes under the room's loop guard, and the notice of the
+    pause it starts (`store.loop_guard`). `actor`: its author, or whose action a notice
+    reports (None: a reminder, a set-aside notice, the guard's own notice)."""
+    if actor is None:
+        loop_guard.release_to(tx, rid, seq, woken)
+        return woken, None
+    if actor.kind != "agent":
+        loop_guard.user_wrote(tx, rid)
+        return woken, None
+    # A notice of an agent's action (a task handed on) counts as that agent's message.
+    facts = loop_guard.loop_facts(tx, rid, seq)
+    allowed, pause = rules.guarded_wakes(woken, facts)
+    loop_guard.agent_wrote(tx, rid, seq, pause)
+    return allowed, rules.loop_pause_notice(pause, facts) if pause else None
 
 
 def _seen_own_notice(tx: Transaction, agent_id: str, room_id: str, seq: int) -> None:
@@ -288,11 +313,21 @@ class Messages(StorePart):
             ).fetchone()
             delivered = row["delivered_seq"] if row is not None else 0
             held_before = row["held_count"] if row is not None else 0
-            unseen = tx.execute(
-                "SELECT 1 FROM messages WHERE room_id = ? AND seq > ? "
-                "AND NOT (author_kind = 'agent' AND author_id = ?) LIMIT 1",
-                (target, delivered, agent.agent_id),
-            ).fetchone()
+            unseen_sql = (
+                "SELECT 1 FROM messages WHERE room_id = ? AND seq > ? AND seq <= ? "
+                "AND NOT (author_kind = 'agent' AND author_id = ?) LIMIT 1"
+            )
+            # Messages a paused room holds back (store.loop_guard) do not hold the reply;
+            # like the unseen ones of a reply held twice, they stay undelivered.
+            cut = loop_guard.claim_cut(tx, agent.agent_id, target)
+            unseen = tx.execute(unseen_sql, (target, delivered, cut, agent.agent_id)).fetchone()
+            withheld = (
+                cut != loop_guard.NO_CUT
+                and tx.execute(
+                    unseen_sql, (target, max(delivered, cut), loop_guard.NO_CUT, agent.agent_id)
+                ).fetchone()
+                is not None
+            )
             if unseen is not None and held_before < HELD_LIMIT:
                 budget = ClaimBudget(self._claim_max_messages, self._claim_max_chars)
                 _, entry = claim_room(tx, agent.agent_id, target, delivered, budget)
@@ -315,7 +350,7 @@ class Messages(StorePart):
                     (agent.agent_id, target),
                 )
                 ack_if_late(tx, agent.agent_id, agent.turn_id)
-                if unseen is not None:
+                if unseen is not None or withheld:
                     tx.execute(
                         "UPDATE positions SET delivered_seq = ?, "
                         "read_seq = CASE WHEN read_seq < ? THEN read_seq ELSE ? END "

@@ -14,6 +14,7 @@ from crew_server.errors import NotFound
 from crew_server.store.answered import sweep_running_turns
 from crew_server.store.db import StorePart, Transaction
 from crew_server.store.identities import connection_epoch, own_agent
+from crew_server.store.loop_guard import claim_cut
 from crew_server.store.message_view import select_messages
 from crew_server.store.rooms import room_view
 from crew_server.store.turn_binding import count_claim
@@ -62,14 +63,16 @@ def claim_room(
     """
     entry: dict[str, Any] | None = None
     upto = after_seq
+    # A room where agents are paused keeps what came from the pause on (store.loop_guard).
+    cut = claim_cut(tx, agent_id, room_id)
     if budget.left():
         view = room_view(tx, room_id, agent_id)
         root = view["root_message"]
         messages = budget.take(
             select_messages(
                 tx,
-                "WHERE m.room_id = ? AND m.seq > ? ORDER BY m.seq LIMIT ?",
-                (room_id, after_seq, budget.messages),
+                "WHERE m.room_id = ? AND m.seq > ? AND m.seq <= ? ORDER BY m.seq LIMIT ?",
+                (room_id, after_seq, cut, budget.messages),
             ),
             len(root["body"]) if root else 0,
         )
@@ -131,7 +134,8 @@ class Positions(StorePart):
             more = False
             for room in rooms:
                 upto, entry = claim_room(tx, agent_id, room["room_id"], room["read_seq"], budget)
-                more = more or upto < room["last_seq"]
+                end = min(room["last_seq"], claim_cut(tx, agent_id, room["room_id"]))
+                more = more or upto < end
                 if entry is not None:
                     answer.append(entry)
             tx.execute("UPDATE agents SET claim_more = ? WHERE id = ?", (int(more), agent_id))

@@ -7,6 +7,7 @@ from typing import Any
 
 from crew_server.errors import Forbidden, Invalid, NotFound
 from crew_server.store.db import StorePart, Transaction, new_id
+from crew_server.store.loop_guard import guard_view
 from crew_server.store.message_view import USER_AUTHOR, select_messages
 
 
@@ -97,6 +98,7 @@ def room_view(tx: Transaction, room_id: str, for_agent: str | None) -> dict[str,
         "root_message": root_message,
         "muted": muted,
         "muted_until": until,
+        **guard_view(tx, rid),
     }
 
 

@@ -74,6 +74,17 @@ def test_a_database_of_an_older_schema_is_migrated_at_open_and_keeps_its_data(
         raw.execute("ALTER TABLE agents DROP COLUMN claims")
         raw.execute("ALTER TABLE agents DROP COLUMN egress")
         raw.execute("ALTER TABLE turns DROP COLUMN gateway_usage")
+        raw.execute("DROP INDEX messages_by_room_author")
+        for column in (
+            "agent_hop_limit",
+            "agent_rate_limit",
+            "agent_run",
+            "agents_paused_seq",
+            "agents_paused_at",
+            "agents_paused_reason",
+        ):
+            raw.execute(f"ALTER TABLE rooms DROP COLUMN {column}")
+        raw.execute("ALTER TABLE positions DROP COLUMN loop_release_seq")
         raw.execute("DELETE FROM schema_migrations WHERE version >= 2")
     again = Store(str(db), Clock())
     assert again.computer_by_token(token) == computer_id
