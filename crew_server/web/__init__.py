@@ -50,6 +50,7 @@ def web_routes(ctx: Context) -> list[BaseRoute]:
         get("/rooms/{room_id}", views.room),
         post("/rooms/{room_id}/messages", actions.post_message),
         post("/rooms/{room_id}/mutes", actions.mute),
+        post("/rooms/{room_id}/loop-guard", actions.loop_guard),
         get("/agents", views.agents),
         post("/agents", actions.create_agent, "/agents"),
         get("/agents/{agent_id}", views.agent),

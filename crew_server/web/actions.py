@@ -158,6 +158,26 @@ async def mute(web: Web, request: Request, session: Session, form: Form) -> Resp
     return see(back_to(form, f"/rooms/{room_id}"))
 
 
+def form_int(text: str) -> int | str:
+    """A number field's text as an integer (else as it is, for the model to refuse)."""
+    text = text.strip()
+    return int(text) if text.isascii() and text.isdigit() and len(text) < 10 else text
+
+
+async def loop_guard(web: Web, request: Request, session: Session, form: Form) -> Response:
+    """Change a room's loop guard (as PATCH /api/rooms/{id})."""
+    room_id = request.path_params["room_id"]
+    body = validated(
+        m.RoomPatch,
+        {
+            "agent_hop_limit": form_int(form.get("agent_hop_limit")),
+            "agent_rate_limit": form_int(form.get("agent_rate_limit")),
+        },
+    )
+    web.store.set_loop_limits(room_id, body.agent_hop_limit, body.agent_rate_limit)
+    return see(back_to(form, f"/rooms/{room_id}"))
+
+
 # ---------------------------------------------------------------- agents
 
 
