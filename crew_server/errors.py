@@ -51,6 +51,12 @@ class InvalidEgress(Invalid):
     code = "invalid_egress"
 
 
+class InvalidBudget(Invalid):
+    """An agent's budget `crew_server.budgets` cannot take; the message says why."""
+
+    code = "invalid_budget"
+
+
 class Unauthorized(ApiError):
     status = 401
     code = "unauthorized"

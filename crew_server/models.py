@@ -17,6 +17,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    WithJsonSchema,
     model_validator,
 )
 from pydantic.config import JsonDict
@@ -127,6 +128,30 @@ class Egress(BaseModel):
     )
 
 
+# A budget as the user sends it: read by `crew_server.budgets` in the store, so that every
+# way it can be wrong is a 422 `invalid_budget` with the reason (not a schema error).
+_CAP = {"type": ["number", "null"], "minimum": 0, "maximum": 1e12}
+BudgetInput = Annotated[
+    Any,
+    WithJsonSchema(
+        {
+            "type": ["object", "null"],
+            "additionalProperties": False,
+            "properties": {
+                "daily_usd": {**_CAP, "description": "USD per UTC day"},
+                "monthly_usd": {**_CAP, "description": "USD per UTC calendar month"},
+                "monthly_tokens": {
+                    "type": ["integer", "null"],
+                    "minimum": 0,
+                    "maximum": 1e12,
+                    "description": "tokens per UTC calendar month",
+                },
+            },
+        }
+    ),
+]
+
+
 # ---------------------------------------------------------------- user API requests
 
 
@@ -143,6 +168,12 @@ class AgentCreate(Request):
     computer_id: Uuid | None = None
     turn_time_limit_s: TurnTimeLimit | None = None
     egress: Egress | None = Field(default=None, description='null: `{"mode": "public"}`')
+    budget: BudgetInput = Field(
+        default=None,
+        description="caps on what the agent spends (any unset or null; all null: no budget). "
+        "Anything else (a negative, non-finite or non-number cap, an unknown field) is "
+        "refused with 422 `invalid_budget` and the reason",
+    )
 
 
 class AgentPatch(Request):
@@ -155,6 +186,11 @@ class AgentPatch(Request):
     turn_time_limit_s: TurnTimeLimit | None = None
     egress: Egress | None = Field(
         default=None, description="the whole policy, replacing the agent's; null: no change"
+    )
+    budget: BudgetInput = Field(
+        default=None,
+        description="the whole budget, replacing the agent's (`{}`: no budget; wakes the agent, "
+        "so raising a reached cap answers its waiting messages at once); null: no change",
     )
 
 
@@ -560,11 +596,26 @@ class UnreadRoom(BaseModel):
     messages: list[Message]
 
 
+class ClaimPause(BaseModel):
+    """Why a claim handed out nothing though messages may wait."""
+
+    reason: Literal["budget"] = Field(description="`budget`: a cap of the agent's is reached")
+    until: str | None = Field(
+        description="when it resumes by itself (the start of the next UTC day or month)"
+    )
+    detail: str
+
+
 class UnreadAnswer(BaseModel):
     rooms: list[UnreadRoom]
     more: bool = Field(
         description="the claim was cut at its bound (200 messages, 256 Ki characters); "
         "the rest comes with the next turn (the ack wakes the agent)"
+    )
+    paused: ClaimPause | None = Field(
+        default=None,
+        description="set when the agent may take no turn now (`rooms` is empty, its messages "
+        "stay unread); the server wakes it when that ends",
     )
 
 
@@ -584,6 +635,7 @@ class Agent(BaseModel):
     computer_id: str | None
     turn_time_limit_s: int | None
     egress: Egress
+    budget: Budget
 
 
 class AgentSaved(Agent):
@@ -594,8 +646,39 @@ class AgentSaved(Agent):
 
 
 class AgentWithStatus(Agent):
-    status: Literal["idle", "replying", "error"]
+    status: Literal["idle", "replying", "error", "budget"] = Field(
+        description="`budget`: a reached cap holds its turns (`budget_state` says until when)"
+    )
     problem: str | None
+    budget_state: BudgetState | None = Field(description="null: the agent has no budget")
+
+
+class Budget(BaseModel):
+    """An agent's caps (null: unset). Periods are UTC: a day from 00:00, a month from the 1st."""
+
+    daily_usd: float | None
+    monthly_usd: float | None
+    monthly_tokens: int | None
+
+
+class BudgetSpent(BaseModel):
+    """What counts against each set cap in its current period (null: the cap is unset)."""
+
+    daily_usd: float | None
+    monthly_usd: float | None
+    monthly_tokens: int | None
+
+
+class BudgetState(BaseModel):
+    held: bool = Field(description="a cap is reached: the agent's new turns wait")
+    until: str | None = Field(description="when it resumes by itself (null: not held)")
+    detail: str | None
+    spent: BudgetSpent
+    resume_once: bool = Field(description="the user resumed it once; the turn is still to come")
+
+
+class BudgetResumed(BaseModel):
+    budget_state: BudgetState | None
 
 
 class ComputerCreated(BaseModel):

@@ -264,8 +264,13 @@ def task_notice(action: str, number: int, actor: str, *, detail: str = "", note:
     return f"{text[:-1]}: {note}" if note else text
 
 
-def agent_status(last_turn_status: str | None) -> str:
-    """idle | replying | error, from the agent's most recent turn."""
+def agent_status(
+    last_turn_status: str | None, budget_state: Mapping[str, object] | None = None
+) -> str:
+    """idle | replying | error, from the agent's most recent turn; budget while a reached
+    cap holds its turns (and none runs)."""
+    if last_turn_status != "running" and budget_state is not None and budget_state["held"]:
+        return "budget"
     if last_turn_status == "running":
         return "replying"
     if last_turn_status == "failed":

@@ -1,9 +1,14 @@
-"""Firing reminders: the scheduler sleeps until the next reminder is due, or until poked."""
+"""Firing reminders: the scheduler sleeps until the next reminder is due, or until poked.
+
+It also ends budget holds (issue 24): an agent held by a reached cap is woken when its
+period ends (the start of the next UTC day or month), so its waiting messages are answered.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from datetime import datetime
 
 import anyio
 
@@ -34,18 +39,33 @@ class ReminderScheduler:
             log.exception("firing due reminders failed; will retry")
             return 0
 
+    def release_due(self) -> int:
+        """Wake the agents whose budget period ended; a failure is logged and retried."""
+        try:
+            return self.store.release_budget_holds()
+        except Exception:
+            log.exception("ending budget holds failed; will retry")
+            return 0
+
+    def next_due(self) -> datetime | None:
+        """The next reminder or budget period end (None: none, or it could not be read)."""
+        try:
+            times = [self.store.next_reminder_at(), self.store.next_budget_release_at()]
+        except Exception:
+            log.exception("reading the next reminder time failed; will retry")
+            return None
+        known = [t for t in times if t is not None]
+        return min(known) if known else None
+
     async def run(self) -> None:
         """Fire due reminders until cancelled (the app's lifespan owns this task)."""
         self._poke = asyncio.Event()
         while True:
             self._poke.clear()
             self.run_due()
+            self.release_due()
             delay = 60.0
-            try:
-                following = self.store.next_reminder_at()
-            except Exception:
-                log.exception("reading the next reminder time failed; will retry")
-                following = None
+            following = self.next_due()
             if following is not None:
                 delay = min(delay, max(0.0, (following - self.clock.now()).total_seconds()))
             with anyio.move_on_after(delay):

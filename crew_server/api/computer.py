@@ -81,10 +81,13 @@ async def claim_unread(ctx: Context, request: Request) -> Response:
     """The agent's unread messages by room, now delivered."""
     caller = ctx.connection(request)
     body = await read_body(request, m.UnreadClaim)
-    rooms, more = ctx.store.claim_unread(
+    rooms, more, paused = ctx.store.claim_turn(
         caller.computer_id, request.path_params["agent_id"], caller.epoch, body.max_messages
     )
-    return json_response({"rooms": rooms, "more": more})
+    answer: dict[str, object] = {"rooms": rooms, "more": more}
+    if paused is not None:
+        answer["paused"] = paused
+    return json_response(answer)
 
 
 async def register_turn(ctx: Context, request: Request) -> Response:
@@ -234,7 +237,9 @@ OPS: list[Op] = [
         "post",
         "/computer/agents/{agent_id}/unread",
         "claimUnread",
-        "Unread messages by room (after the read position); marks them delivered.",
+        "Unread messages by room (after the read position); marks them delivered. An agent "
+        "at 100 % of a budget cap gets none (they stay unread) and `paused` says why and "
+        "until when: no turn now; the server wakes the agent when it may go on.",
         "computer",
         m.UnreadClaim,
         answer=m.UnreadAnswer,

@@ -62,6 +62,7 @@ async def create_agent(ctx: Context, request: Request) -> Response:
         body.computer_id,
         body.turn_time_limit_s,
         body.egress.model_dump() if body.egress else None,
+        body.budget,
     )
     return json_response(created, 201)
 
@@ -84,6 +85,12 @@ async def list_agents(ctx: Context, request: Request) -> Response:
     """Agents with status and problem."""
     ctx.user(request)
     return json_response(ctx.store.list_agents())
+
+
+async def resume_budget(ctx: Context, request: Request) -> Response:
+    """The user lets an agent held by its budget take one more turn (it is woken)."""
+    ctx.user(request)
+    return json_response(ctx.store.resume_budget(request.path_params["agent_id"]))
 
 
 async def positions(ctx: Context, request: Request) -> Response:
@@ -206,6 +213,7 @@ async def dev_clock(ctx: Context, request: Request) -> Response:
     except (ValueError, OverflowError) as exc:
         raise Refused(str(exc)) from exc
     fired = ctx.scheduler.run_due()
+    ctx.scheduler.release_due()
     ctx.scheduler.poke()
     return json_response({"now": iso(now), "fired": fired})
 
@@ -253,7 +261,8 @@ OPS: list[Op] = [
         "A new agent (its Computer gets `agents`). A model its Computer did not report is "
         "refused (422 `unknown_model` with the `nearest` ones); when the Computer has not "
         "reported any yet, the model is accepted and `warnings` says it was not checked. "
-        "An egress policy the server cannot read is refused (422 `invalid_egress`, why).",
+        "An egress policy the server cannot read is refused (422 `invalid_egress`, why), "
+        "so is a budget (422 `invalid_budget`, why).",
         "user",
         m.AgentCreate,
         status=201,
@@ -275,13 +284,25 @@ OPS: list[Op] = [
         "/api/agents/{agent_id}",
         "patchAgent",
         "Change settings (its Computer, old and new, gets `agents`). A new model or Computer "
-        "is checked as in createAgent, a new `egress` too (it replaces the whole policy). null "
-        "leaves a field as it is, except `computer_id` (takes the agent off its Computer) and "
+        "is checked as in createAgent, a new `egress` too (it replaces the whole policy), a new "
+        "`budget` too (it replaces the whole budget and wakes the agent). null leaves a field "
+        "as it is, except `computer_id` (takes the agent off its Computer) and "
         "`turn_time_limit_s` (the Computer's default).",
         "user",
         m.AgentPatch,
         answer=m.AgentSaved,
         handler=patch_agent,
+    ),
+    Op(
+        "post",
+        "/api/agents/{agent_id}/budget/resume",
+        "resumeBudget",
+        "Resume an agent held by its budget once: its next claim with messages hands them out "
+        "though a cap is reached (exactly one more turn; asking again before it ran is still "
+        "one). Wakes the agent. The caps stay; raise one to resume for good.",
+        "user",
+        answer=m.BudgetResumed,
+        handler=resume_budget,
     ),
     Op(
         "get",

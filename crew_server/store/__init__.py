@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from crew_server.clock import Clock
+from crew_server.store.budget_holds import Budgets
 from crew_server.store.db import EVENT_LOG_KEEP, PRUNE_EVERY, EventLog, open_database
 from crew_server.store.identities import USER, Actor, AgentIdentity, Identities, hash_token
 from crew_server.store.loop_guard import LoopGuard
@@ -61,6 +62,7 @@ class Store(
     UserReads,
     AgentWrites,
     LoopGuard,
+    Budgets,
     EventLog,
 ):
     """The server's durable state and the operations on it (see the package docstring)."""

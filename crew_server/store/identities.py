@@ -25,6 +25,7 @@ from crew_server.errors import (
     UnknownModel,
 )
 from crew_server.store.answered import ack_answered_rooms
+from crew_server.store.budgets import budget_state, read_budget, stored_budget
 from crew_server.store.db import StorePart, Transaction, new_id
 from crew_server.store.turn_binding import bound_turn
 
@@ -69,7 +70,9 @@ class AgentIdentity:
     turn_id: str | None = None
 
 
-AGENT_COLS = "id, handle, name, persona, engine, model, computer_id, turn_time_limit_s, egress"
+AGENT_COLS = (
+    "id, handle, name, persona, engine, model, computer_id, turn_time_limit_s, egress, budget"
+)
 
 
 def agent_of(row: sqlite3.Row) -> dict[str, Any]:
@@ -84,6 +87,7 @@ def agent_of(row: sqlite3.Row) -> dict[str, Any]:
         "computer_id": row["computer_id"],
         "turn_time_limit_s": row["turn_time_limit_s"],
         "egress": orjson.loads(row["egress"]),
+        "budget": read_budget(row["budget"]).as_json(),
     }
 
 
@@ -299,13 +303,16 @@ class Identities(StorePart):
         computer_id: str | None,
         turn_time_limit_s: int | None = None,
         egress: dict[str, Any] | None = None,
+        budget: Any = None,
     ) -> dict[str, Any]:
         """A new agent; its Computer (if any) hears `agents`. Handles are unique; a model
         its Computer did not report is refused (`check_model`), so is an egress policy
-        that cannot be read (`stored_egress`; None: the default). The agent comes with
-        `warnings` (e.g. the model could not be checked)."""
+        that cannot be read (`stored_egress`; None: the default) and a budget that cannot
+        (`stored_budget`; None: no budget). The agent comes with `warnings` (e.g. the
+        model could not be checked)."""
         agent_id = new_id()
         policy = stored_egress(egress)
+        caps = stored_budget(budget)
         with self._database.write() as tx:
             check_computer(tx, computer_id)
             if tx.execute("SELECT 1 FROM agents WHERE handle = ?", (handle,)).fetchone():
@@ -313,7 +320,8 @@ class Identities(StorePart):
             warnings = check_model(tx, model, computer_id)
             tx.execute(
                 "INSERT INTO agents (id, handle, name, persona, engine, model, computer_id, "
-                "turn_time_limit_s, egress, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "turn_time_limit_s, egress, budget, created_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     agent_id,
                     handle,
@@ -324,6 +332,7 @@ class Identities(StorePart):
                     computer_id,
                     turn_time_limit_s,
                     policy,
+                    caps,
                     tx.now(),
                 ),
             )
@@ -345,8 +354,9 @@ class Identities(StorePart):
         """Change an agent's settings; its Computer (old and new) hears `agents`.
 
         A new model, or a new Computer, is checked as at creation (`check_model`), a new
-        egress policy too (`stored_egress`: it replaces the whole policy); the agent comes
-        with `warnings`.
+        egress policy too (`stored_egress`: it replaces the whole policy), a new budget too
+        (`stored_budget`: it replaces the whole budget, and wakes the agent: a raised cap
+        answers its waiting messages at once); the agent comes with `warnings`.
         """
         allowed = {
             "name",
@@ -356,10 +366,13 @@ class Identities(StorePart):
             "computer_id",
             "turn_time_limit_s",
             "egress",
+            "budget",
         }
         fields = {k: v for k, v in changes.items() if k in allowed}
         if "egress" in fields:
             fields["egress"] = stored_egress(fields["egress"])
+        if "budget" in fields:
+            fields["budget"] = stored_budget(fields["budget"])
         warnings: list[str] = []
         with self._database.write() as tx:
             row = tx.execute(
@@ -377,25 +390,35 @@ class Identities(StorePart):
             if fields:
                 sets = ", ".join(f"{k} = ?" for k in fields)
                 tx.execute(f"UPDATE agents SET {sets} WHERE id = ?", [*fields.values(), agent_id])
+            if "budget" in fields:
+                # Its claim checks the new caps; held messages are answered at once.
+                tx.execute("UPDATE agents SET budget_held_until = NULL WHERE id = ?", (agent_id,))
+                tx.wake([agent_id])
             new_computer = fields.get("computer_id", old_computer)
             for computer_id in {old_computer, new_computer} - {None}:
                 tx.emit(computer_id, "agents", {"agent_id": agent_id})
         return {**self.get_agent(agent_id), "warnings": warnings}
 
     def list_agents(self) -> list[dict[str, Any]]:
-        """Every agent with its status (derived from its latest turn) and problem."""
+        """Every agent with its status (derived from its latest turn; `budget` while a
+        reached cap holds its turns), problem and budget state."""
         with self._database.read() as tx:
             rows = tx.execute(
-                f"SELECT {AGENT_COLS}, problem, "
+                f"SELECT {AGENT_COLS}, problem, budget_extra_turns, "
                 "(SELECT status FROM turns t WHERE t.agent_id = agents.id "
                 " ORDER BY started_at DESC, rowid DESC LIMIT 1) AS last_status "
                 "FROM agents ORDER BY handle"
             ).fetchall()
+            states = {
+                r["id"]: budget_state(tx, r["id"], r["budget"], r["budget_extra_turns"])
+                for r in rows
+            }
         return [
             {
                 **agent_of(r),
-                "status": rules.agent_status(r["last_status"]),
+                "status": rules.agent_status(r["last_status"], states[r["id"]]),
                 "problem": r["problem"],
+                "budget_state": states[r["id"]],
             }
             for r in rows
         ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from crew_server.errors import NotFound
+from crew_server.store import budget_holds
 from crew_server.store.answered import sweep_running_turns
 from crew_server.store.db import StorePart, Transaction
 from crew_server.store.identities import connection_epoch, own_agent
@@ -98,6 +99,17 @@ class Positions(StorePart):
         epoch: int | None = None,
         max_messages: int | None = None,
     ) -> tuple[list[dict[str, Any]], bool]:
+        """`claim_turn` without why nothing was handed out."""
+        rooms, more, _ = self.claim_turn(computer_id, agent_id, epoch, max_messages)
+        return rooms, more
+
+    def claim_turn(
+        self,
+        computer_id: str,
+        agent_id: str,
+        epoch: int | None = None,
+        max_messages: int | None = None,
+    ) -> tuple[list[dict[str, Any]], bool, dict[str, Any] | None]:
         """Unread messages (after the read position) of every room the agent follows → (rooms, more).
 
         Rooms come in the order of their oldest unread message, messages by seq, within the
@@ -106,6 +118,9 @@ class Positions(StorePart):
         left out. `more` says the claim was cut; the ack of the turn then wakes the agent.
         `max_messages` narrows the bound (the Computer isolates a message that keeps
         failing); `epoch` is the caller's connection (`Superseded` when replaced).
+
+        `paused` (the third) says why an agent at 100 % of a budget cap got nothing
+        (`budget_hold`): its messages stay unread, delivered to no one.
         """
         with self._database.write() as tx:
             own_agent(tx, computer_id, agent_id)
@@ -121,6 +136,9 @@ class Positions(StorePart):
                 "ORDER BY m.created_at, p.room_id",
                 (agent_id,),
             ).fetchall()
+            paused = budget_holds.budget_hold(tx, agent_id, [r["room_id"] for r in rooms])
+            if paused is not None:
+                return [], False, paused
             limit = self._claim_max_messages
             if max_messages is not None:
                 limit = max(1, min(limit, max_messages))
@@ -139,7 +157,7 @@ class Positions(StorePart):
                 if entry is not None:
                     answer.append(entry)
             tx.execute("UPDATE agents SET claim_more = ? WHERE id = ?", (int(more), agent_id))
-            return answer, more
+            return answer, more, None
 
     def positions(self, agent_id: str) -> list[dict[str, Any]]:
         """An agent's delivered and read positions per room."""
