@@ -98,9 +98,8 @@ def release_to(tx: Transaction, room_id: str, seq: int, agent_ids: Sequence[str]
     if _limits_room(tx, room_id)["agents_paused_seq"] is None:
         return
     tx.executemany(
-        "INSERT INTO positions (agent_id, room_id, loop_release_seq) VALUES (?, ?, ?) "
-        "ON CONFLICT (agent_id, room_id) DO UPDATE SET loop_release_seq = excluded.loop_release_seq",
-        [(a, room_id, seq) for a in agent_ids],
+        "UPDATE positions SET loop_release_seq = ? WHERE agent_id = ? AND room_id = ?",
+        [(seq, a, room_id) for a in agent_ids],
     )
 
 

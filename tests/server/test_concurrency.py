@@ -43,6 +43,8 @@ def test_two_stores_on_one_database_write_one_group_at_once(
         alice = first.create_agent("alice", "Alice", "", "m/x", "opencode", box_a)
         bob = first.create_agent("bob", "Bob", "", "m/x", "opencode", box_b)
         group, _ = first.create_room("group", "launch", [alice["id"], bob["id"]])
+        # Every message here is a writer's: no loop guard notice among them.
+        first.set_loop_limits(group["id"], 100, 600)
         first.connect(box_a, "h", "linux", "1", 2)
         second.connect(box_b, "h", "linux", "1", 2)
 
@@ -101,6 +103,10 @@ def test_two_computers_and_the_user_post_into_one_group_over_http(tmp_path: Path
             for h, b in (("alice", boxes[0]), ("bob", boxes[1]))
         ]
         group = server.create_room("group", [a["id"] for a in agents], title="launch")
+        # Every message here is a writer's: no loop guard notice among them.
+        limits = {"agent_hop_limit": 100, "agent_rate_limit": 600}
+        with httpx.Client(base_url=server.url, headers=server.user_headers) as client:
+            client.patch(f"/api/rooms/{group['id']}", json=limits).raise_for_status()
         tokens = []
         with httpx.Client(base_url=server.url) as client:
             for box, agent in zip(boxes, agents, strict=True):
