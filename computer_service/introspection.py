@@ -151,6 +151,11 @@ class AgentRow(BaseModel):
         description="its egress policy in one line: `public`, `open`, `none` or "
         "`allow github.com:443, …` (`crew_common.egress`)",
     )
+    held: str | None = Field(
+        default=None,
+        description="why the server hands out no turn (`budget until <RFC 3339>: …`, issue "
+        "24); it wakes the agent when that ends",
+    )
 
 
 class TurnSummary(BaseModel):

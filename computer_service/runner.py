@@ -38,6 +38,7 @@ from computer_service.reporter import RunReporter
 from computer_service.turn_identity import TurnIdentityFile
 from computer_service.upstream import (
     AgentRecord,
+    ClaimedRooms,
     RegisteredTurn,
     StaleTurn,
     Superseded,
@@ -174,6 +175,9 @@ class Runner:
         self.superseded = False
         # Why this agent cannot run any more (the workspace could not be repaired).
         self.problem: str | None = None
+        # Why the server handed out no turn at the last claim, and until when (its budget);
+        # the server wakes the agent when that ends: no retry of ours.
+        self.held: str | None = None
         self._on_superseded = on_superseded
         self._retries = Retries(base_s=retry_base_s)
         self._retry_window_s = retry_window_s
@@ -294,6 +298,18 @@ class Runner:
             self.retry_at = at.isoformat(timespec="seconds")
         self._changed()
 
+    def _note_hold(self, rooms: list[UnreadRoom]) -> None:
+        """Keep (and log when it starts or changes) why the server holds the agent's turns."""
+        paused = rooms.paused if isinstance(rooms, ClaimedRooms) else None
+        held = paused.text() if paused is not None else None
+        if held != self.held:
+            if held is not None:
+                log.info("agent %s: no turn now, held by the server: %s", self.agent.handle, held)
+            else:
+                log.info("agent %s: no longer held by the server", self.agent.handle)
+            self.held = held
+            self._changed()
+
     def _unreachable(self, what: str, exc: Exception) -> None:
         """A claim or a registration failed: nothing ran; try again with backoff."""
         delay = self._retries.next_delay()
@@ -330,6 +346,7 @@ class Runner:
                 return
             if rooms is GONE:
                 return
+            self._note_hold(rooms)
             if not rooms:
                 self._retries.forget()
                 return
@@ -689,6 +706,7 @@ class Runner:
             "retry_at": self.retry_at,
             "turn_started_at": self.turn_started_at,
             "egress": self.agent.egress_summary(),
+            "held": self.held,
         }
 
     def recent_turns(self) -> list[dict[str, Any]]:

@@ -169,10 +169,31 @@ class UnreadRoom(BaseModel):
         return min(seqs), max(seqs)
 
 
+class ClaimPause(_Answer):
+    """Why a claim handed out no turn (issue 24: `budget`, a cap of the agent's is reached)
+    and when it ends by itself (None: not by itself); the server wakes the agent then."""
+
+    reason: str
+    until: str | None = None
+    detail: str = ""
+
+    def text(self) -> str:
+        """The hold in one line, as the agent's status shows it."""
+        until = f" until {self.until}" if self.until else ""
+        return f"{self.reason}{until}: {self.detail}" if self.detail else f"{self.reason}{until}"
+
+
 class UnreadAnswer(_Answer):
     """`POST …/unread`."""
 
     rooms: list[UnreadRoom]
+    paused: ClaimPause | None = None
+
+
+class ClaimedRooms(list[UnreadRoom]):
+    """The rooms of an unread claim; `paused` says why an empty one is no turn now."""
+
+    paused: ClaimPause | None = None
 
 
 class RegisteredTurn(_Answer):
@@ -279,17 +300,18 @@ class Upstream:
 
     # One turn.
 
-    async def claim_unread(
-        self, agent_id: str, max_messages: int | None = None
-    ) -> list[UnreadRoom]:
+    async def claim_unread(self, agent_id: str, max_messages: int | None = None) -> ClaimedRooms:
         """`POST …/unread`: the unread messages by room; the server marks them delivered.
 
-        `max_messages` narrows the claim to that many of the oldest messages.
+        `max_messages` narrows the claim to that many of the oldest messages. An agent the
+        server holds (its budget) gets none, and `paused` says why.
         """
         body = {"max_messages": max_messages} if max_messages is not None else None
         path = f"/computer/agents/{agent_id}/unread"
         answer = await self._call("POST", path, body, UnreadAnswer)
-        return [room for room in answer.rooms if room.messages]
+        rooms = ClaimedRooms(room for room in answer.rooms if room.messages)
+        rooms.paused = answer.paused
+        return rooms
 
     async def register_turn(
         self,

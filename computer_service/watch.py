@@ -160,6 +160,8 @@ def _agent_cells(agent: dict[str, Any], now: datetime) -> tuple[str, ...]:
 def _agent_note(agent: dict[str, Any]) -> str:
     if agent.get("problem"):
         return f"@{agent['handle']}: {agent['problem']}"
+    if agent.get("held"):
+        return f"@{agent['handle']} waits, held by its {agent['held']}"
     if agent.get("last_result") == "failed" and agent.get("last_reason"):
         retry = f" (retrying at {agent['retry_at']})" if agent.get("retry_at") else ""
         return f"@{agent['handle']} last failed: {agent['last_reason']}{retry}"

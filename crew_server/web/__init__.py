@@ -55,6 +55,7 @@ def web_routes(ctx: Context) -> list[BaseRoute]:
         post("/agents", actions.create_agent, "/agents"),
         get("/agents/{agent_id}", views.agent),
         post("/agents/{agent_id}", actions.edit_agent, "/agents"),
+        post("/agents/{agent_id}/budget/resume", actions.resume_budget, "/agents"),
         get("/turns/{turn_id}", views.turn),
         get("/tasks", views.tasks),
         post("/tasks", actions.create_task, "/tasks"),

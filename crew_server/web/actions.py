@@ -181,9 +181,36 @@ async def loop_guard(web: Web, request: Request, session: Session, form: Form) -
 # ---------------------------------------------------------------- agents
 
 
+BUDGET_FIELDS = {
+    "daily_usd": "budget_daily_usd",
+    "monthly_usd": "budget_monthly_usd",
+    "monthly_tokens": "budget_monthly_tokens",
+}
+
+
+def budget_number(text: str | None) -> Any:
+    """A budget box: blank is no cap, a number is the cap; anything else is passed on as
+    typed, for the store to refuse with its reason."""
+    if text is None:
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            continue
+    return text
+
+
+def budget_fields(form: Form) -> dict[str, Any]:
+    """The budget boxes as the API's `budget` (absent when the form has none of them)."""
+    if not any(form.all(name) for name in BUDGET_FIELDS.values()):
+        return {}
+    return {"budget": {cap: budget_number(form.optional(f)) for cap, f in BUDGET_FIELDS.items()}}
+
+
 def agent_fields(form: Form) -> dict[str, Any]:
     """The agent form's fields as the API's request body (a blank Computer is none; the
-    egress rules are the non-blank lines of their text box)."""
+    egress rules are the non-blank lines of their text box; a blank budget box no cap)."""
     rules = [line.strip() for line in form.get("egress_allow").splitlines() if line.strip()]
     return {
         "name": form.get("name"),
@@ -191,6 +218,7 @@ def agent_fields(form: Form) -> dict[str, Any]:
         "model": form.get("model").strip(),
         "computer_id": form.optional("computer_id"),
         "egress": {"mode": form.get("egress_mode", "public"), "allow": rules},
+        **budget_fields(form),
     }
 
 
@@ -205,6 +233,7 @@ async def create_agent(web: Web, request: Request, session: Session, form: Form)
         body.engine,
         body.computer_id,
         egress=body.egress.model_dump() if body.egress else None,
+        budget=body.budget,
     )
     note_warnings(web, session, created)
     return see(f"/agents/{created['id']}")
@@ -228,6 +257,13 @@ async def edit_agent(web: Web, request: Request, session: Session, form: Form) -
         if v is not None or k == "computer_id"
     }
     note_warnings(web, session, web.store.update_agent(agent_id, changes))
+    return see(f"/agents/{agent_id}")
+
+
+async def resume_budget(web: Web, request: Request, session: Session, form: Form) -> Response:
+    """Resume an agent held by its budget once (as POST /api/agents/{id}/budget/resume)."""
+    agent_id = request.path_params["agent_id"]
+    web.store.resume_budget(agent_id)
     return see(f"/agents/{agent_id}")
 
 

@@ -230,3 +230,12 @@ def test_follow_prints_one_turn_readably_and_only_the_agent_asked_for() -> None:
         "150 in / 30 out tokens, $0.0020",
     ]
     assert lines[2].startswith("10:17:05 ")  # an engine event prints its own time
+
+
+def test_status_says_an_agent_held_by_its_budget_waits_and_until_when() -> None:
+    held = "budget until 2026-03-02T00:00:00.000000+00:00: budget reached (daily budget $5.10 of $5.00)"
+    text = render_status(health(), [agent("ada", held=held)], NOW)
+    assert (
+        "@ada waits, held by its budget until 2026-03-02T00:00:00.000000+00:00: budget reached "
+        "(daily budget $5.10 of $5.00)\n" in text
+    )
