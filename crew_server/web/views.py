@@ -44,10 +44,16 @@ def room_title(room: dict[str, Any]) -> str:
 
 
 def rooms_nav(web: Web) -> list[dict[str, Any]]:
-    """The rooms for the side list: id, title, kind, unread count."""
+    """The rooms for the side list: id, title, kind, unread count, agents paused there."""
     unread = web.store.unread_by_user()
     return [
-        {"id": r["id"], "title": room_title(r), "kind": r["kind"], "unread": unread.get(r["id"], 0)}
+        {
+            "id": r["id"],
+            "title": room_title(r),
+            "kind": r["kind"],
+            "unread": unread.get(r["id"], 0),
+            "paused": r["agents_paused"] is not None,
+        }
         for r in web.store.list_rooms()
     ]
 

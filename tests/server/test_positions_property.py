@@ -49,6 +49,8 @@ class Positions(RuleBasedStateMachine):
         self.group = self.store.create_room("group", "g", [a["id"] for a in self.agents.values()])[
             0
         ]["id"]
+        # The model here knows no loop guard: lift it (tests/server/test_loop_guard.py).
+        self.store.set_loop_limits(self.group, 100, 600)
         self.roots: list[str] = []
         self.threads: list[str] = []
         self.counter = 0

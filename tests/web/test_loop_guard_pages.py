@@ -56,11 +56,14 @@ async def test_the_room_page_shows_the_pause_and_the_form_changes_the_limits(
         "2026-10-05 09:00:00</time>: the hop limit was reached." in page
     )
     assert "Agents paused here until someone writes (2 agent messages in a row" in page
+    rooms = (await site.browser.get("/rooms")).text
+    assert 'title="Agents paused here until someone writes">paused</span>' in rooms
 
     # Someone writes: the pause is gone from the page.
     await site.browser.post(f"/rooms/{room_id}/messages", data={"csrf": csrf, "body": "ok"})
     page = (await site.browser.get(f"/rooms/{room_id}")).text
     assert 'id="agents-paused"' not in page and "0 agent messages in a row" in page
+    assert ">paused</span>" not in (await site.browser.get("/rooms")).text
 
 
 @pytest.mark.parametrize(
