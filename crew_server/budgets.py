@@ -234,7 +234,10 @@ def amount(state: CapState, value: float) -> str:
     """A cap's amount as a person reads it: `$5.00`, `1,000,000 tokens`."""
     if state.cap == "monthly_tokens":
         return f"{int(value):,} tokens"
-    return f"${value:,.2f}"
+    value = round(value, 6)  # sums of turns' costs carry float noise
+    if value == round(value, 2):
+        return f"${value:,.2f}"
+    return f"${value:,.6f}".rstrip("0")  # a small cap, or a spend in fractions of a cent
 
 
 def resume_text(moment: datetime) -> str:
