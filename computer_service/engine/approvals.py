@@ -202,24 +202,32 @@ class AskFlow:
         self.retry_pause_s = retry_pause_s
         self._now = now
         self._pending: set[str] = set()
+        self._rejecting: set[str] = set()
         self._changed = anyio.Event()
 
     async def decide(self, asked: Asked) -> Decision:
-        """Ask the person (or refuse, failing closed); reports the turn events."""
+        """Ask the person (or refuse, failing closed); reports the turn events. The ask stays
+        open until `replied` (OpenCode got the answer)."""
         self._pending.add(asked.request_id)
-        try:
-            decision = await self._decide(asked)
-        finally:
-            self._pending.discard(asked.request_id)
-            self._changed.set()
-            self._changed = anyio.Event()
-        return decision
+        return await self._decide(asked)
+
+    def replied(self, request_id: str) -> None:
+        """OpenCode has the answer to `request_id` (or closed it itself)."""
+        self._pending.discard(request_id)
+        self._rejecting.discard(request_id)
+        self._kick()
 
     async def before_reject(self, request_id: str) -> None:
-        """Wait until no other ask of the turn waits for its person: OpenCode rejects every
-        other pending ask of the session with a `reject` (without the person's answer)."""
-        while self._pending - {request_id}:
+        """Wait until every other open ask that is to be allowed got its answer: OpenCode
+        rejects every other pending ask of the session together with a `reject`."""
+        self._rejecting.add(request_id)
+        self._kick()
+        while self._pending - self._rejecting:
             await self._changed.wait()
+
+    def _kick(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
 
     async def _decide(self, asked: Asked) -> Decision:
         if self.desk is None:

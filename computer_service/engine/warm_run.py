@@ -49,7 +49,14 @@ import httpx
 import orjson
 
 from computer_service import safe_fs
-from computer_service.engine.approvals import AskFlow, Decision, PersonClock, asked_of, refusal
+from computer_service.engine.approvals import (
+    Asked,
+    AskFlow,
+    Decision,
+    PersonClock,
+    asked_of,
+    refusal,
+)
 from computer_service.engine.attempt import RETRY_PATIENCE_S, TURN_TITLE, Attempt
 from computer_service.engine.base import EventSink, Failure, FailureClass, StopSignal
 from computer_service.engine.egress_events import denied_event
@@ -315,12 +322,18 @@ class WarmRun(Way):
             asked = asked_of(event, session_id)
             if asked is None:
                 return
+            try:
+                await answer_ask(asked)
+            finally:
+                asks.replied(asked.request_id)
+
+        async def answer_ask(asked: Asked) -> None:
             if a.ending is not None:
                 decision: Decision = refusal("the turn is ending")
             else:
                 decision = await asks.decide(asked)
             if decision.reply == "reject":
-                # Not while another ask waits for its person: OpenCode would reject it too.
+                # Not before the others to be allowed got theirs: OpenCode rejects them too.
                 await asks.before_reject(asked.request_id)
             if asked.request_id in answered:
                 return

@@ -184,7 +184,6 @@ async def test_parallel_asks_each_get_a_card_and_waiting_does_not_count(
             )
         assert both.result.status == "succeeded", both.result
         assert sorted(a.summary for a in desk.asked) == ["touch a.txt", "touch b.txt"]
-        print([(e.type, e.data) for e in both.events])
         assert (work / "a.txt").exists() and not (work / "b.txt").exists()
         answered = [d for k, d in approval_events(both.events) if k == "approval_answered"]
         assert sorted(d["state"] for d in answered) == ["allowed", "denied"]
