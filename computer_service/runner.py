@@ -42,6 +42,7 @@ from computer_service.upstream import (
     RegisteredTurn,
     StaleTurn,
     Superseded,
+    TurnApprovals,
     TurnRoom,
     UnreadRoom,
     Upstream,
@@ -409,6 +410,8 @@ class Runner:
             render_input=render_input,
             wall_clock_limit_s=self.wall_clock_limit_s,
             egress=agent.egress,
+            permission=agent.permission,
+            approvals=TurnApprovals(self._upstream, turn.turn_id),
         )
         outcome = await self._run_engine(turn, request, stop, {r.room.id for r in rooms})
         if self._turn_identity is not None:

@@ -20,6 +20,7 @@ from httpx_sse import EventSource, aconnect_sse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from crew_common.egress import EgressError, EgressPolicy
+from crew_common.permissions import PermissionPolicy, PolicyError
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,23 @@ class AgentRecord(_Answer):
     # Why the server's policy could not be read: the agent's problem, so it never runs
     # with a policy the user did not set (`egress` is then `none`, and unused).
     egress_problem: str | None = None
+    # Which tool calls run, ask the person or are refused (issue 24, `crew_common.permissions`);
+    # a server without the field means the default (`autonomous`). Not a setting that
+    # replaces the runner: a person's "Always" changes it during the very turn that asked.
+    permission: PermissionPolicy = Field(default_factory=PermissionPolicy)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_permission(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or isinstance(data.get("permission"), PermissionPolicy):
+            return data
+        try:
+            return {**data, "permission": PermissionPolicy.parse(data.get("permission"))}
+        except PolicyError as exc:
+            # Fail closed: a policy the Computer cannot read runs as read-only, every ask
+            # refused (the server checks policies, so only a newer server's can get here).
+            log.warning("agent %s: its permission policy cannot be used: %s", data.get("id"), exc)
+            return {**data, "permission": PermissionPolicy(preset="read-only")}
 
     @model_validator(mode="before")
     @classmethod
@@ -132,6 +150,39 @@ class AgentRecord(_Answer):
     def egress_summary(self) -> str:
         """The policy in one line for `/agents` (`EgressPolicy.summary`)."""
         return "unusable (see problem)" if self.egress_problem else self.egress.summary()
+
+
+class Approval(_Answer):
+    """An approval card (docs/contracts.md "Approvals"): what was asked and its state."""
+
+    id: str = Field(min_length=1, max_length=200)
+    turn_id: str = ""
+    state: Literal["pending", "allowed", "denied", "expired"]
+    decision: Literal["once", "always", "deny"] | None = None
+    reason: str | None = Field(default=None, max_length=4000)
+    expires_at: str
+
+
+class TurnApprovals:
+    """One turn's approval desk (`engine.approvals.ApprovalDesk`) on the crew server."""
+
+    def __init__(self, upstream: Upstream, turn_id: str) -> None:
+        self.upstream = upstream
+        self.turn_id = turn_id
+
+    async def create(self, asked: Any) -> Approval:
+        body = {
+            "request_id": asked.request_id,
+            "tool": asked.tool,
+            "patterns": asked.patterns,
+            "always": asked.always,
+            "summary": asked.summary,
+        }
+        path = f"/computer/turns/{self.turn_id}/approvals"
+        return await self.upstream._call("POST", path, body, Approval)
+
+    async def wait(self, approval_id: str, wait_s: float) -> Approval:
+        return await self.upstream.approval(approval_id, wait_s)
 
 
 class TokenAnswer(_Answer):
@@ -394,6 +445,15 @@ class Upstream:
             body["only_if_answered"] = True
         await self._call_raw("POST", f"/computer/agents/{agent_id}/ack", body)
 
+    # Approvals (issue 24).
+
+    async def approval(self, approval_id: str, wait_s: float) -> Approval:
+        """`GET /computer/approvals/{id}?wait=S`: answers once decided, or after S seconds."""
+        wait = max(0, min(30, int(wait_s)))
+        path = f"/computer/approvals/{approval_id}?wait={wait}"
+        data = await self._call_raw("GET", path, None, timeout_s=wait + 10.0)
+        return _validate(Approval, data, f"GET /computer/approvals/{approval_id}")
+
     # The event stream.
 
     @asynccontextmanager
@@ -428,12 +488,17 @@ class Upstream:
         data = await self._call_raw(method, path, body)
         return _validate(answer, data, f"{method} {path}")
 
-    async def _call_raw(self, method: str, path: str, body: Any) -> Any:
+    async def _call_raw(
+        self, method: str, path: str, body: Any, *, timeout_s: float | None = None
+    ) -> Any:
         what = f"{method} {path}"
         content = orjson.dumps(body) if body is not None else None
         headers = {"Content-Type": "application/json"} if content is not None else None
+        extra: dict[str, Any] = {} if timeout_s is None else {"timeout": timeout_s}
         try:
-            response = await self._client.request(method, path, content=content, headers=headers)
+            response = await self._client.request(
+                method, path, content=content, headers=headers, **extra
+            )
         except httpx.TransportError as exc:
             raise UpstreamUnavailable(
                 f"{what}: cannot reach the crew server at {self.server_url} ({_describe(exc)}); "

@@ -63,8 +63,10 @@ TOOLS = (
     "webfetch",
     "websearch",
 )
-# Tools OpenCode's config takes one action for, never patterns.
-ACTION_ONLY = ("codesearch", "doom_loop", "todoread", "todowrite", "webfetch", "websearch")
+# Tools OpenCode's config takes one action for, never patterns (its 1.18.33 config schema:
+# `todowrite`, `question`, `webfetch`, `websearch` and `doom_loop` take only an action; every
+# other key, named or not, takes an action or a pattern object).
+ACTION_ONLY = ("doom_loop", "todowrite", "webfetch", "websearch")
 MAX_RULES = 200
 MAX_PATTERN_LENGTH = 300
 DEFAULT_ASK_TIMEOUT_S = 600

@@ -25,6 +25,7 @@ from computer_service.engine.warm_run import WarmRun
 from computer_service.home import AgentHome
 from computer_service.parts import LocalParts
 from computer_service.upstream import AgentRecord
+from crew_common.permissions import PermissionPolicy
 from crew_harness.demo import write_scripted_login
 from crew_harness.scripted_model import ScriptedModel
 
@@ -111,6 +112,8 @@ class EngineRig:
         *,
         stop: StopSignal | None = None,
         wall_clock_limit_s: float = 120.0,
+        permission: PermissionPolicy | None = None,
+        approvals: Any = None,
     ) -> TurnRecord:
         """One turn of `agent_id` with input `text`, as the runner runs it."""
         home = self.homes[agent_id]
@@ -122,6 +125,8 @@ class EngineRig:
             plan=plan,
             render_input=lambda new: text,
             wall_clock_limit_s=wall_clock_limit_s,
+            permission=permission or PermissionPolicy(),
+            approvals=approvals,
         )
         record = TurnRecord(TurnResult("failed"))
 

@@ -15,6 +15,7 @@ from enum import StrEnum
 from typing import Any, Literal, Protocol
 
 from crew_common.egress import EgressPolicy
+from crew_common.permissions import PermissionPolicy
 
 
 class FailureClass(StrEnum):
@@ -130,6 +131,11 @@ class TurnRequest:
     max_steps: int = 200
     # Where its sandbox may connect (the agent's, crew_common.egress); `public` by default.
     egress: EgressPolicy = field(default_factory=EgressPolicy)
+    # Which tool calls run, ask or are refused (the agent's, crew_common.permissions), and
+    # where an ask goes (`engine.approvals.ApprovalDesk`, the turn's; None: nobody can be
+    # asked, so every ask is refused).
+    permission: PermissionPolicy = field(default_factory=PermissionPolicy)
+    approvals: Any = None
 
 
 @dataclass

@@ -47,13 +47,25 @@ def _config(providers: dict[str, Any] | None, **settings: Any) -> str:
     return orjson.dumps(config).decode()
 
 
-def opencode_config(agents_md: Path, model: str, providers: dict[str, Any] | None) -> str:
-    """`OPENCODE_CONFIG_CONTENT`: instructions, all permissions, this turn's model, providers."""
+def opencode_config(
+    agents_md: Path,
+    model: str,
+    providers: dict[str, Any] | None,
+    permission: dict[str, Any] | None = None,
+) -> str:
+    """`OPENCODE_CONFIG_CONTENT`: instructions, the agent's permissions, this turn's model,
+    providers.
+
+    `permission` is the agent's policy (`PermissionPolicy.to_opencode`); None: everything
+    allowed (the sandbox is the boundary). A refused call never ends the turn: OpenCode
+    ends its loop at a plain `reject` unless `continue_loop_on_deny` (its 1.18.33 source),
+    and the agent is to go on with the refusal.
+    """
     return _config(
         providers,
         instructions=[str(agents_md)],
-        # The sandbox is the boundary; inside it the agent may do anything.
-        permission={"*": "allow"},
+        permission=permission if permission is not None else {"*": "allow"},
+        experimental={"continue_loop_on_deny": True},
         model=model,
         small_model=model,
     )

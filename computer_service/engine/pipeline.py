@@ -47,6 +47,7 @@ from computer_service.engine.base import (
     TurnResult,
 )
 from computer_service.engine.failures import ReplyAttempts
+from computer_service.engine.permission_events import denial_of
 from computer_service.engine.preparation import Preparation, PreparedTurn
 from computer_service.engine.session import ENGINE_NAME, Sessions
 from computer_service.gateway.gateway import Gateway
@@ -138,6 +139,9 @@ class OpenCodeEngine:
             async def seen(event: EngineEvent) -> None:
                 replies.see(event)
                 await on_event(event)
+                # A call the agent's policy refused: a turn event of its own (issue 24).
+                if (denied := denial_of(event, request.permission)) is not None:
+                    await on_event(denied)
 
             gateway = self.gateway
             before = gateway.snapshot(request.agent_id) if gateway is not None else None

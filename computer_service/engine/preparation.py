@@ -77,6 +77,16 @@ class PreparedTurn:
     stdout_limit: int
     secrets: list[str]
     egress: EgressPolicy = field(default_factory=EgressPolicy)  # the request's, to the launcher
+    # `OPENCODE_CONFIG_CONTENT` with the policy's asks kept, for an engine that can put them
+    # to a person (the warm server); `env` has them as `deny` (a cold `opencode run --auto`
+    # would answer every ask `once`). None: the policy never asks, `env` is the same.
+    asking_config: str | None = None
+
+    def asking_env(self) -> dict[str, str]:
+        """The environment of an engine that asks the person (`asking_config`)."""
+        if self.asking_config is None:
+            return self.env
+        return {**self.env, "OPENCODE_CONFIG_CONTENT": self.asking_config}
 
 
 class Preparation:
@@ -176,17 +186,27 @@ class Preparation:
         await anyio.to_thread.run_sync(copy_price_table, paths, self.user.price_table)
         if stop.is_set():
             return stopped_result(None, Usage())
+        engine_providers = engine_provider(section, provider, access)
+        policy = request.permission
         env = engine_env(
             paths,
             bin_dir=self.bin_dir,
             server_url=self.server_url,
             auth_content=engine_auth(entry, provider, access.placeholder),
             config_content=opencode_config(
-                paths.agents_md, request.model, engine_provider(section, provider, access)
+                paths.agents_md,
+                request.model,
+                engine_providers,
+                policy.to_opencode(can_ask=False),
             ),
             base_path=self.base_path,
             lang=self.lang,
         )
+        asking_config = None
+        if policy.asks():
+            asking_config = opencode_config(
+                paths.agents_md, request.model, engine_providers, policy.to_opencode(can_ask=True)
+            )
         return PreparedTurn(
             request=request,
             paths=paths,
@@ -197,6 +217,7 @@ class Preparation:
             stdout_limit=self.stdout_limit,
             secrets=secrets,
             egress=request.egress,
+            asking_config=asking_config,
         )
 
     def _login(self, provider: str, entry: Any, section: Any) -> Login:

@@ -15,8 +15,8 @@ records upstream are the same for both engines:
 | `session.error` | with an `error` | `error` |
 
 (`reasoning` lines need `run --thinking`, which cold turns do not pass.)
-`TurnEnd` decides when the turn is over, `permission_request` which asks to
-answer (as `run --auto` does). Everything read from the server is untrusted:
+`TurnEnd` decides when the turn is over (a `permission.asked` is the
+approvals' business: `approvals.asked_of`). Everything read from the server is untrusted:
 anything of an unexpected shape is ignored, never an exception.
 """
 
@@ -96,16 +96,6 @@ def retry_status(event: Any, session_id: str) -> tuple[float, str] | None:
         return None
     message = status.get("message")
     return float(at), message[:300] if isinstance(message, str) else ""
-
-
-def permission_request(event: Any, session_id: str) -> str | None:
-    """The id of a permission the session asks for (answered `once`, like `run --auto`)."""
-    event = _dict(event)
-    props = _dict(event.get("properties"))
-    if event.get("type") != "permission.asked" or props.get("sessionID") != session_id:
-        return None
-    request_id = props.get("id")
-    return request_id if isinstance(request_id, str) and request_id.startswith("per_") else None
 
 
 class TurnEnd:

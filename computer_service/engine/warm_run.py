@@ -16,7 +16,9 @@ records upstream and the failure classes are the cold way's
 2. open the instance's event stream; create a session (title and permissions
    as `run` sets them) unless the saved one is continued;
 3. `prompt_async` with our own message id; events → lines → `EngineEvent`s;
-   `permission.asked` is answered `once` (as `run --auto`);
+   a `permission.asked` (an `ask` rule of the agent's policy) is put to the
+   person as an approval card (`approvals.AskFlow`) and answered `once`,
+   `always` or `reject` with the reason; the wall clock stands still meanwhile;
 4. over by `TurnEnd`'s rule (never at the first idle of an error turn);
 5. stop, wall-clock limit, step guard, output limit: abort the session,
    wait for its end; a server that does not end it is killed;
@@ -47,6 +49,14 @@ import httpx
 import orjson
 
 from computer_service import safe_fs
+from computer_service.engine.approvals import (
+    Asked,
+    AskFlow,
+    Decision,
+    PersonClock,
+    asked_of,
+    refusal,
+)
 from computer_service.engine.attempt import RETRY_PATIENCE_S, TURN_TITLE, Attempt
 from computer_service.engine.base import EventSink, Failure, FailureClass, StopSignal
 from computer_service.engine.egress_events import denied_event
@@ -59,7 +69,6 @@ from computer_service.engine.warm_events import (
     MessageIds,
     SseFrames,
     TurnEnd,
-    permission_request,
     retry_status,
     run_line,
     session_of,
@@ -139,7 +148,7 @@ class WarmRun(Way):
         began = time.monotonic()
         server = await self.pool.acquire(
             request.agent_id,
-            turn.env,
+            turn.asking_env(),
             lambda password: _server_request(turn, password),
             # new forwarded ports, directories made anew or another egress policy: a new
             # server (its sandbox's firewall is set once, at its start)
@@ -299,20 +308,44 @@ class WarmRun(Way):
             await stop.wait()
             await end_turn("stopped")
 
+        # The time a person takes to answer an ask does not count (approvals.PersonClock).
+        clock = PersonClock()
+        asks = AskFlow(request.approvals, on_event, clock)
+        answered: set[str] = set()  # asks OpenCode closed itself (a reject closes them all)
+
         async def watch_clock() -> None:
-            await anyio.sleep(request.wall_clock_limit_s)
+            await clock.sleep_until_used(request.wall_clock_limit_s)
             a.time_limit_s = request.wall_clock_limit_s
             await end_turn("timeout")
 
-        async def answer_permission(request_id: str) -> None:
+        async def answer_permission(event: dict[str, Any]) -> None:
+            asked = asked_of(event, session_id)
+            if asked is None:
+                return
+            try:
+                await answer_ask(asked)
+            finally:
+                asks.replied(asked.request_id)
+
+        async def answer_ask(asked: Asked) -> None:
+            if a.ending is not None:
+                decision: Decision = refusal("the turn is ending")
+            else:
+                decision = await asks.decide(asked)
+            if decision.reply == "reject":
+                # Not before the others to be allowed got theirs: OpenCode rejects them too.
+                await asks.before_reject(asked.request_id)
+            if asked.request_id in answered:
+                return
             try:
                 status, _ = await _post(
-                    client, f"/permission/{request_id}/reply", {"reply": "once"}
+                    client, f"/permission/{asked.request_id}/reply", decision.body()
                 )
-                why = None if status in (200, 204) else f"HTTP {status}"
+                # 404: OpenCode closed the ask itself meanwhile (an abort, another's reject).
+                why = None if status in (200, 204, 404) else f"HTTP {status}"
             except (httpx.HTTPError, NotTheServer, ServerBroken) as exc:
                 why = type(exc).__name__
-            if why is None:
+            if why is None or asked.request_id in answered or a.ending is not None:
                 return
             # The tool would wait for the answer until the wall clock: end the turn now.
             log.warning("agent %s: answering a permission failed: %s", request.agent_id, why)
@@ -386,8 +419,10 @@ class WarmRun(Way):
                         break
                     if session_of(event) == session_id:
                         progressed.set()
-                    if (asked := permission_request(event, session_id)) is not None:
-                        tg.start_soon(answer_permission, asked)
+                    if isinstance(event, dict) and event.get("type") == "permission.asked":
+                        tg.start_soon(answer_permission, event)
+                    if (replied := _replied(event, session_id)) is not None:
+                        answered.add(replied)
                     if (retry := retry_status(event, session_id)) is not None:
                         rate_limited(*retry)
                     line = run_line(event, session_id, int(time.time() * 1000))
@@ -546,7 +581,7 @@ def _server_request(turn: PreparedTurn, password: str) -> ServerRequest:
         runtime_dir=str(paths.runtime_dir),
         bin_dir=str(turn.bin_dir),
         interpreter_dirs=turn.interpreter_dirs,
-        env={**turn.env, "OPENCODE_SERVER_PASSWORD": password},
+        env={**turn.asking_env(), "OPENCODE_SERVER_PASSWORD": password},
         loopback_ports=turn.ports,
         egress=EgressWire.of(turn.egress),
     )
@@ -565,6 +600,17 @@ def end_at_limit(a: WarmAttempt, hit: str) -> None:
     a.launcher_failure = None
     if a.exit is None or a.exit.reason is None:
         a.exit = ExitFrame(t="exit", code=None, signal=9, stderr_tail=a.error_texts, reason=hit)
+
+
+def _replied(event: Any, session_id: str) -> str | None:
+    """The request a `permission.replied` of the session closed (ours, or OpenCode's own)."""
+    if not isinstance(event, dict) or event.get("type") != "permission.replied":
+        return None
+    props = event.get("properties")
+    if not isinstance(props, dict) or props.get("sessionID") != session_id:
+        return None
+    request_id = props.get("requestID")
+    return request_id if isinstance(request_id, str) else None
 
 
 def _why(exc: BaseException) -> str:

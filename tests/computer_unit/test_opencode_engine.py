@@ -92,6 +92,7 @@ def test_opencode_config_is_derived_and_minimal() -> None:
         "formatter": False,
         "instructions": ["/c/agents/a/AGENTS.md"],
         "permission": {"*": "allow"},
+        "experimental": {"continue_loop_on_deny": True},
         "model": "local/m",
         "small_model": "local/m",
         "provider": providers,

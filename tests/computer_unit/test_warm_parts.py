@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from computer_service.engine.approvals import asked_of
 from computer_service.engine.warm_channel import (
     NotTheServer,
     ServerAddress,
@@ -21,7 +22,6 @@ from computer_service.engine.warm_events import (
     MessageIds,
     SseFrames,
     TurnEnd,
-    permission_request,
     retry_status,
     run_line,
 )
@@ -129,10 +129,11 @@ def test_an_error_turn_ends_at_its_second_idle_not_its_first() -> None:
 
 def test_permission_requests_of_our_session_are_answered() -> None:
     asked = {"type": "permission.asked", "properties": {"sessionID": S, "id": "per_1"}}
-    assert permission_request(asked, S) == "per_1"
-    assert permission_request(asked, "ses_other") is None
+    found = asked_of(asked, S)
+    assert found is not None and found.request_id == "per_1"
+    assert asked_of(asked, "ses_other") is None
     bad = {"type": "permission.asked", "properties": {"sessionID": S, "id": "../x"}}
-    assert permission_request(bad, S) is None
+    assert asked_of(bad, S) is None
 
 
 def test_sse_frames_are_split_across_chunks_and_bounded() -> None:
