@@ -51,6 +51,12 @@ class InvalidEgress(Invalid):
     code = "invalid_egress"
 
 
+class InvalidPermission(Invalid):
+    """An agent's permission policy `crew_common.permissions` cannot read; the message says why."""
+
+    code = "invalid_permission"
+
+
 class Unauthorized(ApiError):
     status = 401
     code = "unauthorized"
@@ -83,6 +89,13 @@ class StaleTurn(ApiError):
 
     status = 409
     code = "stale_turn"
+
+
+class ApprovalClosed(ApiError):
+    """An answer to an approval that is no longer pending (answered, expired, its turn over)."""
+
+    status = 409
+    code = "approval_closed"
 
 
 class NotConnected(ApiError):

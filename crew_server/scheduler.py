@@ -1,4 +1,7 @@
-"""Firing reminders: the scheduler sleeps until the next reminder is due, or until poked."""
+"""Firing reminders: the scheduler sleeps until the next reminder is due, or until poked.
+
+It also expires approvals nobody answered in time (issue 24), waking at the next one's
+`expires_at`, so a card says "Expired" and the Computer's wait ends without a read."""
 
 from __future__ import annotations
 
@@ -28,11 +31,19 @@ class ReminderScheduler:
 
     def run_due(self) -> int:
         """Fire what is due now; a failure is logged and retried on the next round."""
+        self.expire_approvals()
         try:
             return self.store.fire_due_reminders()
         except Exception:
             log.exception("firing due reminders failed; will retry")
             return 0
+
+    def expire_approvals(self) -> None:
+        """Expire the approvals past their time; a failure is logged and retried."""
+        try:
+            self.store.expire_due_approvals()
+        except Exception:
+            log.exception("expiring approvals failed; will retry")
 
     async def run(self) -> None:
         """Fire due reminders until cancelled (the app's lifespan owns this task)."""
@@ -46,7 +57,13 @@ class ReminderScheduler:
             except Exception:
                 log.exception("reading the next reminder time failed; will retry")
                 following = None
-            if following is not None:
-                delay = min(delay, max(0.0, (following - self.clock.now()).total_seconds()))
+            try:
+                expiry = self.store.next_approval_expiry()
+            except Exception:
+                log.exception("reading the next approval expiry failed; will retry")
+                expiry = None
+            for moment in (following, expiry):
+                if moment is not None:
+                    delay = min(delay, max(0.0, (moment - self.clock.now()).total_seconds()))
             with anyio.move_on_after(delay):
                 await self._poke.wait()

@@ -3,7 +3,8 @@
 `Store` is the sum of its parts, one module per aggregate: `identities` (user,
 Computers, agents, tokens), `rooms`, `messages`, `positions` (and the unread
 claim), `turns`, `tasks`, `reminders`, `mutes`, `user_reads` (the web app's unread
-counts), `writes` (idempotency keys of agent writes); `db` holds the connection, the
+counts), `writes` (idempotency keys of agent writes), `approvals` (issue 24: the cards an
+`ask` rule puts to the person); `db` holds the connection, the
 transactions, the migrations and the SSE event log. Each part runs its
 statements through a `db.Transaction`; what parts share (a room's row, posting
 a message, claiming a room) are plain functions of a transaction.
@@ -23,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from crew_server.clock import Clock
+from crew_server.store.approvals import Approvals
 from crew_server.store.db import EVENT_LOG_KEEP, PRUNE_EVERY, EventLog, open_database
 from crew_server.store.identities import USER, Actor, AgentIdentity, Identities, hash_token
 from crew_server.store.messages import Messages
@@ -58,6 +60,7 @@ class Store(
     Mutes,
     UserReads,
     AgentWrites,
+    Approvals,
     EventLog,
 ):
     """The server's durable state and the operations on it (see the package docstring)."""

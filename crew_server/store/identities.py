@@ -13,11 +13,13 @@ from typing import Any
 import orjson
 
 from crew_common.egress import EgressError, EgressPolicy
+from crew_common.permissions import PermissionPolicy, PolicyError
 from crew_server import rules
 from crew_server.errors import (
     Conflict,
     Invalid,
     InvalidEgress,
+    InvalidPermission,
     NotConnected,
     NotFound,
     Superseded,
@@ -25,6 +27,7 @@ from crew_server.errors import (
     UnknownModel,
 )
 from crew_server.store.answered import ack_answered_rooms
+from crew_server.store.approval_state import RECONNECTED, close_turn_approvals
 from crew_server.store.db import StorePart, Transaction, new_id
 from crew_server.store.turn_binding import bound_turn
 
@@ -69,7 +72,9 @@ class AgentIdentity:
     turn_id: str | None = None
 
 
-AGENT_COLS = "id, handle, name, persona, engine, model, computer_id, turn_time_limit_s, egress"
+AGENT_COLS = (
+    "id, handle, name, persona, engine, model, computer_id, turn_time_limit_s, egress, permission"
+)
 
 
 def agent_of(row: sqlite3.Row) -> dict[str, Any]:
@@ -84,6 +89,7 @@ def agent_of(row: sqlite3.Row) -> dict[str, Any]:
         "computer_id": row["computer_id"],
         "turn_time_limit_s": row["turn_time_limit_s"],
         "egress": orjson.loads(row["egress"]),
+        "permission": orjson.loads(row["permission"]),
     }
 
 
@@ -95,6 +101,16 @@ def stored_egress(egress: Any) -> str:
     except EgressError as exc:
         raise InvalidEgress(str(exc)) from exc
     return orjson.dumps(policy.as_json()).decode()
+
+
+def stored_permission(permission: Any) -> str:
+    """A permission policy in the user's form (None: the default) checked and normalised by
+    `crew_common.permissions`, as stored; `InvalidPermission` (422) with its reason."""
+    try:
+        policy = PermissionPolicy.parse(permission)
+    except PolicyError as exc:
+        raise InvalidPermission(str(exc)) from exc
+    return orjson.dumps(policy.as_dict()).decode()
 
 
 def check_computer(tx: Transaction, computer_id: str | None) -> None:
@@ -266,6 +282,8 @@ class Identities(StorePart):
             # read, before the new connection claims anything.
             for turn in lost:
                 ack_answered_rooms(tx, str(turn["agent_id"]), str(turn["id"]))
+            # Nobody can answer for those turns any more (issue 24).
+            close_turn_approvals(tx, [str(turn["id"]) for turn in lost], RECONNECTED)
             interrupted = len(lost)
             tx.execute(
                 "DELETE FROM agent_tokens WHERE computer_id = ? AND epoch < ?", (computer_id, epoch)
@@ -299,13 +317,16 @@ class Identities(StorePart):
         computer_id: str | None,
         turn_time_limit_s: int | None = None,
         egress: dict[str, Any] | None = None,
+        permission: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """A new agent; its Computer (if any) hears `agents`. Handles are unique; a model
         its Computer did not report is refused (`check_model`), so is an egress policy
-        that cannot be read (`stored_egress`; None: the default). The agent comes with
-        `warnings` (e.g. the model could not be checked)."""
+        that cannot be read (`stored_egress`; None: the default), and a permission policy
+        (`stored_permission`). The agent comes with `warnings` (e.g. the model could not
+        be checked)."""
         agent_id = new_id()
         policy = stored_egress(egress)
+        permission_policy = stored_permission(permission)
         with self._database.write() as tx:
             check_computer(tx, computer_id)
             if tx.execute("SELECT 1 FROM agents WHERE handle = ?", (handle,)).fetchone():
@@ -313,7 +334,8 @@ class Identities(StorePart):
             warnings = check_model(tx, model, computer_id)
             tx.execute(
                 "INSERT INTO agents (id, handle, name, persona, engine, model, computer_id, "
-                "turn_time_limit_s, egress, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "turn_time_limit_s, egress, permission, created_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     agent_id,
                     handle,
@@ -324,6 +346,7 @@ class Identities(StorePart):
                     computer_id,
                     turn_time_limit_s,
                     policy,
+                    permission_policy,
                     tx.now(),
                 ),
             )
@@ -345,8 +368,9 @@ class Identities(StorePart):
         """Change an agent's settings; its Computer (old and new) hears `agents`.
 
         A new model, or a new Computer, is checked as at creation (`check_model`), a new
-        egress policy too (`stored_egress`: it replaces the whole policy); the agent comes
-        with `warnings`.
+        egress policy too (`stored_egress`: it replaces the whole policy), a new permission
+        policy as well (`stored_permission`, the whole policy); the agent comes with
+        `warnings`.
         """
         allowed = {
             "name",
@@ -356,10 +380,13 @@ class Identities(StorePart):
             "computer_id",
             "turn_time_limit_s",
             "egress",
+            "permission",
         }
         fields = {k: v for k, v in changes.items() if k in allowed}
         if "egress" in fields:
             fields["egress"] = stored_egress(fields["egress"])
+        if "permission" in fields:
+            fields["permission"] = stored_permission(fields["permission"])
         warnings: list[str] = []
         with self._database.write() as tx:
             row = tx.execute(
