@@ -176,8 +176,10 @@ class PermissionPolicy:
             raise PolicyError(
                 f"unknown field(s) {', '.join(unknown)}; a policy has preset, rules, ask_timeout_s"
             )
-        preset = raw.get("preset") or DEFAULT_PRESET
-        if preset not in PRESETS:
+        preset = raw.get("preset")
+        if preset is None:
+            preset = DEFAULT_PRESET
+        if not isinstance(preset, str) or preset not in PRESETS:
             raise PolicyError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
         timeout = raw.get("ask_timeout_s", DEFAULT_ASK_TIMEOUT_S)
         if timeout is None:
@@ -189,7 +191,9 @@ class PermissionPolicy:
                 f"ask_timeout_s must be between {MIN_ASK_TIMEOUT_S} and {MAX_ASK_TIMEOUT_S} "
                 f"seconds, not {timeout}"
             )
-        rules_raw = raw.get("rules") or []
+        rules_raw = raw.get("rules")
+        if rules_raw is None:
+            rules_raw = []
         if not isinstance(rules_raw, list):
             raise PolicyError("rules is a list of {tool, pattern, action} objects")
         if len(rules_raw) > MAX_RULES:

@@ -57,6 +57,12 @@ class InvalidBudget(Invalid):
     code = "invalid_budget"
 
 
+class InvalidPermission(Invalid):
+    """An agent's permission policy `crew_common.permissions` cannot read; the message says why."""
+
+    code = "invalid_permission"
+
+
 class Unauthorized(ApiError):
     status = 401
     code = "unauthorized"
@@ -89,6 +95,13 @@ class StaleTurn(ApiError):
 
     status = 409
     code = "stale_turn"
+
+
+class ApprovalClosed(ApiError):
+    """An answer to an approval that is no longer pending (answered, expired, its turn over)."""
+
+    status = 409
+    code = "approval_closed"
 
 
 class NotConnected(ApiError):

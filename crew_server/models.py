@@ -21,7 +21,9 @@ from pydantic import (
     model_validator,
 )
 from pydantic.config import JsonDict
+from pydantic.functional_serializers import PlainSerializer
 
+from crew_common import permissions
 from crew_common.egress import DEFAULT_MODE, MAX_RULE_LENGTH, MAX_RULES, MODES
 from crew_common.model_id import MODEL_PATTERN
 from crew_server.rules import HOP_LIMIT_MAX, RATE_LIMIT_MAX, RATE_LIMIT_MIN
@@ -152,6 +154,71 @@ BudgetInput = Annotated[
 ]
 
 
+# ---------------------------------------------------------------- permission policy (issue 24)
+
+
+class PermissionRule(BaseModel):
+    """One rule of an agent's permission policy (`crew_common.permissions`)."""
+
+    model_config = ConfigDict(
+        strict=True, extra="forbid", json_schema_serialization_defaults_required=True
+    )
+
+    tool: str = Field(
+        description="an OpenCode permission name (`bash`, `edit`, `read`, `webfetch`, ...), "
+        "`*` for every tool, or an MCP tool as `server_tool` (`*` allowed: `github_*`)",
+        json_schema_extra={"minLength": 1, "maxLength": 128},
+    )
+    pattern: str = Field(
+        default="*",
+        description="a glob over what the tool is asked to do (for `bash` the command, for "
+        "`edit`/`read` the path, for `webfetch` the URL): `*` anything, `?` one character; a "
+        "regular expression is refused",
+        json_schema_extra={"minLength": 1, "maxLength": permissions.MAX_PATTERN_LENGTH},
+    )
+    action: Literal["allow", "ask", "deny"]
+
+
+class Permission(BaseModel):
+    """An agent's permission policy in the user's form (`crew_common.permissions`, which
+    the store reads it with: a policy it cannot read is refused with 422
+    `invalid_permission` and the reason). Stored and shown normalised: rules grouped by
+    tool in the order they are evaluated (the last rule that matches a call decides)."""
+
+    model_config = ConfigDict(
+        strict=True, extra="forbid", json_schema_serialization_defaults_required=True
+    )
+
+    # null in a request: the default (`crew_common.permissions` reads it so); never in answers
+    preset: str | None = Field(
+        default=permissions.DEFAULT_PRESET,
+        json_schema_extra={"enum": list(permissions.PRESETS)},
+        description="; ".join(
+            f"`{name}`: {meaning}" for name, meaning in permissions.PRESET_MEANINGS.items()
+        ),
+    )
+    rules: list[PermissionRule] | None = Field(
+        default_factory=list,
+        max_length=permissions.MAX_RULES,
+        description="the user's rules, after the preset's (an \"Always\" answer adds one)",
+    )
+    ask_timeout_s: int | None = Field(
+        default=permissions.DEFAULT_ASK_TIMEOUT_S,
+        ge=permissions.MIN_ASK_TIMEOUT_S,
+        le=permissions.MAX_ASK_TIMEOUT_S,
+        description="how long an approval card waits for an answer before the call is refused",
+    )
+
+
+# A policy in a request: read by `crew_common.permissions` (so every mistake is answered
+# 422 `invalid_permission` with its reason), documented as `Permission`.
+PermissionForm = Annotated[
+    dict[str, Any],
+    WithJsonSchema({"$ref": "#/components/schemas/Permission-Input"}),
+    PlainSerializer(lambda v: v),
+]
+
+
 # ---------------------------------------------------------------- user API requests
 
 
@@ -174,6 +241,9 @@ class AgentCreate(Request):
         "Anything else (a negative, non-finite or non-number cap, an unknown field) is "
         "refused with 422 `invalid_budget` and the reason",
     )
+    permission: PermissionForm | None = Field(
+        default=None, description='null: `{"preset": "autonomous"}` (everything runs)'
+    )
 
 
 class AgentPatch(Request):
@@ -191,6 +261,9 @@ class AgentPatch(Request):
         default=None,
         description="the whole budget, replacing the agent's (`{}`: no budget; wakes the agent, "
         "so raising a reached cap answers its waiting messages at once); null: no change",
+    )
+    permission: PermissionForm | None = Field(
+        default=None, description="the whole policy, replacing the agent's; null: no change"
     )
 
 
@@ -296,7 +369,17 @@ class TurnRegister(Request):
 
 
 EventType = Literal[
-    "step_start", "text", "reasoning", "tool_use", "step_finish", "error", "egress_denied", "other"
+    "step_start",
+    "text",
+    "reasoning",
+    "tool_use",
+    "step_finish",
+    "error",
+    "egress_denied",
+    "approval_asked",
+    "approval_answered",
+    "permission_denied",
+    "other",
 ]
 
 
@@ -308,7 +391,10 @@ class TurnEvent(BaseModel):
         description="`egress_denied`: connections the agent's egress policy refused, data "
         '`{"address": str, "port": int, "protocol": "tcp" | "udp", "name": str | null, '
         '"count": int}` (`name`: the host name the address was resolved for, when known; '
-        "`count`: how many refusals of that address and port it sums up)"
+        "`count`: how many refusals of that address and port it sums up). "
+        '`approval_asked`: `{"approval_id", "tool", "patterns", "summary"}`; '
+        '`approval_answered`: `{"approval_id", "state", "decision", "reason", "waited_s"}`; '
+        '`permission_denied`: `{"tool", "summary", "reason"}` (a call the policy refused)'
     )
     at: Time
     data: dict[str, Any] = Field(
@@ -408,6 +494,35 @@ class UnreadClaim(Request):
         description="at most this many messages (oldest first); the Computer uses 1 to "
         "isolate a message whose turns keep failing",
     )
+
+
+# ---------------------------------------------------------------- approvals (issue 24)
+
+ApprovalPattern = Annotated[str, Field(max_length=permissions.MAX_PATTERN_LENGTH * 10)]
+
+
+class ApprovalCreate(Request):
+    """What the engine asks the person (OpenCode's permission request)."""
+
+    request_id: Annotated[str, Field(min_length=1, max_length=200)] = Field(
+        description="the engine's id of the request (OpenCode's `per_…`): the same one for "
+        "the same turn again answers the same approval (200), never a second card"
+    )
+    tool: Annotated[str, Field(min_length=1, max_length=128)]
+    patterns: Annotated[list[ApprovalPattern], Field(max_length=100)] = Field(
+        default_factory=list, description="what the call is asked for (the command, the path)"
+    )
+    always: Annotated[list[ApprovalPattern], Field(max_length=100)] = Field(
+        default_factory=list,
+        description='the patterns an "Always" answer allows from then on (empty: `patterns`)',
+    )
+    summary: Annotated[str, Field(min_length=1, max_length=2000)] = Field(
+        description="what the card says is asked: the bash command, the file path"
+    )
+
+
+class ApprovalDecide(Request):
+    decision: Literal["once", "always", "deny"]
 
 
 # ---------------------------------------------------------------- agent API requests
@@ -542,6 +657,36 @@ class ThreadSummary(BaseModel):
     last_at: str | None
 
 
+ApprovalState = Literal["pending", "allowed", "denied", "expired"]
+
+
+class Approval(BaseModel):
+    """An approval card: what a turn asked, and the person's answer (or why there was none)."""
+
+    id: str
+    turn_id: str
+    agent_id: str
+    room_id: str
+    message_id: str | None = Field(description="the card (a system message in `room_id`)")
+    tool: str
+    patterns: list[str]
+    always: list[str]
+    summary: str
+    state: ApprovalState = Field(
+        description="`allowed` (decision `once` or `always`), `denied`, `expired` (no answer "
+        "by `expires_at`, the turn ended, or its Computer connected again)"
+    )
+    decision: Literal["once", "always", "deny"] | None
+    reason: str | None = Field(
+        description="for the agent when not allowed: `denied by the user`, `no answer within "
+        "600 s`, `the turn ended`"
+    )
+    decided_by: str | None
+    created_at: str
+    expires_at: str
+    decided_at: str | None
+
+
 class Message(BaseModel):
     id: str
     room_id: str
@@ -553,6 +698,9 @@ class Message(BaseModel):
     task: MessageTask | None
     thread: ThreadSummary | None
     created_at: datetime
+    approval: Approval | None = Field(
+        default=None, description="an approval card (a system notice): what it asks, its state"
+    )
 
 
 class Room(BaseModel):
@@ -636,6 +784,7 @@ class Agent(BaseModel):
     turn_time_limit_s: int | None
     egress: Egress
     budget: Budget
+    permission: Permission
 
 
 class AgentSaved(Agent):

@@ -70,6 +70,7 @@ _PATH_PARAMS: dict[str, dict[str, Any]] = {
     "turn_id": UUID,
     "room_id": UUID,
     "reminder_id": UUID,
+    "approval_id": UUID,
     "number": {"type": "integer", "minimum": 1},
 }
 # The repository grants no license yet; the documents say so rather than stay silent.
@@ -89,6 +90,8 @@ def build() -> dict[str, Any]:
         if op.answer is not None:
             wanted.append((op.answer, "serialization"))
     wanted += [(m.ErrorAnswer, "serialization"), (m.HeldAnswer, "serialization")]
+    # A request's policy is read by crew_common.permissions and documented as this model.
+    wanted += [(m.Permission, "validation")]
     refs, defs = models_json_schema(
         list(dict.fromkeys(wanted)), ref_template="#/components/schemas/{model}"
     )

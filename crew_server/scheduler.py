@@ -1,7 +1,9 @@
 """Firing reminders: the scheduler sleeps until the next reminder is due, or until poked.
 
 It also ends budget holds (issue 24): an agent held by a reached cap is woken when its
-period ends (the start of the next UTC day or month), so its waiting messages are answered.
+period ends (the start of the next UTC day or month), so its waiting messages are answered;
+and it expires approvals nobody answered in time, waking at the next one's `expires_at`, so
+a card says "Expired" and the Computer's wait ends without a read.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class ReminderScheduler:
 
     def run_due(self) -> int:
         """Fire what is due now; a failure is logged and retried on the next round."""
+        self.expire_approvals()
         try:
             return self.store.fire_due_reminders()
         except Exception:
@@ -48,14 +51,26 @@ class ReminderScheduler:
             return 0
 
     def next_due(self) -> datetime | None:
-        """The next reminder or budget period end (None: none, or it could not be read)."""
+        """The next reminder, budget period end or approval expiry (None: none, or it could
+        not be read)."""
         try:
-            times = [self.store.next_reminder_at(), self.store.next_budget_release_at()]
+            times = [
+                self.store.next_reminder_at(),
+                self.store.next_budget_release_at(),
+                self.store.next_approval_expiry(),
+            ]
         except Exception:
             log.exception("reading the next reminder time failed; will retry")
             return None
         known = [t for t in times if t is not None]
         return min(known) if known else None
+
+    def expire_approvals(self) -> None:
+        """Expire the approvals past their time; a failure is logged and retried."""
+        try:
+            self.store.expire_due_approvals()
+        except Exception:
+            log.exception("expiring approvals failed; will retry")
 
     async def run(self) -> None:
         """Fire due reminders until cancelled (the app's lifespan owns this task)."""

@@ -13,7 +13,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from crew_server import models as m
-from crew_server.api import agent, computer, user
+from crew_server.api import agent, approvals, computer, user
 from crew_server.api.http import Context, json_response
 from crew_server.api.idempotency import idempotent
 from crew_server.api.operation import Op
@@ -28,8 +28,10 @@ async def health(ctx: Context, request: Request) -> Response:
 OPS: list[Op] = [
     Op("get", "/health", "health", "The server answers.", "none", answer=m.Health, handler=health),
     *computer.OPS,  # the Computer
+    *approvals.COMPUTER_OPS,  # the Computer asks the person (issue 24)
     *agent.OPS,  # agents, through `crew`
     *user.OPS,  # the user (demo, UI, tests)
+    *approvals.USER_OPS,  # the user answers (issue 24)
 ]
 
 

@@ -63,6 +63,7 @@ async def create_agent(ctx: Context, request: Request) -> Response:
         body.turn_time_limit_s,
         body.egress.model_dump() if body.egress else None,
         body.budget,
+        body.permission,
     )
     return json_response(created, 201)
 
@@ -262,7 +263,8 @@ OPS: list[Op] = [
         "refused (422 `unknown_model` with the `nearest` ones); when the Computer has not "
         "reported any yet, the model is accepted and `warnings` says it was not checked. "
         "An egress policy the server cannot read is refused (422 `invalid_egress`, why), "
-        "so is a budget (422 `invalid_budget`, why).",
+        "so is a budget (422 `invalid_budget`, why) and a permission policy (422 "
+        "`invalid_permission`, why).",
         "user",
         m.AgentCreate,
         status=201,
@@ -284,9 +286,9 @@ OPS: list[Op] = [
         "/api/agents/{agent_id}",
         "patchAgent",
         "Change settings (its Computer, old and new, gets `agents`). A new model or Computer "
-        "is checked as in createAgent, a new `egress` too (it replaces the whole policy), a new "
-        "`budget` too (it replaces the whole budget and wakes the agent). null leaves a field "
-        "as it is, except `computer_id` (takes the agent off its Computer) and "
+        "is checked as in createAgent, a new `egress` or `permission` too (each replaces the whole "
+        "policy), a new `budget` too (it replaces the whole budget and wakes the agent). null "
+        "leaves a field as it is, except `computer_id` (takes the agent off its Computer) and "
         "`turn_time_limit_s` (the Computer's default).",
         "user",
         m.AgentPatch,

@@ -4,7 +4,8 @@
 Computers, agents, tokens), `rooms`, `messages`, `positions` (and the unread
 claim), `turns`, `tasks`, `reminders`, `mutes`, `user_reads` (the web app's unread
 counts), `writes` (idempotency keys of agent writes), `loop_guard` (agents paused where they
-answer each other without end); `db` holds the connection, the
+answer each other without end), `budget_holds` (agents held at a budget cap), `approvals`
+(the cards an `ask` rule puts to the person); `db` holds the connection, the
 transactions, the migrations and the SSE event log. Each part runs its
 statements through a `db.Transaction`; what parts share (a room's row, posting
 a message, claiming a room) are plain functions of a transaction.
@@ -24,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from crew_server.clock import Clock
+from crew_server.store.approvals import Approvals
 from crew_server.store.budget_holds import Budgets
 from crew_server.store.db import EVENT_LOG_KEEP, PRUNE_EVERY, EventLog, open_database
 from crew_server.store.identities import USER, Actor, AgentIdentity, Identities, hash_token
@@ -63,6 +65,7 @@ class Store(
     AgentWrites,
     LoopGuard,
     Budgets,
+    Approvals,
     EventLog,
 ):
     """The server's durable state and the operations on it (see the package docstring)."""

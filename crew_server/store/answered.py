@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from crew_server.store.approval_state import close_turn_approvals
 from crew_server.store.db import Transaction
 
 # A turn that ended so but had answered a room: its claim there is read (issue 22). A
@@ -103,6 +104,7 @@ def sweep_running_turns(tx: Transaction, agent_id: str) -> None:
     ).fetchall()
     for turn in lost:
         ack_answered_rooms(tx, agent_id, str(turn["id"]))
+    close_turn_approvals(tx, [str(turn["id"]) for turn in lost])
 
 
 def _claim(tx: Transaction, turn_id: str) -> list[dict[str, Any]]:

@@ -13,11 +13,13 @@ from typing import Any
 import orjson
 
 from crew_common.egress import EgressError, EgressPolicy
+from crew_common.permissions import PermissionPolicy, PolicyError
 from crew_server import rules
 from crew_server.errors import (
     Conflict,
     Invalid,
     InvalidEgress,
+    InvalidPermission,
     NotConnected,
     NotFound,
     Superseded,
@@ -25,6 +27,7 @@ from crew_server.errors import (
     UnknownModel,
 )
 from crew_server.store.answered import ack_answered_rooms
+from crew_server.store.approval_state import RECONNECTED, close_turn_approvals
 from crew_server.store.budgets import budget_state, read_budget, stored_budget
 from crew_server.store.db import StorePart, Transaction, new_id
 from crew_server.store.turn_binding import bound_turn
@@ -71,7 +74,8 @@ class AgentIdentity:
 
 
 AGENT_COLS = (
-    "id, handle, name, persona, engine, model, computer_id, turn_time_limit_s, egress, budget"
+    "id, handle, name, persona, engine, model, computer_id, turn_time_limit_s, egress, budget, "
+    "permission"
 )
 
 
@@ -88,6 +92,7 @@ def agent_of(row: sqlite3.Row) -> dict[str, Any]:
         "turn_time_limit_s": row["turn_time_limit_s"],
         "egress": orjson.loads(row["egress"]),
         "budget": read_budget(row["budget"]).as_json(),
+        "permission": orjson.loads(row["permission"]),
     }
 
 
@@ -99,6 +104,16 @@ def stored_egress(egress: Any) -> str:
     except EgressError as exc:
         raise InvalidEgress(str(exc)) from exc
     return orjson.dumps(policy.as_json()).decode()
+
+
+def stored_permission(permission: Any) -> str:
+    """A permission policy in the user's form (None: the default) checked and normalised by
+    `crew_common.permissions`, as stored; `InvalidPermission` (422) with its reason."""
+    try:
+        policy = PermissionPolicy.parse(permission)
+    except PolicyError as exc:
+        raise InvalidPermission(str(exc)) from exc
+    return orjson.dumps(policy.as_dict()).decode()
 
 
 def check_computer(tx: Transaction, computer_id: str | None) -> None:
@@ -270,6 +285,8 @@ class Identities(StorePart):
             # read, before the new connection claims anything.
             for turn in lost:
                 ack_answered_rooms(tx, str(turn["agent_id"]), str(turn["id"]))
+            # Nobody can answer for those turns any more (issue 24).
+            close_turn_approvals(tx, [str(turn["id"]) for turn in lost], RECONNECTED)
             interrupted = len(lost)
             tx.execute(
                 "DELETE FROM agent_tokens WHERE computer_id = ? AND epoch < ?", (computer_id, epoch)
@@ -304,15 +321,17 @@ class Identities(StorePart):
         turn_time_limit_s: int | None = None,
         egress: dict[str, Any] | None = None,
         budget: Any = None,
+        permission: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """A new agent; its Computer (if any) hears `agents`. Handles are unique; a model
         its Computer did not report is refused (`check_model`), so is an egress policy
-        that cannot be read (`stored_egress`; None: the default) and a budget that cannot
-        (`stored_budget`; None: no budget). The agent comes with `warnings` (e.g. the
-        model could not be checked)."""
+        that cannot be read (`stored_egress`; None: the default), a budget that cannot
+        (`stored_budget`; None: no budget) and a permission policy (`stored_permission`).
+        The agent comes with `warnings` (e.g. the model could not be checked)."""
         agent_id = new_id()
         policy = stored_egress(egress)
         caps = stored_budget(budget)
+        permission_policy = stored_permission(permission)
         with self._database.write() as tx:
             check_computer(tx, computer_id)
             if tx.execute("SELECT 1 FROM agents WHERE handle = ?", (handle,)).fetchone():
@@ -320,7 +339,7 @@ class Identities(StorePart):
             warnings = check_model(tx, model, computer_id)
             tx.execute(
                 "INSERT INTO agents (id, handle, name, persona, engine, model, computer_id, "
-                "turn_time_limit_s, egress, budget, created_at) "
+                "turn_time_limit_s, egress, budget, permission, created_at) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     agent_id,
@@ -333,6 +352,7 @@ class Identities(StorePart):
                     turn_time_limit_s,
                     policy,
                     caps,
+                    permission_policy,
                     tx.now(),
                 ),
             )
@@ -356,7 +376,8 @@ class Identities(StorePart):
         A new model, or a new Computer, is checked as at creation (`check_model`), a new
         egress policy too (`stored_egress`: it replaces the whole policy), a new budget too
         (`stored_budget`: it replaces the whole budget, and wakes the agent: a raised cap
-        answers its waiting messages at once); the agent comes with `warnings`.
+        answers its waiting messages at once), a new permission policy as well
+        (`stored_permission`, the whole policy); the agent comes with `warnings`.
         """
         allowed = {
             "name",
@@ -367,12 +388,15 @@ class Identities(StorePart):
             "turn_time_limit_s",
             "egress",
             "budget",
+            "permission",
         }
         fields = {k: v for k, v in changes.items() if k in allowed}
         if "egress" in fields:
             fields["egress"] = stored_egress(fields["egress"])
         if "budget" in fields:
             fields["budget"] = stored_budget(fields["budget"])
+        if "permission" in fields:
+            fields["permission"] = stored_permission(fields["permission"])
         warnings: list[str] = []
         with self._database.write() as tx:
             row = tx.execute(

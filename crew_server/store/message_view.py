@@ -12,6 +12,8 @@ from typing import Any
 
 import orjson
 
+from crew_server.store.approval_state import FIELDS as APPROVAL_FIELDS
+from crew_server.store.approval_state import approval_of
 from crew_server.store.db import Transaction
 
 USER_AUTHOR: dict[str, Any] = {"kind": "user", "id": "user", "name": "User", "handle": None}
@@ -21,16 +23,19 @@ MESSAGE_SELECT = """
 SELECT m.id, m.room_id, m.seq, m.author_kind, m.author_id, a.name AS author_name,
        a.handle AS author_handle, m.body, m.kind, m.mentions, m.thread_id, m.thread_replies,
        m.thread_last_at, m.created_at, t.number AS task_number, t.title AS task_title,
-       t.status AS task_status, ta.handle AS task_assignee
+       t.status AS task_status, ta.handle AS task_assignee,
+       {approval}
 FROM messages m
 LEFT JOIN agents a ON a.id = m.author_id
 LEFT JOIN tasks t ON t.host_message_id = m.id
 LEFT JOIN agents ta ON ta.id = t.assignee_id
-"""
+LEFT JOIN approvals ap ON ap.message_id = m.id
+""".replace("{approval}", ", ".join(f"ap.{name} AS ap_{name}" for name in APPROVAL_FIELDS))
 
 
-def message_of(r: sqlite3.Row) -> dict[str, Any]:
-    """A `MESSAGE_SELECT` row as the API shows it."""
+def message_of(r: sqlite3.Row, now: str | None = None) -> dict[str, Any]:
+    """A `MESSAGE_SELECT` row as the API shows it (an approval card with its approval, as
+    of `now`: `approval_state.approval_of`)."""
     if r["author_kind"] == "agent":
         author = {
             "kind": "agent",
@@ -66,9 +71,15 @@ def message_of(r: sqlite3.Row) -> dict[str, Any]:
             else None
         ),
         "created_at": r["created_at"],
+        "approval": (
+            approval_of({name: r[f"ap_{name}"] for name in APPROVAL_FIELDS}, now)
+            if r["ap_id"] is not None
+            else None
+        ),
     }
 
 
 def select_messages(tx: Transaction, where: str, params: Sequence[Any]) -> list[dict[str, Any]]:
     """The messages `MESSAGE_SELECT` + `where` finds, mapped."""
-    return [message_of(r) for r in tx.execute(MESSAGE_SELECT + where, params)]
+    now = tx.now()
+    return [message_of(r, now) for r in tx.execute(MESSAGE_SELECT + where, params)]

@@ -15,6 +15,7 @@ from crew_server.store.answered import (
     answered_every_room,
     sweep_running_turns,
 )
+from crew_server.store.approval_state import close_turn_approvals
 from crew_server.store.budget_holds import budget_after_turn
 from crew_server.store.db import StorePart, Transaction, new_id
 from crew_server.store.identities import connection_epoch, own_agent
@@ -243,6 +244,7 @@ class Turns(StorePart):
                 ),
             )
             budget_after_turn(tx, turn_id)
+            close_turn_approvals(tx, [turn_id])
             if status in ENDED_UNACKED:
                 agent_id = tx.execute(
                     "SELECT agent_id FROM turns WHERE id = ?", (turn_id,)

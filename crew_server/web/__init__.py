@@ -60,6 +60,7 @@ def web_routes(ctx: Context) -> list[BaseRoute]:
         get("/tasks", views.tasks),
         post("/tasks", actions.create_task, "/tasks"),
         post("/tasks/convert", actions.convert_task, "/tasks"),
+        post("/approvals/{approval_id}", actions.answer_approval),
         post("/tasks/{number}/status", actions.task_status, "/tasks"),
         post("/tasks/{number}/assign", actions.assign_task, "/tasks"),
         get("/computers", views.computers),

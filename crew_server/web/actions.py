@@ -324,3 +324,13 @@ async def create_computer(web: Web, request: Request, session: Session, form: Fo
     computer_id, token = web.store.create_computer(body.name)
     created = {"id": computer_id, "name": body.name, "token": token}
     return computers_page(web, request, session, created)
+
+
+# ---------------------------------------------------------------- approvals (issue 24)
+
+
+async def answer_approval(web: Web, request: Request, session: Session, form: Form) -> Response:
+    """The person answers an approval card: Allow once, Always, Deny (`ApprovalDecide`)."""
+    body = validated(m.ApprovalDecide, {"decision": form.get("decision")})
+    web.store.answer_approval(request.path_params["approval_id"], body.decision)
+    return see(back_to(form, "/rooms"))

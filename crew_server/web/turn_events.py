@@ -34,6 +34,14 @@ SHAPES: dict[str, dict[str, tuple[type, ...]]] = {
         "name": (str, type(None)),
         "count": (int,),
     },
+    # Approvals (issue 24).
+    "approval_asked": {"tool": _TEXT, "summary": _TEXT},
+    "approval_answered": {
+        "state": _TEXT,
+        "decision": (str, type(None)),
+        "reason": (str, type(None)),
+    },
+    "permission_denied": {"tool": _TEXT, "summary": _TEXT, "reason": _TEXT},
 }
 TOKENS = ("input", "output", "cache_read")
 

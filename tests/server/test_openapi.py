@@ -117,7 +117,9 @@ def _beyond_64_bits(path: str, response: Any) -> bool:
 def _unreadable_egress(path: str, response: Any) -> bool:
     """The other: an egress policy whose rules `crew_common.egress` cannot read (or rules
     with a mode other than `allow`) is refused with 422 `invalid_egress`, as the document
-    says of `Egress.allow`; a schema cannot state the rules' grammar."""
+    says of `Egress.allow`; a schema cannot state the rules' grammar. So is a permission
+    policy `crew_common.permissions` cannot read (422 `invalid_permission`: an unknown
+    tool, a pattern that looks like a regular expression)."""
     if path not in ("/api/agents", "/api/agents/{agent_id}") or response.status_code != 422:
         return False
-    return bool(response.json()["error"]["code"] == "invalid_egress")
+    return bool(response.json()["error"]["code"] in ("invalid_egress", "invalid_permission"))

@@ -89,12 +89,15 @@ def test_a_database_of_an_older_schema_is_migrated_at_open_and_keeps_its_data(
         raw.execute("ALTER TABLE agents DROP COLUMN budget_extra_turns")
         raw.execute("ALTER TABLE agents DROP COLUMN budget_held_until")
         raw.execute("DROP TABLE budget_notices")
+        raw.execute("ALTER TABLE agents DROP COLUMN permission")
+        raw.execute("DROP TABLE approvals")
         raw.execute("DELETE FROM schema_migrations WHERE version >= 2")
     again = Store(str(db), Clock())
     assert again.computer_by_token(token) == computer_id
     [agent] = again.computer_agents(computer_id)
     assert agent["egress"] == {"mode": "public", "allow": []}  # an older agent is public
     assert agent["budget"]["daily_usd"] is None  # and has no budget
+    assert agent["permission"]["preset"] == "autonomous"  # and runs everything, as before
     again.connect(computer_id, "h", "linux", "1", 1)
     assert again.claim_unread(computer_id, agent["id"]) == ([], False)  # uses claim_more
     again.close()
