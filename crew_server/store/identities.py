@@ -340,7 +340,7 @@ class Identities(StorePart):
             tx.execute(
                 "INSERT INTO agents (id, handle, name, persona, engine, model, computer_id, "
                 "turn_time_limit_s, egress, budget, permission, created_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     agent_id,
                     handle,
