@@ -7,6 +7,8 @@ from __future__ import annotations
 import time
 
 import anyio
+import httpx
+import orjson
 import pytest
 
 from computer_service.engine.approvals import COLD_REASON, Asked, AskFlow, PersonClock
@@ -17,7 +19,13 @@ from computer_service.engine.permission_events import (
     denial_of,
     wildcard,
 )
-from computer_service.upstream import AgentRecord, UpstreamRejected, UpstreamUnavailable
+from computer_service.upstream import (
+    AgentRecord,
+    TurnApprovals,
+    Upstream,
+    UpstreamRejected,
+    UpstreamUnavailable,
+)
 from crew_common.permissions import PermissionPolicy
 from crew_testkit.approval_desk import FakeDesk
 
@@ -193,3 +201,35 @@ def test_wildcards_match_as_opencode_matches_them() -> None:
     assert wildcard("git push *", "git push") and wildcard("git push *", "git push -f")
     assert not wildcard("git push *", "git pushx")
     assert wildcard("ls?", "ls1") and wildcard("*", "a\nb") and not wildcard("a.b", "axb")
+
+
+async def test_the_turns_desk_calls_the_contracts_endpoints() -> None:
+    seen: list[tuple[str, str, bytes]] = []
+    card = {
+        "id": "apr_1",
+        "turn_id": "t1",
+        "state": "pending",
+        "expires_at": "2026-12-02T09:00:00+00:00",
+    }
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append((request.method, str(request.url), request.content))
+        if request.method == "POST":
+            return httpx.Response(201, json=card)
+        return httpx.Response(200, json={**card, "state": "allowed", "decision": "once"})
+
+    upstream = Upstream("http://crew.test", "tok", transport=httpx.MockTransport(handle))
+    desk = TurnApprovals(upstream, "t1")
+    assert (await desk.create(ASKED)).state == "pending"
+    assert (await desk.wait("apr_1", 45)).decision == "once"
+    await upstream.aclose()
+    assert seen[0][:2] == ("POST", "http://crew.test/computer/turns/t1/approvals")
+    assert orjson.loads(seen[0][2]) == {
+        "request_id": "per_1",
+        "tool": "bash",
+        "patterns": ["git push origin main"],
+        "always": ["git push *"],
+        "summary": "git push origin main",
+    }
+    # The long-poll asks at most 30 s at a time (the contract's bound).
+    assert seen[1][:2] == ("GET", "http://crew.test/computer/approvals/apr_1?wait=30")
