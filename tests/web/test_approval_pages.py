@@ -7,10 +7,12 @@ from __future__ import annotations
 import html
 from typing import Any
 
+import anyio
 import orjson
 import pytest
 
-from tests.web.site import Site
+from crew_harness.waiting import wait_until_async
+from tests.web.site import Site, open_browser_stream, updates_in
 
 pytestmark = pytest.mark.anyio
 
@@ -137,3 +139,42 @@ async def test_the_turn_view_shows_the_approval_events(site: Site) -> None:
     assert "after 12 s" in page
     assert "refused</strong> bash <code>rm -rf /</code>" in page
     assert "Malformed" not in page
+
+
+async def test_a_card_appears_live_and_its_answer_replaces_it(site: Site) -> None:
+    csrf = await site.sign_in()
+    store = site.store
+    computer_id, _ = store.create_computer("box")
+    store.connect(computer_id, "h", "linux", "1", 1)
+    ada = store.create_agent("ada", "Ada", "", "m/x", "opencode", computer_id)
+    room, _ = store.create_room("group", "ops", [ada["id"]])
+    store.user_post(room["id"], "@ada push it", None)
+    store.claim_unread(computer_id, ada["id"])
+    claim = [{"room_id": room["id"], "from_seq": 1, "to_seq": 1}]
+    turn = store.register_turn(computer_id, ada["id"], claim, "x", "opencode", "m/x", None)
+    async with anyio.create_task_group() as tasks:
+        stream, stream_id = await open_browser_stream(site, tasks)
+        subscribed = await site.browser.post(
+            "/live/subscriptions",
+            data={
+                "csrf": csrf,
+                "stream": stream_id,
+                "key": "r:timeline",
+                "topic": f"/live/rooms/{room['id']}?after=1",
+            },
+            headers={"X-Crew-Fetch": "1"},
+        )
+        assert subscribed.status_code == 204, subscribed.text
+        approval, _ = store.create_approval(
+            computer_id, turn["turn_id"], "per_1", "bash", [PUSH], [], PUSH
+        )
+
+        def card(mode: str) -> list[str]:
+            return [u["html"] for u in updates_in(stream) if u["mode"] == mode]
+
+        [shown] = await wait_until_async("the card", lambda: card("append"))
+        assert ">Allow once</button>" in shown
+        store.answer_approval(approval["id"], "deny")
+        replaced = await wait_until_async("the answered card", lambda: card("outer"))
+        assert "Denied" in replaced[-1] and ">Allow once</button>" not in replaced[-1]
+        tasks.cancel_scope.cancel()
