@@ -306,12 +306,12 @@ class Approvals(StorePart):
         return parse_iso(row["next"]) if row["next"] else None
 
     def room_approvals_changed(self, room_id: str, since: str) -> list[str]:
-        """Message ids of the room's cards whose approval was decided after `since`."""
+        """Message ids of the room's cards whose approval was decided at or after `since`."""
         with self._database.read() as tx:
             return [
                 str(r["message_id"])
                 for r in tx.execute(
-                    "SELECT message_id FROM approvals WHERE room_id = ? AND decided_at > ? "
+                    "SELECT message_id FROM approvals WHERE room_id = ? AND decided_at >= ? "
                     "AND message_id IS NOT NULL ORDER BY decided_at",
                     (room_id, since),
                 )

@@ -202,6 +202,28 @@ def room(web: Web, session: Session, path: dict[str, str], after: int, last: int
         ]
 
     thread_counts = every(SUMMARY_EVERY, threads)
+    approvals_seen = threads_seen
+    # The state each card was last sent in (a frozen clock gives equal times).
+    card_states: dict[str, str] = {}
+
+    def answered_cards() -> list[Update]:
+        """Approval cards answered or expired since the last look: shown again (issue 24)."""
+        nonlocal approvals_seen
+        now = iso(web.store.clock.now())
+        web.store.expire_due_approvals()
+        changed_ids = web.store.room_approvals_changed(room_id, approvals_seen)
+        approvals_seen = now
+        updates = []
+        for message_id in dict.fromkeys(changed_ids):
+            m = web.store.get_message(message_id)
+            state = m["approval"]["state"] if m["approval"] else ""
+            if card_states.get(message_id) == state:
+                continue
+            card_states[message_id] = state
+            context = {"message": m, "room": shown, "csrf": session.csrf, "in_thread": is_thread}
+            target = f"{'t' if is_thread else 'm'}-{m['id']}"
+            updates.append(Update(target, "outer", fragment("_message.html", context)))
+        return updates
 
     def poll() -> list[Update]:
         nonlocal after
@@ -223,6 +245,7 @@ def room(web: Web, session: Session, path: dict[str, str], after: int, last: int
             if not is_thread:
                 # The person is looking at this room: what arrives is read.
                 web.store.mark_read_by_user(room_id, after)
+        updates += answered_cards()
         if not is_thread:
             updates += nav() + thread_counts()
         return updates
