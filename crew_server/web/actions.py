@@ -208,6 +208,32 @@ def budget_fields(form: Form) -> dict[str, Any]:
     return {"budget": {cap: budget_number(form.optional(f)) for cap, f in BUDGET_FIELDS.items()}}
 
 
+def permission_field(form: Form) -> dict[str, Any]:
+    """The agent form's permission policy (issue 24), when the form has it: a preset, the
+    rules one per line as `tool pattern action` (the pattern may hold spaces; removing a
+    line removes the rule) and the ask timeout. `crew_common.permissions` checks it."""
+    if not form.get("permission_preset"):
+        return {}
+    rules: list[dict[str, str]] = []
+    for line in form.get("permission_rules").splitlines():
+        words = line.split()
+        if not words:
+            continue
+        if len(words) < 3:
+            raise Invalid(
+                f"the permission rule {line.strip()!r} is not `tool pattern action` "
+                "(e.g. `bash git push * ask`)"
+            )
+        rules.append({"tool": words[0], "pattern": " ".join(words[1:-1]), "action": words[-1]})
+    timeout = form.get("permission_ask_timeout_s").strip()
+    if timeout and not (timeout.isascii() and timeout.isdigit() and len(timeout) <= 9):
+        raise Invalid("the ask timeout is a whole number of seconds, like 600")
+    policy: dict[str, Any] = {"preset": form.get("permission_preset"), "rules": rules}
+    if timeout:
+        policy["ask_timeout_s"] = int(timeout)
+    return {"permission": policy}
+
+
 def agent_fields(form: Form) -> dict[str, Any]:
     """The agent form's fields as the API's request body (a blank Computer is none; the
     egress rules are the non-blank lines of their text box; a blank budget box no cap)."""
@@ -219,6 +245,7 @@ def agent_fields(form: Form) -> dict[str, Any]:
         "computer_id": form.optional("computer_id"),
         "egress": {"mode": form.get("egress_mode", "public"), "allow": rules},
         **budget_fields(form),
+        **permission_field(form),
     }
 
 
@@ -234,6 +261,7 @@ async def create_agent(web: Web, request: Request, session: Session, form: Form)
         body.computer_id,
         egress=body.egress.model_dump() if body.egress else None,
         budget=body.budget,
+        permission=body.permission,
     )
     note_warnings(web, session, created)
     return see(f"/agents/{created['id']}")

@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from crew_common.egress import MODES, EgressError, EgressPolicy
+from crew_common.permissions import PRESET_MEANINGS
 from crew_server import rules
 from crew_server.errors import Invalid
 from crew_server.store import USER
@@ -173,6 +174,7 @@ async def agents(web: Web, request: Request, session: Session) -> Response:
         "computers": web.store.list_computers(),
         "models": known_models(web),
         "egress_modes": EGRESS_MODES,
+        "permission_presets": list(PRESET_MEANINGS.items()),
     }
     return page(request, "agents.html", context)
 
@@ -190,6 +192,7 @@ async def agent(web: Web, request: Request, session: Session) -> Response:
         "computers": web.store.list_computers(),
         "models": known_models(web),
         "egress_modes": EGRESS_MODES,
+        "permission_presets": list(PRESET_MEANINGS.items()),
         "egress": egress_summary(shown["egress"]),
     }
     return page(request, "agent.html", context)

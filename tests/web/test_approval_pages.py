@@ -178,3 +178,37 @@ async def test_a_card_appears_live_and_its_answer_replaces_it(site: Site) -> Non
         replaced = await wait_until_async("the answered card", lambda: card("outer"))
         assert "Denied" in replaced[-1] and ">Allow once</button>" not in replaced[-1]
         tasks.cancel_scope.cancel()
+
+
+async def test_the_agent_form_edits_the_policy_and_shows_an_always_rule(site: Site) -> None:
+    csrf = await site.sign_in()
+    room, _, approval = await asking(site)
+    await answer(site, csrf, room, approval["id"], "always")
+    [ada] = site.store.list_agents()
+    page = html.unescape((await site.browser.get(f"/agents/{ada['id']}")).text)
+    assert '<option value="careful" selected>careful: ask before pushing' in page
+    assert "bash git push * allow\n</textarea>" in page
+    fields = {"csrf": csrf, "name": "Ada", "model": "m/x", "computer_id": ada["computer_id"]}
+    saved = await site.browser.post(
+        f"/agents/{ada['id']}",
+        data={
+            **fields,
+            "permission_preset": "read-only",
+            "permission_rules": "bash rm -rf * deny\r\n",
+            "permission_ask_timeout_s": "120",
+        },
+    )
+    assert saved.status_code == 303
+    assert site.store.get_agent(ada["id"])["permission"] == {
+        "preset": "read-only",
+        "rules": [{"tool": "bash", "pattern": "rm -rf *", "action": "deny"}],
+        "ask_timeout_s": 120,
+    }
+    bad = await site.browser.post(
+        f"/agents/{ada['id']}",
+        data={**fields, "permission_preset": "careful", "permission_rules": "bsh ls allow"},
+    )
+    assert bad.status_code == 303
+    page = html.unescape((await site.browser.get(f"/agents/{ada['id']}")).text)
+    assert "unknown tool 'bsh'" in page
+    assert site.store.get_agent(ada["id"])["permission"]["preset"] == "read-only"
