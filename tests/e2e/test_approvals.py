@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from crew_harness.waiting import wait_until
-from tests.e2e.chain import Chain, running_chain
+from crew_harness.waiting import WaitTimeout, wait_until
+from tests.e2e.chain import MODEL, Chain, running_chain
 from tests.e2e.test_chain import REPLY_ROOM, having, heredoc
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -29,25 +29,28 @@ ASK_TOUCH = {
 }
 
 
+def touch_rules(tag: str, name: str, ran: str, could_not: str) -> list[dict[str, Any]]:
+    """Model rules: a turn with `tag` runs `touch name`; the tool's result decides the reply
+    (`ran`, or `could_not` where `{{why}}` is the refusal's reason)."""
+    return [
+        {"role": "user", "match": having(tag), "reply": {"bash": f"touch {name} && echo MADE"}},
+        {
+            "role": "tool",
+            "match": r"MADE",
+            "capture": {"room": REPLY_ROOM},
+            "reply": {"bash": heredoc("{{room}}", ran)},
+        },
+        {
+            "role": "tool",
+            "match": r"Not allowed: (?P<why>[^.\n]*)",
+            "capture": {"room": REPLY_ROOM},
+            "reply": {"bash": heredoc("{{room}}", could_not)},
+        },
+    ]
+
+
 def script_for(chain: Chain, tag: str, name: str) -> None:
-    """A turn with `tag` touches `name`; the tool's result decides the reply."""
-    chain.script(
-        [
-            {"role": "user", "match": having(tag), "reply": {"bash": f"touch {name} && echo MADE"}},
-            {
-                "role": "tool",
-                "match": r"MADE",
-                "capture": {"room": REPLY_ROOM},
-                "reply": {"bash": heredoc("{{room}}", f"RAN IT {tag}")},
-            },
-            {
-                "role": "tool",
-                "match": r"Not allowed: (?P<why>[^.\n]*)",
-                "capture": {"room": REPLY_ROOM},
-                "reply": {"bash": heredoc("{{room}}", f"COULD NOT {tag}: {{{{why}}}}")},
-            },
-        ]
-    )
+    chain.script(touch_rules(tag, name, f"RAN IT {tag}", f"COULD NOT {tag}: {{{{why}}}}"))
 
 
 @pytest.fixture(scope="module")
@@ -56,9 +59,21 @@ def warm() -> Iterator[Chain]:
         yield started
 
 
-def asking_agent(chain: Chain, handle: str) -> dict[str, Any]:
-    agent = chain.agent(handle)
-    chain.expect_ok(chain.http.patch(f"/api/agents/{agent['id']}", json={"permission": ASK_TOUCH}))
+def asking_agent(
+    chain: Chain, handle: str, permission: dict[str, Any] = ASK_TOUCH
+) -> dict[str, Any]:
+    """An agent created with `permission` (in the create call: its Computer learns the
+    agent and its policy together, so its first turn already asks)."""
+    body = {
+        "handle": handle,
+        "name": handle.title(),
+        "persona": "Helpful.",
+        "model": MODEL,
+        "computer_id": chain.computer_id,
+        "permission": permission,
+    }
+    agent: dict[str, Any] = chain.expect_ok(chain.http.post("/api/agents", json=body))
+    chain.handles[agent["id"]] = handle
     return agent
 
 
@@ -67,7 +82,11 @@ def pending_card(chain: Chain, agent_id: str) -> dict[str, Any]:
         cards = chain.expect_ok(chain.http.get("/api/approvals", params={"state": "pending"}))
         return next((c for c in cards if c["agent_id"] == agent_id), None)
 
-    return wait_until("an approval card", probe, 90)
+    try:
+        return wait_until("an approval card", probe, 90)
+    except WaitTimeout:
+        turns = [(t["status"], t["failure"]) for t in chain.turns(agent_id)]
+        pytest.fail(f"no approval card; the agent's turns: {turns}\n{chain.diagnostics()}")
 
 
 def work(chain: Chain, agent_id: str) -> Path:
@@ -139,9 +158,7 @@ def test_always_adds_a_rule_and_the_next_identical_call_runs_without_a_card(warm
 
 
 def test_no_answer_within_the_limit_denies_and_the_card_says_expired(warm: Chain) -> None:
-    dot = warm.agent("dot-silent")
-    quick = {**ASK_TOUCH, "ask_timeout_s": 10}
-    warm.expect_ok(warm.http.patch(f"/api/agents/{dot['id']}", json={"permission": quick}))
+    dot = asking_agent(warm, "dot-silent", {**ASK_TOUCH, "ask_timeout_s": 10})
     room = warm.dm(dot["id"])
     script_for(warm, "SILENT", "silent.txt")
     warm.post(room["id"], "SILENT: make the file")

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.server.world import Computer, World
+from tests.server.world import Computer, World, turn_registration
 
 pytestmark = pytest.mark.anyio
 
@@ -38,19 +38,7 @@ async def turn(
     """One whole turn of `agent`: claim, register, ack, finish with `usage` (the runner's order)."""
     rooms = (await claim(world, box, agent))["rooms"]
     assert rooms, "the turn had nothing to answer"
-    body = {
-        "rooms": [
-            {
-                "room_id": r["room"]["id"],
-                "from_seq": r["messages"][0]["seq"],
-                "to_seq": r["messages"][-1]["seq"],
-            }
-            for r in rooms
-        ],
-        "input": "turn input",
-        "engine": "opencode",
-        "model": "m/x",
-    }
+    body = turn_registration(rooms)
     path = f"/computer/agents/{agent['id']}/turns"
     registered = await world.ok("POST", path, json=body, headers=box.headers, status=201)
     ack = {"turn_id": registered["turn_id"], "fence": registered["fence"]}

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.server.world import Computer, World
+from tests.server.world import Computer, World, turn_registration
 
 pytestmark = pytest.mark.anyio
 
@@ -96,19 +96,7 @@ async def test_a_narrow_claim_takes_only_the_oldest_messages(world: World) -> No
 async def claimed_turn(world: World, box: Computer, agent: dict[str, Any]) -> dict[str, Any]:
     """Claim the agent's unread messages and register a turn for them."""
     rooms = await world.unread(box, agent)
-    body = {
-        "rooms": [
-            {
-                "room_id": r["room"]["id"],
-                "from_seq": r["messages"][0]["seq"],
-                "to_seq": r["messages"][-1]["seq"],
-            }
-            for r in rooms
-        ],
-        "input": "turn input",
-        "engine": "opencode",
-        "model": "m/x",
-    }
+    body = turn_registration(rooms)
     path = f"/computer/agents/{agent['id']}/turns"
     return dict(await world.ok("POST", path, json=body, headers=box.headers, status=201))
 
@@ -197,19 +185,7 @@ async def claimed_turn_of(
         headers=box.headers,
     )
     rooms = answer["rooms"]
-    body = {
-        "rooms": [
-            {
-                "room_id": r["room"]["id"],
-                "from_seq": r["messages"][0]["seq"],
-                "to_seq": r["messages"][-1]["seq"],
-            }
-            for r in rooms
-        ],
-        "input": "turn input",
-        "engine": "opencode",
-        "model": "m/x",
-    }
+    body = turn_registration(rooms)
     path = f"/computer/agents/{agent['id']}/turns"
     return dict(await world.ok("POST", path, json=body, headers=box.headers, status=201))
 

@@ -85,6 +85,24 @@ class Computer:
         return headers
 
 
+def turn_registration(rooms: list[dict[str, Any]], model: str = "m/x") -> dict[str, Any]:
+    """The body registering a turn for what a claim handed out (the runner's order:
+    claim, then register these rooms' ranges)."""
+    return {
+        "rooms": [
+            {
+                "room_id": r["room"]["id"],
+                "from_seq": r["messages"][0]["seq"],
+                "to_seq": r["messages"][-1]["seq"],
+            }
+            for r in rooms
+        ],
+        "input": "turn input",
+        "engine": "opencode",
+        "model": model,
+    }
+
+
 def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 

@@ -17,16 +17,10 @@ from typing import Any
 import pytest
 
 from tests.e2e.chain import Chain
-from tests.e2e.test_chain import REPLY_ROOM
-from tests.web.pages import DESKTOP, LIVE_TIMEOUT_MS, having, heredoc, shoot, sign_in
+from tests.e2e.test_approvals import asking_agent, touch_rules
+from tests.web.pages import DESKTOP, LIVE_TIMEOUT_MS, shoot, sign_in
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
-
-ASK_TOUCH = {
-    "preset": "autonomous",
-    "rules": [{"tool": "bash", "pattern": "touch *", "action": "ask"}],
-    "ask_timeout_s": 120,
-}
 
 
 @pytest.fixture
@@ -39,28 +33,11 @@ def page(browser: Any, chain: Chain) -> Any:
 
 
 def script_for(chain: Chain, tag: str, name: str) -> None:
-    chain.script(
-        [
-            {"role": "user", "match": having(tag), "reply": {"bash": f"touch {name} && echo MADE"}},
-            {
-                "role": "tool",
-                "match": r"MADE",
-                "capture": {"room": REPLY_ROOM},
-                "reply": {"bash": heredoc("{{room}}", f"Made {name}.")},
-            },
-            {
-                "role": "tool",
-                "match": r"Not allowed",
-                "capture": {"room": REPLY_ROOM},
-                "reply": {"bash": heredoc("{{room}}", f"I could not make {name}.")},
-            },
-        ]
-    )
+    chain.script(touch_rules(tag, name, f"Made {name}.", f"I could not make {name}."))
 
 
 def open_dm(page: Any, chain: Chain, handle: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    agent = chain.agent(handle)
-    chain.expect_ok(chain.http.patch(f"/api/agents/{agent['id']}", json={"permission": ASK_TOUCH}))
+    agent = asking_agent(chain, handle)
     room = chain.dm(agent["id"])
     page.goto(f"{chain.server.url}/rooms/{room['id']}")
     return agent, room
