@@ -73,15 +73,24 @@ class Chain:
         return response.json() if response.content else None
 
     def agent(
-        self, handle: str, name: str | None = None, persona: str = "Helpful."
+        self,
+        handle: str,
+        name: str | None = None,
+        persona: str = "Helpful.",
+        permission: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        body = {
+        """A new agent on this Computer. A `permission` policy goes in the create call,
+        never a PATCH after: the Computer then learns the agent and its policy together,
+        so the first turn already runs under it."""
+        body: dict[str, Any] = {
             "handle": handle,
             "name": name or handle.title(),
             "persona": persona,
             "model": MODEL,
             "computer_id": self.computer_id,
         }
+        if permission is not None:
+            body["permission"] = permission
         agent: dict[str, Any] = self.expect_ok(self.http.post("/api/agents", json=body))
         self.handles[agent["id"]] = handle
         return agent

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from crew_harness.waiting import WaitTimeout, wait_until
-from tests.e2e.chain import MODEL, Chain, running_chain
+from tests.e2e.chain import Chain, running_chain
 from tests.e2e.test_chain import REPLY_ROOM, having, heredoc
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -62,19 +62,8 @@ def warm() -> Iterator[Chain]:
 def asking_agent(
     chain: Chain, handle: str, permission: dict[str, Any] = ASK_TOUCH
 ) -> dict[str, Any]:
-    """An agent created with `permission` (in the create call: its Computer learns the
-    agent and its policy together, so its first turn already asks)."""
-    body = {
-        "handle": handle,
-        "name": handle.title(),
-        "persona": "Helpful.",
-        "model": MODEL,
-        "computer_id": chain.computer_id,
-        "permission": permission,
-    }
-    agent: dict[str, Any] = chain.expect_ok(chain.http.post("/api/agents", json=body))
-    chain.handles[agent["id"]] = handle
-    return agent
+    """An agent created with `permission`: its first turn already asks."""
+    return chain.agent(handle, permission=permission)
 
 
 def pending_card(chain: Chain, agent_id: str) -> dict[str, Any]:

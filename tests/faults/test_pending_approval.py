@@ -39,8 +39,7 @@ def test_a_card_pending_when_the_computer_is_killed_expires_and_the_command_runs
                 },
             ]
         )
-        ada = chain.agent("ada-pending")
-        chain.expect_ok(chain.http.patch(f"/api/agents/{ada['id']}", json={"permission": POLICY}))
+        ada = chain.agent("ada-pending", permission=POLICY)
         room = chain.dm(ada["id"])
         chain.post(room["id"], "PENDING: make the file")
 
