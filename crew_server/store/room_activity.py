@@ -137,9 +137,9 @@ def failures_since_success(tx: Transaction, agent_id: str, room_id: str) -> list
         "WHERE agent_id = ? AND status != 'running' "
         "ORDER BY started_at DESC, rowid DESC LIMIT ?",
         (agent_id, RECENT_TURNS),
-    ).fetchall()
+    )
     failed = []
-    for row in rows:
+    for row in rows:  # read as they come: most stop at the newest turn, a success
         if not serves_room(row["rooms"], room_id):
             continue
         if row["status"] == "succeeded":
