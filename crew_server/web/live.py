@@ -9,20 +9,32 @@ it itself, static/live-hub.js), which holds the browser's one `EventSource` on
 each tab's topics to it (`POST /live/subscriptions`, with the session's CSRF token)
 and unsubscribes them when a tab goes (`POST /live/subscriptions/leave`).
 
-Each stream looks at the store every `POLL_SECONDS` for each of its subscriptions and
-sends `update` events, `{"key", "target", "mode", "html", "id"}`: `key` is the
+Each stream looks at the store for each of its subscriptions when the store changed
+(pushed, not polled: every write that changed rows wakes the streams, in this process
+directly, in another process sharing PostgreSQL by NOTIFY; `streams.py`), after a
+short `COALESCE_SECONDS` so a burst of commits makes one look, and at least every
+`SAFETY_SECONDS` (what the clock alone changes: a session's expiry, a moved dev clock,
+and any change a signal missed). It sends `update` events, `{"key", "target", "mode", "html", "id"}`: `key` is the
 subscription (which tab), `target` an element id, `mode` "append" | "replace" |
 "outer" | "end", `html` a fragment rendered by the same templates (and escaping) as
 the page, `id` a message's seq or an event's index, which a resubscription after a
 reconnect passes back as `last` so nothing is sent twice. A stream ends when the
 server stops (the `EventHub` is closed), the browser goes away, or its session signs
-out (checked on each poll; the stream says `signed-out` first).
+out (checked on each look; the stream says `signed-out` first).
+
+Summaries that cost a query per room or agent (the rooms list, the roster) are
+throttled by time (`every`): at most once per interval, and once more at its end when
+a look came in between (`look_again_at`).
 """
 
 from __future__ import annotations
 
+import math
+import os
 import re
+import time
 from collections.abc import AsyncIterator, Callable
+from contextvars import ContextVar
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -36,25 +48,53 @@ from crew_server.errors import ApiError, Invalid
 from crew_server.web.access import Form, Web
 from crew_server.web.render import SECURITY_HEADERS, fragment
 from crew_server.web.session import Session
-from crew_server.web.streams import Poll, Update
+from crew_server.web.streams import BrowserStream, Poll, Update
 from crew_server.web.views import agents_with_reasons, rooms_nav, turn_cost
 
+# A burst of commits (a turn's events, a post and its read mark) makes one look.
+COALESCE_SECONDS = 0.02
+# The slow look when nothing was signalled. CREW_WEB_LIVE=poll looks every
+# POLL_SECONDS instead, as the web app did before push: for `scripts/bench web` only.
+SAFETY_SECONDS = 5.0
 POLL_SECONDS = 0.4
-# Summaries (the rooms list, the roster) cost a query per room or agent: every 5th poll.
-SUMMARY_EVERY = 5
+# Summaries cost a query per room or agent: the rooms list at most every 2 s, statuses
+# every 0.5 s (seconds, not looks: a busy store wakes the streams often).
+SUMMARY_EVERY = 2.0
+STATUS_EVERY = 0.5
 KEY_CHARS = 100
 
+# When a throttled poll of the current look wants to be looked at again (monotonic).
+_look_again: ContextVar[list[float]] = ContextVar("look_again")
 
-def every(nth: int, poll: Poll) -> Poll:
-    """`poll` on every `nth` call only (the first call included)."""
-    calls = 0
+
+def look_again_at(when: float) -> None:
+    """Ask the stream running this poll for another look at `when` (time.monotonic),
+    even if nothing changes: a throttled summary, a clock shown on the page."""
+    wanted = _look_again.get(None)
+    if wanted is not None:
+        wanted.append(when)
+
+
+def every(seconds: float, poll: Poll) -> Poll:
+    """`poll` at most once per `seconds` (the first call runs it); a call in between
+    asks for a look when the interval ends, so the last change is not left unsent."""
+    last: float | None = None
 
     def sometimes() -> list[Update]:
-        nonlocal calls
-        calls += 1
-        return poll() if calls % nth == 1 or nth == 1 else []
+        nonlocal last
+        now = time.monotonic()
+        if last is None or now - last >= seconds:
+            last = now
+            return poll()
+        look_again_at(last + seconds)
+        return []
 
     return sometimes
+
+
+def safety_seconds() -> float:
+    """How long a stream sleeps when nothing wakes it (see SAFETY_SECONDS)."""
+    return POLL_SECONDS if os.environ.get("CREW_WEB_LIVE") == "poll" else SAFETY_SECONDS
 
 
 def encoded(key: str, update: Update) -> bytes:
@@ -87,12 +127,11 @@ async def browser(web: Web, request: Request, session: Session) -> Response:
                 if not web.sessions.alive(session):
                     yield notice({"mode": "signed-out"})
                     return
-                for key, poll in list(stream.polls.items()):
-                    for update in polled(poll):
-                        yield encoded(key, update)
-                        if update.mode == "end":
-                            stream.polls.pop(key, None)
-                await anyio.sleep(POLL_SECONDS)
+                stream.wake.clear()
+                found, again_at = look(stream)
+                for key, update in found:
+                    yield encoded(key, update)
+                await next_change(stream, again_at)
         finally:
             web.live.close(stream)
 
@@ -101,6 +140,33 @@ async def browser(web: Web, request: Request, session: Session) -> Response:
         media_type="text/event-stream",
         headers={**SECURITY_HEADERS, "X-Accel-Buffering": "no"},
     )
+
+
+def look(stream: BrowserStream) -> tuple[list[tuple[str, Update]], float]:
+    """Every subscription's poll once: their updates (a topic that ended is dropped), and
+    when a throttled one wants another look (monotonic; infinity when none does)."""
+    wanted: list[float] = []
+    token = _look_again.set(wanted)
+    try:
+        found = []
+        for key, poll in list(stream.polls.items()):
+            for update in polled(poll):
+                found.append((key, update))
+                if update.mode == "end":
+                    stream.polls.pop(key, None)
+    finally:
+        _look_again.reset(token)
+    return found, min(wanted, default=math.inf)
+
+
+async def next_change(stream: BrowserStream, again_at: float) -> None:
+    """Sleep until the stream is woken (then a little longer, for the rest of a burst of
+    commits), a poll's `again_at`, or the safety interval."""
+    timeout = min(safety_seconds(), max(0.0, again_at - time.monotonic()))
+    with anyio.move_on_after(timeout):
+        await stream.wake.wait()
+    if stream.wake.is_set():
+        await anyio.sleep(COALESCE_SECONDS)
 
 
 def polled(poll: Poll) -> list[Update]:
@@ -276,7 +342,7 @@ def roster(web: Web, session: Session, path: dict[str, str], after: int, last: i
         return fragment("_roster.html", {"roster": agents_with_reasons(web)})
 
     changed.replace("roster", render())
-    return every(2, lambda: changed.replace("roster", render()))
+    return every(STATUS_EVERY, lambda: changed.replace("roster", render()))
 
 
 def agent(web: Web, session: Session, path: dict[str, str], after: int, last: int | None) -> Poll:
@@ -293,7 +359,7 @@ def agent(web: Web, session: Session, path: dict[str, str], after: int, last: in
         ) + changed.replace("agent-turns", fragment("_turn_rows.html", {"turns": turns}))
 
     poll()
-    return every(2, poll)
+    return every(STATUS_EVERY, poll)
 
 
 def turn(web: Web, session: Session, path: dict[str, str], after: int, last: int | None) -> Poll:
