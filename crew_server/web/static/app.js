@@ -119,7 +119,9 @@ function showPending(form, text, clientId) {
   const header = document.createElement("header");
   const author = document.createElement("span");
   author.className = "author";
-  author.textContent = "You";
+  // The name the server shows for the person's messages, when one is on the page.
+  const shown = timeline.querySelector(".message.by-user:not(.pending) .author");
+  author.textContent = shown ? shown.textContent : "You";
   const state = document.createElement("span");
   state.className = "state";
   state.setAttribute("role", "status");
