@@ -35,6 +35,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Callable
 from contextvars import ContextVar
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -63,28 +64,43 @@ SUMMARY_EVERY = 2.0
 STATUS_EVERY = 0.5
 KEY_CHARS = 100
 
-# When a throttled poll of the current look wants to be looked at again (monotonic).
-_look_again: ContextVar[list[float]] = ContextVar("look_again")
+
+@dataclass
+class _Look:
+    """The stream's look being run: how many times its stream was woken so far (by a
+    change or its safety interval), and when throttled polls want another look."""
+
+    wakes: int
+    again: list[float] = field(default_factory=list)
+
+
+_looking: ContextVar[_Look] = ContextVar("looking")
 
 
 def look_again_at(when: float) -> None:
     """Ask the stream running this poll for another look at `when` (time.monotonic),
     even if nothing changes: a throttled summary, a clock shown on the page."""
-    wanted = _look_again.get(None)
-    if wanted is not None:
-        wanted.append(when)
+    current = _looking.get(None)
+    if current is not None:
+        current.again.append(when)
 
 
 def every(seconds: float, poll: Poll) -> Poll:
-    """`poll` at most once per `seconds` (the first call runs it); a call in between
-    asks for a look when the interval ends, so the last change is not left unsent."""
+    """`poll` at most once per `seconds` (the first call runs it). A call in between asks
+    for a look when the interval ends, so the last change is not left unsent; a look
+    that no wake came before since it last ran (such a later look) skips it."""
     last: float | None = None
+    last_wakes: int | None = None
 
     def sometimes() -> list[Update]:
-        nonlocal last
+        nonlocal last, last_wakes
+        current = _looking.get(None)
+        wakes = current.wakes if current is not None else None
+        if wakes is not None and wakes == last_wakes:
+            return []  # nothing happened since it ran
         now = time.monotonic()
         if last is None or now - last >= seconds:
-            last = now
+            last, last_wakes = now, wakes
             return poll()
         look_again_at(last + seconds)
         return []
@@ -121,6 +137,7 @@ async def browser(web: Web, request: Request, session: Session) -> Response:
     stream = web.live.open(session)
 
     async def updates() -> AsyncIterator[bytes]:
+        wakes = 0
         try:
             yield b"retry: 2000\n" + notice({"mode": "hello", "stream": stream.stream_id})
             while not web.ctx.hub.closed and not stream.closed:
@@ -128,10 +145,11 @@ async def browser(web: Web, request: Request, session: Session) -> Response:
                     yield notice({"mode": "signed-out"})
                     return
                 stream.wake.clear()
-                found, again_at = look(stream)
+                found, again_at = look(stream, wakes)
                 for key, update in found:
                     yield encoded(key, update)
-                await next_change(stream, again_at)
+                if await next_change(stream, again_at):
+                    wakes += 1
         finally:
             web.live.close(stream)
 
@@ -142,11 +160,12 @@ async def browser(web: Web, request: Request, session: Session) -> Response:
     )
 
 
-def look(stream: BrowserStream) -> tuple[list[tuple[str, Update]], float]:
-    """Every subscription's poll once: their updates (a topic that ended is dropped), and
-    when a throttled one wants another look (monotonic; infinity when none does)."""
-    wanted: list[float] = []
-    token = _look_again.set(wanted)
+def look(stream: BrowserStream, wakes: int) -> tuple[list[tuple[str, Update]], float]:
+    """Every subscription's poll once (the stream was woken `wakes` times so far): their
+    updates (a topic that ended is dropped), and when a throttled one wants another look
+    (monotonic; infinity when none does)."""
+    current = _Look(wakes)
+    token = _looking.set(current)
     try:
         found = []
         for key, poll in list(stream.polls.items()):
@@ -155,18 +174,22 @@ def look(stream: BrowserStream) -> tuple[list[tuple[str, Update]], float]:
                 if update.mode == "end":
                     stream.polls.pop(key, None)
     finally:
-        _look_again.reset(token)
-    return found, min(wanted, default=math.inf)
+        _looking.reset(token)
+    return found, min(current.again, default=math.inf)
 
 
-async def next_change(stream: BrowserStream, again_at: float) -> None:
+async def next_change(stream: BrowserStream, again_at: float) -> bool:
     """Sleep until the stream is woken (then a little longer, for the rest of a burst of
-    commits), a poll's `again_at`, or the safety interval."""
-    timeout = min(safety_seconds(), max(0.0, again_at - time.monotonic()))
+    commits), the safety interval passed, or a poll's `again_at`; whether it was one of
+    the first two (something may have changed) rather than the last."""
+    safety = safety_seconds()
+    timeout = min(safety, max(0.0, again_at - time.monotonic()))
     with anyio.move_on_after(timeout):
         await stream.wake.wait()
     if stream.wake.is_set():
         await anyio.sleep(COALESCE_SECONDS)
+        return True
+    return timeout >= safety
 
 
 def polled(poll: Poll) -> list[Update]:

@@ -44,9 +44,9 @@ def no_safety_look(monkeypatch: pytest.MonkeyPatch) -> None:
     looked = live.look
     LOOKS.clear()
 
-    def counted(stream: BrowserStream) -> tuple[list[tuple[str, Update]], float]:
+    def counted(stream: BrowserStream, wakes: int) -> tuple[list[tuple[str, Update]], float]:
         LOOKS.append(1)
-        return looked(stream)
+        return looked(stream, wakes)
 
     monkeypatch.setattr(live, "look", counted)
 
@@ -117,9 +117,10 @@ async def test_the_stream_says_signed_out_at_once(site: Site) -> None:
 
 
 def test_a_throttled_summary_asks_for_the_look_it_skipped() -> None:
-    """`every`: the first call runs, a call within the interval is skipped and asks the
-    stream to look again when the interval ends (else the last change would wait for
-    the safety look)."""
+    """`every`: the first call runs; a call within the interval after a new wake is
+    skipped and asks the stream to look again when the interval ends (else the last
+    change would wait for the safety look); a look with no wake since it ran skips it
+    and asks nothing (else the throttles would keep an idle stream looking)."""
     runs: list[int] = []
 
     def summary() -> list[Update]:
@@ -128,9 +129,10 @@ def test_a_throttled_summary_asks_for_the_look_it_skipped() -> None:
 
     stream = BrowserStream("s", Session("id", "csrf", 0.0))
     stream.subscribe("t:rooms", live.every(60.0, summary))
-    found, again_at = live.look(stream)
+    found, again_at = live.look(stream, 1)
     assert [u.html for _, u in found] == ["<li>1</li>"] and again_at == math.inf
-    found, again_at = live.look(stream)
+    assert live.look(stream, 1) == ([], math.inf)
+    found, again_at = live.look(stream, 2)
     assert found == [] and runs == [1]
     assert math.isfinite(again_at)
 
