@@ -54,8 +54,8 @@ from crew_server.web.views import agents_with_reasons, rooms_nav, turn_cost
 
 # A burst of commits (a turn's events, a post and its read mark) makes one look.
 COALESCE_SECONDS = 0.02
-# The slow look when nothing was signalled. CREW_WEB_LIVE=poll looks every
-# POLL_SECONDS instead, as the web app did before push: for `scripts/bench web` only.
+# The slow look when nothing was signalled. CREW_WEB_LIVE=poll ignores the signals and
+# looks every POLL_SECONDS, as the web app did before push: for `scripts/bench web` only.
 SAFETY_SECONDS = 5.0
 POLL_SECONDS = 0.4
 # Summaries cost a query per room or agent: the rooms list at most every 2 s, statuses
@@ -106,11 +106,6 @@ def every(seconds: float, poll: Poll) -> Poll:
         return []
 
     return sometimes
-
-
-def safety_seconds() -> float:
-    """How long a stream sleeps when nothing wakes it (see SAFETY_SECONDS)."""
-    return POLL_SECONDS if os.environ.get("CREW_WEB_LIVE") == "poll" else SAFETY_SECONDS
 
 
 def encoded(key: str, update: Update) -> bytes:
@@ -182,7 +177,10 @@ async def next_change(stream: BrowserStream, again_at: float) -> bool:
     """Sleep until the stream is woken (then a little longer, for the rest of a burst of
     commits), the safety interval passed, or a poll's `again_at`; whether it was one of
     the first two (something may have changed) rather than the last."""
-    safety = safety_seconds()
+    if os.environ.get("CREW_WEB_LIVE") == "poll":
+        await anyio.sleep(POLL_SECONDS)  # the loop before push, for the bench only
+        return True
+    safety = SAFETY_SECONDS
     timeout = min(safety, max(0.0, again_at - time.monotonic()))
     with anyio.move_on_after(timeout):
         await stream.wake.wait()
