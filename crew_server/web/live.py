@@ -14,17 +14,19 @@ Each stream looks at the store for each of its subscriptions when the store chan
 directly, in another process sharing PostgreSQL by NOTIFY; `streams.py`), after a
 short `COALESCE_SECONDS` so a burst of commits makes one look, and at least every
 `SAFETY_SECONDS` (what the clock alone changes: a session's expiry, a moved dev clock,
-and any change a signal missed). It sends `update` events, `{"key", "target", "mode", "html", "id"}`: `key` is the
-subscription (which tab), `target` an element id, `mode` "append" | "replace" |
-"outer" | "end", `html` a fragment rendered by the same templates (and escaping) as
-the page, `id` a message's seq or an event's index, which a resubscription after a
-reconnect passes back as `last` so nothing is sent twice. A stream ends when the
-server stops (the `EventHub` is closed), the browser goes away, or its session signs
-out (checked on each look; the stream says `signed-out` first).
+and any change a signal missed). It sends `update` events, `{"key", "target", "mode",
+"html", "id"}`: `key` is the subscription (which tab), `target` an element id, `mode`
+"append" | "replace" | "outer" | "end", `html` a fragment rendered by the same
+templates (and escaping) as the page, `id` a message's seq or an event's index, which
+a resubscription after a reconnect passes back as `last` so nothing is sent twice. A
+stream ends when the server stops (the `EventHub` is closed: it wakes the streams),
+the browser goes away, or its session signs out (checked on each look, and a sign-out
+wakes the streams; the stream says `signed-out` first).
 
 Summaries that cost a query per room or agent (the rooms list, the roster) are
 throttled by time (`every`): at most once per interval, and once more at its end when
-a look came in between (`look_again_at`).
+the stream was woken in between (`look_again_at`); never without a wake since it ran,
+or the throttles alone would keep an idle stream looking.
 """
 
 from __future__ import annotations
