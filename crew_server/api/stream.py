@@ -9,7 +9,7 @@ read the events after their cursor. A stream idle for `ping_seconds` sends a
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 import anyio
@@ -32,6 +32,8 @@ class EventHub:
         self._waiting: dict[str, set[asyncio.Event]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self.closed = False
+        # Called on close too (each safe from any thread): the web's live streams end.
+        self.on_close: list[Callable[[], None]] = []
 
     def close(self) -> None:
         """The server is stopping: end every stream (they would hold the shutdown forever).
@@ -42,6 +44,8 @@ class EventHub:
         loop = self._loop
         if loop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(self._set, set(self._waiting))
+        for callback in self.on_close:
+            callback()
 
     def subscribe(self, computer_id: str) -> asyncio.Event:
         """A flag set whenever this Computer gets new events."""

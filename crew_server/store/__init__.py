@@ -112,6 +112,15 @@ class Store(
     def listener(self, listener: Callable[[set[str]], None] | None) -> None:
         self._database.listener = listener
 
+    @property
+    def changed_listener(self) -> Callable[[], None] | None:
+        """Called after a commit that changed rows, ours or another process's."""
+        return self._database.changed_listener
+
+    @changed_listener.setter
+    def changed_listener(self, listener: Callable[[], None] | None) -> None:
+        self._database.changed_listener = listener
+
     def close(self) -> None:
         """Close the database connection."""
         self._database.close()

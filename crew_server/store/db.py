@@ -97,6 +97,9 @@ class Database:
         self.events_since_prune = 0
         # Called after a commit with the ids of Computers that have new SSE events.
         self.listener: Callable[[set[str]], None] | None = None
+        # Called after a commit that changed rows (in any process): the web's live
+        # streams look at the store again (crew_server/web/live.py).
+        self.changed_listener: Callable[[], None] | None = None
 
     def write(self) -> AbstractContextManager[Transaction]:
         """One write transaction; SSE listeners hear about new events after the commit."""
@@ -190,6 +193,8 @@ class SqliteDatabase(Database):
                 raise
         if tx.touched and self.listener is not None:
             self.listener(tx.touched)
+        if tx.changed and self.changed_listener is not None:
+            self.changed_listener()
 
     @contextmanager
     def read(self) -> Iterator[Transaction]:
@@ -224,13 +229,19 @@ class Transaction:
         # False when the operation commits without doing what was asked (a HELD reply
         # records delivery only): its idempotency key is not taken, a retry runs again.
         self.effective = True
+        # Whether a statement changed rows: only then are the web's streams told.
+        self.changed = False
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
         """Run one statement."""
-        return self._db.execute(sql, params)
+        cursor = self._db.execute(sql, params)
+        if cursor.rowcount > 0 and sql.lstrip()[:6].upper() != "SELECT":
+            self.changed = True
+        return cursor
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> Cursor:
         """Run one statement per row of parameters."""
+        self.changed = True
         return self._db.executemany(sql, rows)
 
     def now(self) -> str:

@@ -59,6 +59,8 @@ log = logging.getLogger("crew_server.store.postgres")
 T = TypeVar("T")
 
 CHANNEL = "crew_events"
+# Notified (empty payload) by every write that changed rows: the web's live streams.
+CHANGED_CHANNEL = "crew_changed"
 # How often one store operation is tried when concurrent writers keep conflicting.
 ATTEMPTS = 30
 # Advisory lock keys (any constants; one namespace per database).
@@ -188,6 +190,8 @@ class PostgresDatabase(Database):
                         "SELECT pg_notify(%s, c) FROM unnest(%s::text[]) AS c",
                         (CHANNEL, sorted(tx.touched)),
                     )
+                if tx.changed:
+                    connection.execute("SELECT pg_notify(%s, '')", (CHANGED_CHANNEL,))
                 connection.execute("COMMIT")
             except BaseException:
                 if not connection.closed and not connection.broken:
@@ -200,6 +204,8 @@ class PostgresDatabase(Database):
                 raise
         if tx.touched and self.listener is not None:
             self.listener(tx.touched)
+        if tx.changed and self.changed_listener is not None:
+            self.changed_listener()
 
     @contextmanager
     def read(self) -> Iterator[Transaction]:
@@ -214,9 +220,10 @@ class PostgresDatabase(Database):
     async def follow_other_processes(
         self, notify: Callable[[set[str]], None], notify_all: Callable[[], None]
     ) -> None:
-        """LISTEN for commits of other processes and pass their Computers to `notify`.
+        """LISTEN for commits of other processes and pass their Computers to `notify`,
+        and any change to `changed_listener` (the web's live streams).
 
-        Our own commits are told to the listener directly (skipped here). After a lost
+        Our own commits are told to the listeners directly (skipped here). After a lost
         connection every stream is woken: notifications in between are gone, and a
         spare wake only makes a stream read its (empty) tail.
         """
@@ -227,15 +234,26 @@ class PostgresDatabase(Database):
                     self.url, autocommit=True
                 ) as listening:
                     await listening.execute(f"LISTEN {CHANNEL}")
+                    await listening.execute(f"LISTEN {CHANGED_CHANNEL}")
                     if not first:
                         notify_all()
+                        self._changed_elsewhere()
                     first = False
                     async for note in listening.notifies():
-                        if note.pid != self.own_backend_pid():
+                        if note.pid == self.own_backend_pid():
+                            continue
+                        if note.channel == CHANGED_CHANNEL:
+                            self._changed_elsewhere()
+                        else:
                             notify({note.payload})
             except psycopg.OperationalError as exc:
                 log.warning("listening for other server processes failed (%s); again in 1 s", exc)
                 await anyio.sleep(1)
+
+    def _changed_elsewhere(self) -> None:
+        """Another process committed a change (or we may have missed some)."""
+        if self.changed_listener is not None:
+            self.changed_listener()
 
 
 @contextmanager

@@ -27,6 +27,9 @@ __all__ = ["web_routes"]
 def web_routes(ctx: Context) -> list[BaseRoute]:
     """The web app's routes (none under /api, /computer, /agent: those are the API's)."""
     web = Web(ctx)
+    # The live streams look again when the store changed, and end when the server stops.
+    ctx.store.changed_listener = web.live.changed
+    ctx.hub.on_close.append(web.live.stopping)
 
     def get(path: str, view: PageView) -> Route:
         return Route(path, page_view(web, view), methods=["GET"])

@@ -14,7 +14,7 @@ from urllib.parse import quote
 
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 
 from crew_server import models as m
 from crew_server.errors import Invalid, TooLarge
@@ -29,6 +29,7 @@ from crew_server.web.session import (
     Session,
     set_cookie,
 )
+from crew_server.web.streams import CLIENT_IDS
 from crew_server.web.views import computers_page
 
 M = TypeVar("M", bound=BaseModel)
@@ -112,6 +113,7 @@ def sign_in_again(web: Web, request: Request, target: str, error: str) -> Respon
 async def sign_out(web: Web, request: Request, session: Session, form: Form) -> Response:
     """End the session; the browser is back at the sign-in form."""
     web.sessions.end(session)
+    web.live.changed()  # its live streams say `signed-out` now
     response = see("/login")
     response.delete_cookie(SESSION_COOKIE, path="/")
     return response
@@ -140,10 +142,14 @@ async def post_message(web: Web, request: Request, session: Session, form: Form)
     body = validated(
         m.MessageCreate, {"body": form.get("body"), "thread_of": form.optional("thread_of")}
     )
-    web.store.user_post(room_id, body.body, body.thread_of)
+    client_id = CLIENT_IDS.checked(form.get("client_id"))
+    message = web.store.user_post(room_id, body.body, body.thread_of)
+    if client_id:
+        # The page shows it as pending; the stream's fragment says which one it is.
+        CLIENT_IDS.remember(message["id"], client_id)
     if request.headers.get("x-crew-fetch"):
         # The page's script sent it; the live stream shows the message.
-        return Response(status_code=204, headers=SECURITY_HEADERS)
+        return JSONResponse({"id": message["id"], "seq": message["seq"]}, headers=SECURITY_HEADERS)
     return see(back_to(form, f"/rooms/{room_id}"))
 
 

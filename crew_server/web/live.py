@@ -9,20 +9,35 @@ it itself, static/live-hub.js), which holds the browser's one `EventSource` on
 each tab's topics to it (`POST /live/subscriptions`, with the session's CSRF token)
 and unsubscribes them when a tab goes (`POST /live/subscriptions/leave`).
 
-Each stream looks at the store every `POLL_SECONDS` for each of its subscriptions and
-sends `update` events, `{"key", "target", "mode", "html", "id"}`: `key` is the
-subscription (which tab), `target` an element id, `mode` "append" | "replace" |
-"outer" | "end", `html` a fragment rendered by the same templates (and escaping) as
-the page, `id` a message's seq or an event's index, which a resubscription after a
-reconnect passes back as `last` so nothing is sent twice. A stream ends when the
-server stops (the `EventHub` is closed), the browser goes away, or its session signs
-out (checked on each poll; the stream says `signed-out` first).
+Each stream looks at the store for each of its subscriptions when the store changed
+(pushed, not polled: every write that changed rows wakes the streams, in this process
+directly, in another process sharing PostgreSQL by NOTIFY; `streams.py`), after a
+short `COALESCE_SECONDS` so a burst of commits makes one look, and at least every
+`SAFETY_SECONDS` (what the clock alone changes: a session's expiry, a moved dev clock,
+and any change a signal missed). It sends `update` events, `{"key", "target", "mode",
+"html", "id"}`: `key` is the subscription (which tab), `target` an element id, `mode`
+"append" | "replace" | "outer" | "end", `html` a fragment rendered by the same
+templates (and escaping) as the page, `id` a message's seq or an event's index, which
+a resubscription after a reconnect passes back as `last` so nothing is sent twice. A
+stream ends when the server stops (the `EventHub` is closed: it wakes the streams),
+the browser goes away, or its session signs out (checked on each look, and a sign-out
+wakes the streams; the stream says `signed-out` first).
+
+Summaries that cost a query per room or agent (the rooms list, the roster) are
+throttled by time (`every`): at most once per interval, and once more at its end when
+the stream was woken in between (`look_again_at`); never without a wake since it ran,
+or the throttles alone would keep an idle stream looking.
 """
 
 from __future__ import annotations
 
+import math
+import os
 import re
+import time
 from collections.abc import AsyncIterator, Callable
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -37,23 +52,61 @@ from crew_server.web.access import Form, Web
 from crew_server.web.render import SECURITY_HEADERS, fragment
 from crew_server.web.room_status import room_status
 from crew_server.web.session import Session
-from crew_server.web.streams import Poll, Update
+from crew_server.web.streams import BrowserStream, Poll, Update
 from crew_server.web.views import agents_with_reasons, rooms_nav, turn_cost
 
+# A burst of commits (a turn's events, a post and its read mark) makes one look.
+COALESCE_SECONDS = 0.02
+# The slow look when nothing was signalled. CREW_WEB_LIVE=poll ignores the signals and
+# looks every POLL_SECONDS, as the web app did before push: for `scripts/bench web` only.
+SAFETY_SECONDS = 5.0
 POLL_SECONDS = 0.4
-# Summaries (the rooms list, the roster) cost a query per room or agent: every 5th poll.
-SUMMARY_EVERY = 5
+# Summaries cost a query per room or agent: the rooms list at most every 2 s, statuses
+# every 0.5 s (seconds, not looks: a busy store wakes the streams often).
+SUMMARY_EVERY = 2.0
+STATUS_EVERY = 0.5
 KEY_CHARS = 100
 
 
-def every(nth: int, poll: Poll) -> Poll:
-    """`poll` on every `nth` call only (the first call included)."""
-    calls = 0
+@dataclass
+class _Look:
+    """The stream's look being run: how many times its stream was woken so far (by a
+    change or its safety interval), and when throttled polls want another look."""
+
+    wakes: int
+    again: list[float] = field(default_factory=list)
+
+
+_looking: ContextVar[_Look] = ContextVar("looking")
+
+
+def look_again_at(when: float) -> None:
+    """Ask the stream running this poll for another look at `when` (time.monotonic),
+    even if nothing changes: a throttled summary, a clock shown on the page."""
+    current = _looking.get(None)
+    if current is not None:
+        current.again.append(when)
+
+
+def every(seconds: float, poll: Poll) -> Poll:
+    """`poll` at most once per `seconds` (the first call runs it). A call in between asks
+    for a look when the interval ends, so the last change is not left unsent; a look
+    that no wake came before since it last ran (such a later look) skips it."""
+    last: float | None = None
+    last_wakes: int | None = None
 
     def sometimes() -> list[Update]:
-        nonlocal calls
-        calls += 1
-        return poll() if calls % nth == 1 or nth == 1 else []
+        nonlocal last, last_wakes
+        current = _looking.get(None)
+        wakes = current.wakes if current is not None else None
+        if wakes is not None and wakes == last_wakes:
+            return []  # nothing happened since it ran
+        now = time.monotonic()
+        if last is None or now - last >= seconds:
+            last, last_wakes = now, wakes
+            return poll()
+        look_again_at(last + seconds)
+        return []
 
     return sometimes
 
@@ -82,18 +135,19 @@ async def browser(web: Web, request: Request, session: Session) -> Response:
     stream = web.live.open(session)
 
     async def updates() -> AsyncIterator[bytes]:
+        wakes = 0
         try:
             yield b"retry: 2000\n" + notice({"mode": "hello", "stream": stream.stream_id})
             while not web.ctx.hub.closed and not stream.closed:
                 if not web.sessions.alive(session):
                     yield notice({"mode": "signed-out"})
                     return
-                for key, poll in list(stream.polls.items()):
-                    for update in polled(poll):
-                        yield encoded(key, update)
-                        if update.mode == "end":
-                            stream.polls.pop(key, None)
-                await anyio.sleep(POLL_SECONDS)
+                stream.wake.clear()
+                found, again_at = look(stream, wakes)
+                for key, update in found:
+                    yield encoded(key, update)
+                if await next_change(stream, again_at):
+                    wakes += 1
         finally:
             web.live.close(stream)
 
@@ -102,6 +156,41 @@ async def browser(web: Web, request: Request, session: Session) -> Response:
         media_type="text/event-stream",
         headers={**SECURITY_HEADERS, "X-Accel-Buffering": "no"},
     )
+
+
+def look(stream: BrowserStream, wakes: int) -> tuple[list[tuple[str, Update]], float]:
+    """Every subscription's poll once (the stream was woken `wakes` times so far): their
+    updates (a topic that ended is dropped), and when a throttled one wants another look
+    (monotonic; infinity when none does)."""
+    current = _Look(wakes)
+    token = _looking.set(current)
+    try:
+        found = []
+        for key, poll in list(stream.polls.items()):
+            for update in polled(poll):
+                found.append((key, update))
+                if update.mode == "end":
+                    stream.polls.pop(key, None)
+    finally:
+        _looking.reset(token)
+    return found, min(current.again, default=math.inf)
+
+
+async def next_change(stream: BrowserStream, again_at: float) -> bool:
+    """Sleep until the stream is woken (then a little longer, for the rest of a burst of
+    commits), the safety interval passed, or a poll's `again_at`; whether it was one of
+    the first two (something may have changed) rather than the last."""
+    if os.environ.get("CREW_WEB_LIVE") == "poll":
+        await anyio.sleep(POLL_SECONDS)  # the loop before push, for the bench only
+        return True
+    safety = SAFETY_SECONDS
+    timeout = min(safety, max(0.0, again_at - time.monotonic()))
+    with anyio.move_on_after(timeout):
+        await stream.wake.wait()
+    if stream.wake.is_set():
+        await anyio.sleep(COALESCE_SECONDS)
+        return True
+    return timeout >= safety
 
 
 def polled(poll: Poll) -> list[Update]:
@@ -296,7 +385,7 @@ def roster(web: Web, session: Session, path: dict[str, str], after: int, last: i
         return fragment("_roster.html", {"roster": agents_with_reasons(web)})
 
     changed.replace("roster", render())
-    return every(2, lambda: changed.replace("roster", render()))
+    return every(STATUS_EVERY, lambda: changed.replace("roster", render()))
 
 
 def agent(web: Web, session: Session, path: dict[str, str], after: int, last: int | None) -> Poll:
@@ -313,7 +402,7 @@ def agent(web: Web, session: Session, path: dict[str, str], after: int, last: in
         ) + changed.replace("agent-turns", fragment("_turn_rows.html", {"turns": turns}))
 
     poll()
-    return every(2, poll)
+    return every(STATUS_EVERY, poll)
 
 
 def turn(web: Web, session: Session, path: dict[str, str], after: int, last: int | None) -> Poll:

@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.templating import Jinja2Templates
 
+from crew_server.web.streams import CLIENT_IDS
 from crew_server.web.turn_events import shown_event
 
 HERE = Path(__file__).parent
@@ -90,6 +91,7 @@ def _environment() -> jinja2.Environment:
         pretty=pretty,
         shown_event=shown_event,
     )
+    env.filters["client_id"] = CLIENT_IDS.of
     return env
 
 

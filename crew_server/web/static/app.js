@@ -3,7 +3,8 @@
 //    the SharedWorker live-worker.js, shared by all tabs; live-hub.js in the page when
 //    there is no SharedWorker) and applies its updates (server-rendered, escaped
 //    fragments: {target, mode, html});
-//  - sends a composer's message without a reload (the stream shows it);
+//  - sends a composer's message without a reload, showing it at once as pending until
+//    the stream brings the server's copy;
 //  - completes @handles in a composer.
 // Without it every page still works: forms post and the page reloads.
 "use strict";
@@ -20,6 +21,7 @@ function applyUpdate(update) {
     if (empty) empty.remove();
     const nearBottom = target.scrollHeight - target.scrollTop - target.clientHeight < 80;
     target.insertAdjacentHTML("beforeend", update.html);
+    replacePending(target);
     if (nearBottom) target.scrollTop = target.scrollHeight;
   } else if (update.mode === "replace") {
     target.innerHTML = update.html;
@@ -65,33 +67,112 @@ function openLiveStreams() {
   });
 }
 
+// Sends the composer's message without a reload, shown at once as pending (optimistic);
+// the stream's copy of it replaces the pending one (matched by the client id the server
+// echoes as data-client-id, or by the message id the post answered). A refused post
+// leaves the pending one marked failed, with the reason, and the text in the composer.
 function sendWithoutReload(form) {
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
     const field = form.querySelector("textarea");
     const button = form.querySelector("button[type=submit]");
-    if (!field.value.trim()) return;
+    const text = field.value;
+    if (!text.trim()) return;
+    const clientId = "c" + Date.now().toString(36) + Math.random().toString(36).slice(2, 10);
+    const clientField = form.querySelector("input[name=client_id]");
+    if (clientField) clientField.value = clientId;
+    const body = new URLSearchParams(new FormData(form));
+    const pending = showPending(form, text, clientId);
+    field.value = "";
     button.disabled = true;
     try {
       const answer = await fetch(form.action, {
         method: "POST",
-        body: new URLSearchParams(new FormData(form)),
+        body,
         headers: { "X-Crew-Fetch": "1" },
         credentials: "same-origin",
       });
       if (answer.ok) {
-        field.value = "";
+        const sent = await answer.json().catch(() => null);
+        if (sent && sent.id) settlePending(pending, String(sent.id));
         showProblem(form, "");
       } else {
-        showProblem(form, await answer.text());
+        notSent(form, pending, text, await refusalText(answer));
       }
     } catch (error) {
-      showProblem(form, "Not sent: the server did not answer. Try again.");
+      notSent(form, pending, text, "Not sent: the server did not answer. Try again.");
     } finally {
       button.disabled = false;
       field.focus();
     }
   });
+}
+
+// The person's own message in the timeline, until the stream brings the server's copy.
+// Built with DOM methods: the text goes in as text, never as markup.
+function showPending(form, text, clientId) {
+  const timeline = document.getElementById(form.dataset.timeline || "");
+  if (!timeline) return null;
+  const message = document.createElement("article");
+  message.className = "message kind-normal by-user pending";
+  message.dataset.clientId = clientId;
+  const header = document.createElement("header");
+  const author = document.createElement("span");
+  author.className = "author";
+  // The name the server shows for the person's messages, when one is on the page.
+  const shown = timeline.querySelector(".message.by-user:not(.pending) .author");
+  author.textContent = shown ? shown.textContent : "You";
+  const state = document.createElement("span");
+  state.className = "state";
+  state.setAttribute("role", "status");
+  state.textContent = "sending…";
+  header.append(author, " ", state);
+  const body = document.createElement("div");
+  body.className = "body";
+  body.textContent = text;
+  message.append(header, body);
+  const empty = timeline.querySelector(".empty");
+  if (empty) empty.remove();
+  timeline.append(message);
+  timeline.scrollTop = timeline.scrollHeight;
+  return message;
+}
+
+// The post was stored as message `id`: the pending copy goes if the stream's is here.
+function settlePending(pending, id) {
+  if (!pending || !pending.isConnected) return;
+  pending.dataset.messageId = id;
+  if (document.getElementById("m-" + id) || document.getElementById("t-" + id)) pending.remove();
+}
+
+// A message the stream appended: the pending copy it stands for goes.
+function replacePending(target) {
+  const added = target.lastElementChild;
+  if (!added || !added.classList.contains("message") || added.classList.contains("pending")) return;
+  const clientId = added.dataset.clientId;
+  const messageId = added.id.replace(/^[mt]-/, "");
+  for (const pending of target.querySelectorAll(".message.pending")) {
+    if ((clientId && pending.dataset.clientId === clientId) || pending.dataset.messageId === messageId) {
+      pending.remove();
+    }
+  }
+}
+
+function notSent(form, pending, text, reason) {
+  if (pending) {
+    pending.classList.add("failed");
+    pending.querySelector(".state").textContent = reason;
+  }
+  const field = form.querySelector("textarea");
+  if (!field.value.trim()) field.value = text; // the text is not lost
+  showProblem(form, reason);
+}
+
+// What a refused post says: the server's sentence, or its status when it sent a page.
+async function refusalText(answer) {
+  const type = answer.headers.get("content-type") || "";
+  if (!type.includes("html")) return await answer.text();
+  return "Not sent: the server refused it (HTTP " + answer.status + "). Reload the page and try again.";
 }
 
 function showProblem(form, text) {
