@@ -5,7 +5,8 @@ Computers, agents, tokens), `rooms`, `messages`, `positions` (and the unread
 claim), `turns`, `tasks`, `reminders`, `mutes`, `user_reads` (the web app's unread
 counts), `writes` (idempotency keys of agent writes), `loop_guard` (agents paused where they
 answer each other without end), `budget_holds` (agents held at a budget cap), `approvals`
-(the cards an `ask` rule puts to the person); `db` holds the connection, the
+(the cards an `ask` rule puts to the person), `removals` (deleting agents, rooms and
+Computers; a group's name and members); `db` holds the connection, the
 transactions, the migrations and the SSE event log. Each part runs its
 statements through a `db.Transaction`; what parts share (a room's row, posting
 a message, claiming a room) are plain functions of a transaction.
@@ -34,6 +35,7 @@ from crew_server.store.messages import Messages
 from crew_server.store.mutes import Mutes
 from crew_server.store.positions import CLAIM_MAX_CHARS, CLAIM_MAX_MESSAGES, Positions
 from crew_server.store.reminders import Reminders
+from crew_server.store.removals import Removals
 from crew_server.store.rooms import Rooms
 from crew_server.store.tasks import Tasks
 from crew_server.store.turns import Turns
@@ -66,6 +68,7 @@ class Store(
     LoopGuard,
     Budgets,
     Approvals,
+    Removals,
     EventLog,
 ):
     """The server's durable state and the operations on it (see the package docstring)."""
