@@ -265,8 +265,8 @@ def count(tx: Transaction, where: str, *params: Any) -> int:
 
 
 def agent_preview(tx: Transaction, agent_id: str) -> dict[str, int]:
-    """What goes with an agent: its dm's messages, its reminders, the tasks it holds, and
-    the groups it leaves (its messages there stay)."""
+    """What goes with an agent: its dm (and its messages), its reminders, the tasks it
+    holds, and the groups it leaves (its messages there stay)."""
     live_agent(tx, agent_id)
     dm_messages = count(
         tx,
@@ -280,7 +280,13 @@ def agent_preview(tx: Transaction, agent_id: str) -> dict[str, int]:
         "AND rm.agent_id = ?",
         agent_id,
     )
+    dms = count(
+        tx,
+        "room_members rm JOIN rooms r ON r.id = rm.room_id WHERE r.kind = 'dm' AND rm.agent_id = ?",
+        agent_id,
+    )
     return {
+        "dms": dms,
         "dm_messages": dm_messages,
         "groups": groups,
         "reminders": count(tx, "reminders WHERE agent_id = ?", agent_id),
