@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import html
 
+import anyio
 import pytest
 
+from crew_harness.waiting import wait_until_async
 from crew_server.errors import NotFound
-from tests.web.site import Site
+from tests.web.site import Site, open_browser_stream, updates_in
 
 pytestmark = pytest.mark.anyio
 
@@ -152,3 +154,32 @@ async def test_every_form_is_refused_without_the_csrf_token_and_changes_nothing(
     assert room["title"] == "Crew"
     assert [m.get("handle") for m in room["members"]] == [None, "ada", "bob"]
     assert len(site.store.list_rooms()) == 2
+
+
+async def test_a_live_page_of_a_deleted_room_ends(site: Site) -> None:
+    """A tab open on the room when it is deleted: its topic ends (and says why)."""
+    csrf = await site.sign_in()
+    group_id, _, _, _ = await crew(site)
+    async with anyio.create_task_group() as tasks:
+        stream, stream_id = await open_browser_stream(site, tasks)
+        answer = await site.browser.post(
+            "/live/subscriptions",
+            data={
+                "csrf": csrf,
+                "stream": stream_id,
+                "key": "t1:timeline",
+                "topic": f"/live/rooms/{group_id}?after=1",
+            },
+            headers={"X-Crew-Fetch": "1"},
+        )
+        assert answer.status_code == 204, answer.text
+        done = await site.browser.post(f"/rooms/{group_id}/delete", data={"csrf": csrf})
+        assert done.status_code == 303
+
+        def ended() -> list[dict[str, object]]:
+            return [u for u in updates_in(stream) if u.get("mode") == "end"]
+
+        [end] = await wait_until_async("the topic to end", ended)
+        assert end["key"] == "t1:timeline" and f"no room {group_id}" in str(end["html"])
+        stream.gone.set()
+        tasks.cancel_scope.cancel()
