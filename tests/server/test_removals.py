@@ -69,6 +69,8 @@ async def test_deleting_an_agent_takes_its_dm_and_tokens_and_keeps_its_group_mes
     # Gone for good: a second delete, a patch, a room with her are refused; @ada is free.
     await world.ok("DELETE", f"/api/agents/{ada['id']}", status=404)
     await world.ok("PATCH", f"/api/agents/{ada['id']}", json={"name": "A"}, status=404)
+    await world.ok("GET", f"/api/agents/{ada['id']}/positions", status=404)
+    await world.ok("DELETE", f"/api/agents/{ada['id']}/mutes/{group['id']}", status=404)
     body = {"kind": "group", "title": "Again", "agent_ids": [ada["id"]]}
     await world.ok("POST", "/api/rooms", json=body, status=404)
     again = await world.agent("ada", box)
