@@ -142,6 +142,9 @@ class EventStream:
     async def _on_event(self, event: ServerSentEvent) -> None:
         if event.event == "superseded":
             raise Superseded("a newer connection with this Computer's token", status=409)
+        if event.event == "revoked":
+            # The Computer was deleted on the server: its token works no more.
+            raise Unauthorized(str(_field(event.data, "reason") or "the token was revoked"))
         if event.event == "wake":
             agent_id = agent_id_of(event.data)
             if agent_id is None:
@@ -170,3 +173,12 @@ def agent_id_of(data: str) -> str | None:
     if isinstance(parsed, dict) and isinstance(parsed.get("agent_id"), str):
         return str(parsed["agent_id"])
     return None
+
+
+def _field(data: str, name: str) -> Any:
+    """One field of an event's JSON object data (None when the data is not one)."""
+    try:
+        parsed: Any = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    return parsed.get(name) if isinstance(parsed, dict) else None

@@ -295,8 +295,17 @@ class RoomCreate(Request):
 
 
 class RoomPatch(Request):
-    """A room's loop guard (a dm or a group; a thread follows its group). null or absent:
-    no change."""
+    """A room's loop guard (a dm or a group; a thread follows its group), a group's title
+    and members. null or absent: no change."""
+
+    title: Name | None = Field(
+        default=None, description="a group's new title (a dm or a thread has none: 422)"
+    )
+    agent_ids: Annotated[list[Uuid], Field(max_length=500)] | None = Field(
+        default=None,
+        description="a group's agents from now on (the whole list): a removed one is no longer "
+        "woken there, an added one starts at the newest message; a dm or a thread: 422",
+    )
 
     agent_hop_limit: (
         Annotated[

@@ -71,6 +71,7 @@ _PATH_PARAMS: dict[str, dict[str, Any]] = {
     "room_id": UUID,
     "reminder_id": UUID,
     "approval_id": UUID,
+    "computer_id": UUID,
     "number": {"type": "integer", "minimum": 1},
 }
 # The repository grants no license yet; the documents say so rather than stay silent.

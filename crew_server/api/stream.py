@@ -125,7 +125,8 @@ def event_stream(
     """The open SSE answer for a Computer's connection, resuming after `last_event_id`.
 
     When a newer connection with the same token appears, the stream sends one
-    `superseded` event (`{"epoch": <the new epoch>}`) and ends.
+    `superseded` event (`{"epoch": <the new epoch>}`) and ends; when the Computer is
+    deleted (its token revoked), one `revoked` event (`{"reason": …}`) and ends.
     """
     computer_id = caller.computer_id
     # An id from before a database reset would hide every new event: start afresh.
@@ -151,8 +152,15 @@ def event_stream(
                 flag.clear()
                 current = store.current_epoch(computer_id)
                 if current != caller.epoch:
-                    data = orjson.dumps({"epoch": current}).decode()
-                    yield f"{retry}id: {cursor}\nevent: superseded\ndata: {data}\n\n".encode()
+                    # A deleted Computer's epoch moves on too: it is told why, and ends.
+                    revoked = store.computer_revoked(computer_id)
+                    event, answer = (
+                        ("revoked", {"reason": revoked})
+                        if revoked is not None
+                        else ("superseded", {"epoch": current})
+                    )
+                    data = orjson.dumps(answer).decode()
+                    yield f"{retry}id: {cursor}\nevent: {event}\ndata: {data}\n\n".encode()
                     return
                 rows = store.events_after(computer_id, cursor)
                 for event_id, event, data in rows:

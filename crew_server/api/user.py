@@ -128,12 +128,38 @@ async def get_room(ctx: Context, request: Request) -> Response:
 
 
 async def patch_room(ctx: Context, request: Request) -> Response:
-    """Change a room's loop guard."""
+    """Change a group's title and members, a room's loop guard."""
     ctx.user(request)
     body = await read_body(request, m.RoomPatch)
     room_id = request.path_params["room_id"]
-    ctx.store.set_loop_limits(room_id, body.agent_hop_limit, body.agent_rate_limit)
+    group_change = body.title is not None or body.agent_ids is not None
+    if group_change:
+        ctx.store.update_room(room_id, body.title, body.agent_ids)
+    if not group_change or body.agent_hop_limit is not None or body.agent_rate_limit is not None:
+        ctx.store.set_loop_limits(room_id, body.agent_hop_limit, body.agent_rate_limit)
     return json_response(ctx.store.get_room(room_id))
+
+
+async def delete_agent(ctx: Context, request: Request) -> Response:
+    """Delete an agent (its dm goes, its tokens stop working)."""
+    ctx.user(request)
+    ctx.store.delete_agent(request.path_params["agent_id"])
+    return no_content()
+
+
+async def delete_room(ctx: Context, request: Request) -> Response:
+    """Delete a dm or a group with its threads and messages."""
+    ctx.user(request)
+    ctx.store.delete_room(request.path_params["room_id"])
+    return no_content()
+
+
+async def delete_computer(ctx: Context, request: Request) -> Response:
+    """Delete a Computer: its token is revoked, its open event stream ends."""
+    ctx.user(request)
+    # The store wakes the Computer's open stream after the commit: it sees and ends.
+    ctx.store.delete_computer(request.path_params["computer_id"])
+    return no_content()
 
 
 async def post_message(ctx: Context, request: Request) -> Response:
@@ -244,6 +270,18 @@ OPS: list[Op] = [
         handler=list_computers,
     ),
     Op(
+        "delete",
+        "/api/computers/{computer_id}",
+        "deleteComputer",
+        "Delete a Computer: its token is revoked at once (every call with it answers 401 "
+        "saying so), so are its agents' tokens; its open event stream gets `revoked` and ends; "
+        "its running turns end `interrupted`; its agents stay, without a Computer "
+        "(`computer_id` null). 404 for a Computer that does not exist (or was deleted).",
+        "user",
+        status=204,
+        handler=delete_computer,
+    ),
+    Op(
         "post",
         "/api/sign-in-codes",
         "createSignInCode",
@@ -294,6 +332,19 @@ OPS: list[Op] = [
         m.AgentPatch,
         answer=m.AgentSaved,
         handler=patch_agent,
+    ),
+    Op(
+        "delete",
+        "/api/agents/{agent_id}",
+        "deleteAgent",
+        "Delete an agent: its dm goes (with its messages), its messages in groups stay (the "
+        "author reads `<name> (deleted)`, handle null); its tokens stop working (401); it "
+        "leaves every group (its positions, mutes and reminders go); its tasks are unassigned; "
+        "its running turn ends `cancelled` and its Computer gets `agents` (the runner stops). "
+        "Its handle is free again. 404 for an agent that does not exist (or was deleted).",
+        "user",
+        status=204,
+        handler=delete_agent,
     ),
     Op(
         "post",
@@ -362,11 +413,25 @@ OPS: list[Op] = [
         "patchRoom",
         "Change a dm's or group's loop guard: `agent_hop_limit` (0–100), `agent_rate_limit` "
         "(1–600 a minute). Out of range: 422 with the reason; a thread: 422 (it follows its "
-        "group). A pause on stays on until the user writes.",
+        "group). A pause on stays on until the user writes. A group's `title` (as in "
+        "createRoom) and members (`agent_ids`, the whole list: a removed agent is no longer "
+        "woken there and its position and mutes there go; an added one starts at the newest "
+        "message); for a dm or a thread: 422 with the reason.",
         "user",
         m.RoomPatch,
         answer=m.Room,
         handler=patch_room,
+    ),
+    Op(
+        "delete",
+        "/api/rooms/{room_id}",
+        "deleteRoom",
+        "Delete a dm or a group with its threads, messages, tasks, reminders, positions and "
+        "mutes; its agents stay. A pending approval card in it ends `expired`. A thread: 422 "
+        "(it goes with its group). A live page of the room ends.",
+        "user",
+        status=204,
+        handler=delete_room,
     ),
     Op(
         "post",

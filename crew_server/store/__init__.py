@@ -6,7 +6,8 @@ claim), `turns`, `tasks`, `reminders`, `mutes`, `user_reads` (the web app's unre
 counts), `writes` (idempotency keys of agent writes), `loop_guard` (agents paused where they
 answer each other without end), `budget_holds` (agents held at a budget cap), `approvals`
 (the cards an `ask` rule puts to the person), `room_activity` (the room's status line:
-who works, whose turns failed); `db` holds the connection, the
+who works, whose turns failed), `removals` (deleting agents, rooms and Computers; a
+group's name and members); `db` holds the connection, the
 transactions, the migrations and the SSE event log. Each part runs its
 statements through a `db.Transaction`; what parts share (a room's row, posting
 a message, claiming a room) are plain functions of a transaction.
@@ -36,6 +37,7 @@ from crew_server.store.mutes import Mutes
 from crew_server.store.positions import CLAIM_MAX_CHARS, CLAIM_MAX_MESSAGES, Positions
 from crew_server.store.reminders import Reminders
 from crew_server.store.room_activity import RoomActivity
+from crew_server.store.removals import Removals
 from crew_server.store.rooms import Rooms
 from crew_server.store.tasks import Tasks
 from crew_server.store.turns import Turns
@@ -69,6 +71,7 @@ class Store(
     Budgets,
     Approvals,
     RoomActivity,
+    Removals,
     EventLog,
 ):
     """The server's durable state and the operations on it (see the package docstring)."""

@@ -30,6 +30,7 @@ from crew_server.store.answered import ack_answered_rooms
 from crew_server.store.approval_state import RECONNECTED, close_turn_approvals
 from crew_server.store.budgets import budget_state, read_budget, stored_budget
 from crew_server.store.db import StorePart, Transaction, new_id
+from crew_server.store.removals import revoked_reason
 from crew_server.store.turn_binding import bound_turn
 
 log = logging.getLogger("crew_server.store")
@@ -120,7 +121,10 @@ def check_computer(tx: Transaction, computer_id: str | None) -> None:
     """NotFound unless `computer_id` is None or names a Computer."""
     if (
         computer_id is not None
-        and tx.execute("SELECT 1 FROM computers WHERE id = ?", (computer_id,)).fetchone() is None
+        and tx.execute(
+            "SELECT 1 FROM computers WHERE id = ? AND deleted_at IS NULL", (computer_id,)
+        ).fetchone()
+        is None
     ):
         raise NotFound(f"no computer {computer_id}; create it with POST /api/computers first")
 
@@ -218,12 +222,15 @@ class Identities(StorePart):
         """The Computer id a computer token belongs to; Unauthorized when none."""
         with self._database.read() as tx:
             row = tx.execute(
-                "SELECT id FROM computers WHERE token_hash = ?", (hash_token(token),)
+                "SELECT id, name, deleted_at FROM computers WHERE token_hash = ?",
+                (hash_token(token),),
             ).fetchone()
         if row is None:
             raise Unauthorized(
                 "the computer token is not valid; check the credential you were given"
             )
+        if row["deleted_at"] is not None:
+            raise Unauthorized(revoked_reason(row["name"], row["deleted_at"]))
         return str(row["id"])
 
     def agent_by_token(self, token: str, turn_secret: str | None = None) -> AgentIdentity:
@@ -260,7 +267,7 @@ class Identities(StorePart):
         with self._database.read() as tx:
             rows = tx.execute(
                 "SELECT id, name, epoch, hostname, platform, version, capacity, models, connected_at "
-                "FROM computers ORDER BY created_at, id"
+                "FROM computers WHERE deleted_at IS NULL ORDER BY created_at, id"
             ).fetchall()
         return [{**dict(r), "models": orjson.loads(r["models"])} for r in rows]
 
@@ -364,7 +371,7 @@ class Identities(StorePart):
         """One agent (without status)."""
         with self._database.read() as tx:
             row = tx.execute(
-                f"SELECT {AGENT_COLS} FROM agents WHERE id = ?", (agent_id,)
+                f"SELECT {AGENT_COLS} FROM agents WHERE id = ? AND deleted_at IS NULL", (agent_id,)
             ).fetchone()
         if row is None:
             raise NotFound(f"no agent {agent_id}")
@@ -400,7 +407,8 @@ class Identities(StorePart):
         warnings: list[str] = []
         with self._database.write() as tx:
             row = tx.execute(
-                "SELECT computer_id, model FROM agents WHERE id = ?", (agent_id,)
+                "SELECT computer_id, model FROM agents WHERE id = ? AND deleted_at IS NULL",
+                (agent_id,),
             ).fetchone()
             if row is None:
                 raise NotFound(f"no agent {agent_id}")
@@ -431,7 +439,7 @@ class Identities(StorePart):
                 f"SELECT {AGENT_COLS}, problem, budget_extra_turns, "
                 "(SELECT status FROM turns t WHERE t.agent_id = agents.id "
                 " ORDER BY started_at DESC, rowid DESC LIMIT 1) AS last_status "
-                "FROM agents ORDER BY handle"
+                "FROM agents WHERE deleted_at IS NULL ORDER BY handle"
             ).fetchall()
             states = {
                 r["id"]: budget_state(tx, r["id"], r["budget"], r["budget_extra_turns"])

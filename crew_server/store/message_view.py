@@ -20,8 +20,9 @@ USER_AUTHOR: dict[str, Any] = {"kind": "user", "id": "user", "name": "User", "ha
 SYSTEM_AUTHOR: dict[str, Any] = {"kind": "system", "id": "system", "name": "Crew", "handle": None}
 
 MESSAGE_SELECT = """
-SELECT m.id, m.room_id, m.seq, m.author_kind, m.author_id, a.name AS author_name,
-       a.handle AS author_handle, m.body, m.kind, m.mentions, m.thread_id, m.thread_replies,
+SELECT m.id, m.room_id, m.seq, m.author_kind, m.author_id,
+       CASE WHEN a.deleted_at IS NULL THEN a.name ELSE a.name || ' (deleted)' END AS author_name,
+       CASE WHEN a.deleted_at IS NULL THEN a.handle END AS author_handle, m.body, m.kind, m.mentions, m.thread_id, m.thread_replies,
        m.thread_last_at, m.created_at, t.number AS task_number, t.title AS task_title,
        t.status AS task_status, ta.handle AS task_assignee,
        {approval}

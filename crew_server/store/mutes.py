@@ -41,7 +41,12 @@ class Mutes(StorePart):
         """The user mutes an agent in a group until unmuted (the agent's own `mute` rules:
         groups only, members only)."""
         with self._database.write() as tx:
-            if tx.execute("SELECT 1 FROM agents WHERE id = ?", (agent_id,)).fetchone() is None:
+            if (
+                tx.execute(
+                    "SELECT 1 FROM agents WHERE id = ? AND deleted_at IS NULL", (agent_id,)
+                ).fetchone()
+                is None
+            ):
                 raise NotFound(f"no agent {agent_id}")
             require_member(tx, room_id, agent_id)
             kind = room_row(tx, room_id)["kind"]
@@ -66,7 +71,12 @@ class Mutes(StorePart):
     def unmute(self, agent_id: str, room_id: str) -> None:
         """Lift a mute. Wakes nobody: what arrived meanwhile waits for the next wake-up."""
         with self._database.write() as tx:
-            if tx.execute("SELECT 1 FROM agents WHERE id = ?", (agent_id,)).fetchone() is None:
+            if (
+                tx.execute(
+                    "SELECT 1 FROM agents WHERE id = ? AND deleted_at IS NULL", (agent_id,)
+                ).fetchone()
+                is None
+            ):
                 raise NotFound(f"no agent {agent_id}")
             room_row(tx, room_id)
             tx.execute("DELETE FROM mutes WHERE agent_id = ? AND room_id = ?", (agent_id, room_id))

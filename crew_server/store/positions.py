@@ -162,7 +162,12 @@ class Positions(StorePart):
     def positions(self, agent_id: str) -> list[dict[str, Any]]:
         """An agent's delivered and read positions per room."""
         with self._database.read() as tx:
-            if tx.execute("SELECT 1 FROM agents WHERE id = ?", (agent_id,)).fetchone() is None:
+            if (
+                tx.execute(
+                    "SELECT 1 FROM agents WHERE id = ? AND deleted_at IS NULL", (agent_id,)
+                ).fetchone()
+                is None
+            ):
                 raise NotFound(f"no agent {agent_id}")
             rows = tx.execute(
                 "SELECT room_id, delivered_seq, read_seq FROM positions WHERE agent_id = ? "

@@ -116,7 +116,12 @@ class Rooms(StorePart):
             raise Invalid("a group needs a title")
         with self._database.write() as tx:
             for agent_id in ids:
-                if tx.execute("SELECT 1 FROM agents WHERE id = ?", (agent_id,)).fetchone() is None:
+                if (
+                    tx.execute(
+                        "SELECT 1 FROM agents WHERE id = ? AND deleted_at IS NULL", (agent_id,)
+                    ).fetchone()
+                    is None
+                ):
                     raise NotFound(f"no agent {agent_id}; create it first")
             if kind == "dm":
                 row = tx.execute(

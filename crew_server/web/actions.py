@@ -30,7 +30,7 @@ from crew_server.web.session import (
     set_cookie,
 )
 from crew_server.web.streams import CLIENT_IDS
-from crew_server.web.views import computers_page
+from crew_server.web.views import computers_page, room_title
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -379,3 +379,48 @@ async def answer_approval(web: Web, request: Request, session: Session, form: Fo
     body = validated(m.ApprovalDecide, {"decision": form.get("decision")})
     web.store.answer_approval(request.path_params["approval_id"], body.decision)
     return see(back_to(form, "/rooms"))
+
+
+# ---------------------------------------------------------------- removals (issue 25)
+
+
+async def rename_room(web: Web, request: Request, session: Session, form: Form) -> Response:
+    """Rename a group (as PATCH /api/rooms/{id} with `title`)."""
+    room_id = request.path_params["room_id"]
+    body = validated(m.RoomPatch, {"title": form.get("title")})
+    web.store.update_room(room_id, body.title, None)
+    return see(back_to(form, f"/rooms/{room_id}"))
+
+
+async def set_members(web: Web, request: Request, session: Session, form: Form) -> Response:
+    """Make the checked agents the group's (as PATCH /api/rooms/{id} with `agent_ids`)."""
+    room_id = request.path_params["room_id"]
+    body = validated(m.RoomPatch, {"agent_ids": [a for a in form.all("agent_id") if a]})
+    web.store.update_room(room_id, None, body.agent_ids)
+    return see(back_to(form, f"/rooms/{room_id}"))
+
+
+async def delete_agent(web: Web, request: Request, session: Session, form: Form) -> Response:
+    """Delete an agent (the confirmation page's form; as DELETE /api/agents/{id})."""
+    agent = web.store.get_agent(request.path_params["agent_id"])
+    web.store.delete_agent(agent["id"])
+    web.flashes[session.session_id] = f"{agent['name']} (@{agent['handle']}) was deleted."
+    return see("/agents")
+
+
+async def delete_room(web: Web, request: Request, session: Session, form: Form) -> Response:
+    """Delete a dm or a group (the confirmation page's form; as DELETE /api/rooms/{id})."""
+    room = web.store.get_room(request.path_params["room_id"])
+    web.store.delete_room(room["id"])
+    web.flashes[session.session_id] = f"{room_title(room)} was deleted."
+    return see("/rooms")
+
+
+async def delete_computer(web: Web, request: Request, session: Session, form: Form) -> Response:
+    """Delete a Computer, revoking its token (the confirmation page's form; as DELETE
+    /api/computers/{id})."""
+    computer_id = request.path_params["computer_id"]
+    name = next((c["name"] for c in web.store.list_computers() if c["id"] == computer_id), None)
+    web.store.delete_computer(computer_id)
+    web.flashes[session.session_id] = f"The Computer {name} was deleted; its token is revoked."
+    return see("/computers")

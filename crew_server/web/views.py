@@ -164,8 +164,17 @@ async def room(web: Web, request: Request, session: Session) -> Response:
         "tasks": web.store.list_tasks(USER, room_id),
         "statuses": STATUSES,
         "status": room_status(web, room_id),
+        **room_settings(web, shown),
     }
     return page(request, "room.html", context)
+
+
+def room_settings(web: Web, shown: dict[str, Any]) -> dict[str, Any]:
+    """What the room's settings (`_room_settings.html`) need: every agent, the members."""
+    return {
+        "all_agents": web.store.list_agents() if shown["kind"] == "group" else [],
+        "member_ids": {m["id"] for m in shown["members"] if m["kind"] == "agent"},
+    }
 
 
 async def agents(web: Web, request: Request, session: Session) -> Response:
@@ -255,3 +264,114 @@ def computers_page(
         "server_url": web.ctx.public_url or str(request.base_url).rstrip("/"),
     }
     return page(request, "computers.html", context, 201 if created else 200)
+
+
+# ---------------------------------------------------------------- confirmations (issue 25)
+
+
+def plural(count: int, one: str, many: str | None = None) -> str:
+    """`1 message`, `3 messages`."""
+    return f"{count} {one if count == 1 else (many or one + 's')}"
+
+
+def confirm_page(
+    web: Web,
+    request: Request,
+    session: Session,
+    section: str,
+    texts: dict[str, Any],
+) -> Response:
+    """The page a destructive link leads to: what goes, and the one form that does it."""
+    context = {**web.base(session, section, request), **texts}
+    return page(request, "confirm.html", context)
+
+
+async def confirm_agent_delete(web: Web, request: Request, session: Session) -> Response:
+    """ "Delete Ada?" with what goes with her, and the form that deletes."""
+    agent_id = request.path_params["agent_id"]
+    shown = web.store.get_agent(agent_id)
+    counts = web.store.removal_preview("agent", agent_id)
+    name = shown["name"]
+    consequences = [
+        f"{name}'s direct chat goes, with its {plural(counts['dm_messages'], 'message')}."
+        if counts["dms"]
+        else "",
+        f"{name} leaves {plural(counts['groups'], 'group')}; what {name} wrote there stays, "
+        f"signed “{name} (deleted)”."
+        if counts["groups"]
+        else "",
+        f"{name}'s {plural(counts['reminders'], 'reminder')} go." if counts["reminders"] else "",
+        f"{plural(counts['tasks'], 'task')} assigned to {name} become unassigned."
+        if counts["tasks"]
+        else "",
+        f"{name}'s tokens stop working; a turn running now is stopped.",
+        f"The handle @{shown['handle']} is free again.",
+    ]
+    return confirm_page(
+        web,
+        request,
+        session,
+        "agents",
+        {
+            "question": f"Delete {name} (@{shown['handle']})?",
+            "consequences": [line for line in consequences if line],
+            "action": f"/agents/{agent_id}/delete",
+            "button": f"Delete {name}",
+            "cancel": f"/agents/{agent_id}",
+        },
+    )
+
+
+async def confirm_room_delete(web: Web, request: Request, session: Session) -> Response:
+    """ "Delete the group Crew?" with what goes with it, and the form that deletes."""
+    room_id = request.path_params["room_id"]
+    shown = web.store.get_room(room_id)
+    if shown["kind"] == "thread":
+        raise Invalid("a thread goes with its group: delete the group")
+    counts = web.store.removal_preview("room", room_id)
+    title = room_title(shown)
+    what = "the group" if shown["kind"] == "group" else "the direct chat with"
+    consequences = [
+        f"Its {plural(counts['messages'], 'message')}, {plural(counts['threads'], 'thread')} "
+        f"and {plural(counts['tasks'], 'task')} go.",
+        "Its agents stay (they are no longer woken here).",
+    ]
+    return confirm_page(
+        web,
+        request,
+        session,
+        "rooms",
+        {
+            "question": f"Delete {what} {title}?",
+            "consequences": consequences,
+            "action": f"/rooms/{room_id}/delete",
+            "button": "Delete the room",
+            "cancel": f"/rooms/{room_id}",
+        },
+    )
+
+
+async def confirm_computer_delete(web: Web, request: Request, session: Session) -> Response:
+    """ "Delete the Computer box?" with what it means, and the form that deletes."""
+    computer_id = request.path_params["computer_id"]
+    counts = web.store.removal_preview("computer", computer_id)
+    name = next(c["name"] for c in web.store.list_computers() if c["id"] == computer_id)
+    consequences = [
+        "Its token is revoked at once: a crew-computer running with it stops, saying so.",
+        f"Its {plural(counts['agents'], 'agent')} stay, without a Computer: choose another "
+        "one on each agent's page.",
+        "Turns running there now end as interrupted; unanswered messages wait.",
+    ]
+    return confirm_page(
+        web,
+        request,
+        session,
+        "computers",
+        {
+            "question": f"Delete the Computer {name}?",
+            "consequences": consequences,
+            "action": f"/computers/{computer_id}/delete",
+            "button": f"Delete {name}",
+            "cancel": "/computers",
+        },
+    )

@@ -136,7 +136,7 @@ async def test_unknown_routes_and_methods_answer_json_errors(world: World) -> No
     assert wrong.headers["allow"] == "POST"
     both = await world.client.post("/api/rooms/00000000-0000-4000-8000-000000000000")
     assert both.status_code == 405
-    assert set(both.headers["allow"].split(", ")) == {"GET", "HEAD", "PATCH"}
+    assert set(both.headers["allow"].split(", ")) == {"GET", "HEAD", "PATCH", "DELETE"}
 
 
 async def test_a_reply_in_a_thread_is_held_while_the_thread_has_unseen_messages(
