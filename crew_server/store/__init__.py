@@ -36,8 +36,8 @@ from crew_server.store.messages import Messages
 from crew_server.store.mutes import Mutes
 from crew_server.store.positions import CLAIM_MAX_CHARS, CLAIM_MAX_MESSAGES, Positions
 from crew_server.store.reminders import Reminders
-from crew_server.store.room_activity import RoomActivity
 from crew_server.store.removals import Removals
+from crew_server.store.room_activity import RoomActivity
 from crew_server.store.rooms import Rooms
 from crew_server.store.tasks import Tasks
 from crew_server.store.turns import Turns
