@@ -65,7 +65,8 @@ async def test_the_card_offers_three_answers_and_shows_the_one_given(
     csrf = await site.sign_in()
     room, _, approval = await asking(site)
     page = html.unescape((await site.browser.get(f"/rooms/{room['id']}")).text)
-    assert f'<span class="mention">@ada</span> wants to run `{PUSH}`' in page
+    # The notice is Markdown: its command shows as inline code.
+    assert f'<span class="mention">@ada</span> wants to run <code>{PUSH}</code>' in page
     for label in ("Allow once", "Always for @ada", "Deny"):
         assert f">{label}</button>" in page
     after = await answer(site, csrf, room, approval["id"], decision)

@@ -183,7 +183,10 @@ async def test_a_new_computer_shows_its_token_once_with_the_line_to_paste(site: 
     token = re.search(r'id="new-token" readonly value="(crc_[^"]+)"', answer.text)
     assert token, "no token shown"
     assert site.store.computer_by_token(token.group(1))
-    assert "| crew-computer" in answer.text
+    line = re.search(r'id="bootstrap-line"[^>]*>([^<]*)<', answer.text)
+    assert line and "crew-computer run --config" in line.group(1)
+    # The token is pasted into `read -rs`, never written into the line (shell history).
+    assert "read -rs CREW_COMPUTER_TOKEN" in line.group(1) and token.group(1) not in line.group(1)
     again = (await site.browser.get("/computers")).text
     assert token.group(1) not in again
 

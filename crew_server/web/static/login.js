@@ -11,3 +11,9 @@ document.addEventListener("DOMContentLoaded", () => {
   form.elements.code.value = found[1];
   form.requestSubmit();
 });
+// A link opened in a tab already on /login changes only the fragment, and the browser
+// does not load the page again. Load it (the fragment stays): the page's sign-in form,
+// whose token may be stale or bound to another tab's cookie, is then fresh too.
+window.addEventListener("hashchange", () => {
+  if (/^#code=/.test(window.location.hash)) window.location.reload();
+});
