@@ -381,6 +381,7 @@ EventType = Literal[
     "step_start",
     "text",
     "reasoning",
+    "tool_start",
     "tool_use",
     "step_finish",
     "error",
@@ -403,7 +404,10 @@ class TurnEvent(BaseModel):
         "`count`: how many refusals of that address and port it sums up). "
         '`approval_asked`: `{"approval_id", "tool", "patterns", "summary"}`; '
         '`approval_answered`: `{"approval_id", "state", "decision", "reason", "waited_s"}`; '
-        '`permission_denied`: `{"tool", "summary", "reason"}` (a call the policy refused)'
+        '`permission_denied`: `{"tool", "summary", "reason"}` (a call the policy refused). '
+        '`tool_start`: `{"call_id": str, "tool": str, "input": any JSON, "title": str | null}`, '
+        "a tool call that began and has not finished (warm turns only); the `tool_use` "
+        'that finishes it carries the same `"call_id"`'
     )
     at: Time
     data: dict[str, Any] = Field(

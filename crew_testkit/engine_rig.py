@@ -138,10 +138,14 @@ class EngineRig:
 
 
 def comparable(events: list[EngineEvent]) -> list[dict[str, Any]]:
-    """The events without what differs between two runs of the same turn (times, durations)."""
+    """The events without what differs between two runs of the same turn (times, durations,
+    tool call ids) or between the engines (a warm turn's `tool_start`s, which cold lacks)."""
     out = []
     for event in events:
+        if event.type == "tool_start":
+            continue
         data = dict(event.data)
         data.pop("duration_ms", None)
+        data.pop("call_id", None)
         out.append({"type": event.type, "data": data, "facts": event.facts})
     return out

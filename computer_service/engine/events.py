@@ -142,6 +142,8 @@ def _event_of_object(obj: dict[str, Any], now: datetime | None) -> EngineEvent:
         data: dict[str, Any] = {}
     elif kind in ("text", "reasoning"):
         data = {"text": _as_text(part.get("text"))}
+    elif kind == "tool_start":
+        data = _tool_start(part)
     elif kind == "tool_use":
         data = _tool_use(part)
         # The exit status of a bash call (`state.metadata.exit`) tells whether `crew reply` got through.
@@ -185,6 +187,25 @@ def _event_of_object(obj: dict[str, Any], now: datetime | None) -> EngineEvent:
     return EngineEvent(type=str(kind), at=at, data=data, session_id=session_id, facts=facts)
 
 
+def _call_id(part: dict[str, Any]) -> str | None:
+    call_id = part.get("callID")
+    return cut_text(call_id, 256) if isinstance(call_id, str) else None
+
+
+def _tool_start(part: dict[str, Any]) -> dict[str, Any]:
+    """A tool call that began (warm turns only: `warm_events.ToolStarts`); its `tool_use`
+    has the same `call_id`."""
+    state = _dict(part.get("state"))
+    tool = part.get("tool")
+    title = state.get("title")
+    return {
+        "call_id": _call_id(part),
+        "tool": cut_text(tool, 256) if isinstance(tool, str) else "unknown",
+        "title": cut_text(title) if isinstance(title, str) else None,
+        "input": _tool_input(state.get("input")),
+    }
+
+
 def _tool_use(part: dict[str, Any]) -> dict[str, Any]:
     state = _dict(part.get("state"))
     time = _dict(state.get("time"))
@@ -201,7 +222,7 @@ def _tool_use(part: dict[str, Any]) -> dict[str, Any]:
     output = state.get("error") if failed else state.get("output")
     tool = part.get("tool")
     title = state.get("title")
-    return {
+    data = {
         "tool": cut_text(tool, 256) if isinstance(tool, str) else "unknown",
         "title": cut_text(title) if isinstance(title, str) else None,
         "input": _tool_input(state.get("input")),
@@ -209,6 +230,9 @@ def _tool_use(part: dict[str, Any]) -> dict[str, Any]:
         "duration_ms": duration,
         "failed": failed,
     }
+    if (call_id := _call_id(part)) is not None:
+        data["call_id"] = call_id  # the same as its `tool_start`'s (warm turns)
+    return data
 
 
 UNVERIFIED_LIMIT = 10  # findings recorded per turn; a flood adds nothing after that

@@ -9,12 +9,15 @@ records upstream are the same for both engines:
 | SSE event | condition | line |
 | --- | --- | --- |
 | `message.part.updated` | tool part, `state.status` completed or error | `tool_use` |
+| `message.part.updated` | tool part first seen `running` (`ToolStarts`) | `tool_start` |
 | `message.part.updated` | `step-start` part | `step_start` |
 | `message.part.updated` | `step-finish` part | `step_finish` |
 | `message.part.updated` | text part with `time.end` | `text` |
 | `session.error` | with an `error` | `error` |
 
 (`reasoning` lines need `run --thinking`, which cold turns do not pass.)
+`tool_start` is the one line `opencode run` never prints (it skips running states):
+only a warm turn shows a tool while it runs (docs/warm-engine.md).
 `TurnEnd` decides when the turn is over (a `permission.asked` is the
 approvals' business: `approvals.asked_of`). Everything read from the server is untrusted:
 anything of an unexpected shape is ignored, never an exception.
@@ -67,6 +70,40 @@ def run_line(event: Any, session_id: str, now_ms: int) -> dict[str, Any] | None:
             return None
         return _line("error", session_id, now_ms, error=props["error"])
     return None
+
+
+class ToolStarts:
+    """The `tool_start` line of each tool call of a session, once, when it starts running.
+
+    OpenCode updates a tool part several times before it finishes: `pending` (no
+    input yet), `running`, then `running` again with `state.metadata` (a bash
+    call's output so far). The first `running` update says the call began with
+    its input; the later ones add nothing a person waits for, so they give no line.
+    """
+
+    def __init__(self) -> None:
+        self._seen: set[str] = set()
+
+    def line(self, event: Any, session_id: str, now_ms: int) -> dict[str, Any] | None:
+        """The `tool_start` line for `event` when it is a call's first running update."""
+        event = _dict(event)
+        part = _dict(_dict(event.get("properties")).get("part"))
+        state = _dict(part.get("state"))
+        call_id = part.get("callID")
+        if (
+            event.get("type") != "message.part.updated"
+            or part.get("sessionID") != session_id
+            or part.get("type") != "tool"
+            or state.get("status") != "running"
+            or not isinstance(call_id, str)
+            or call_id in self._seen
+        ):
+            return None
+        self._seen.add(call_id)
+        started = _dict(state.get("time")).get("start")
+        if isinstance(started, bool) or not isinstance(started, int):
+            started = now_ms
+        return _line("tool_start", session_id, started, part=part)
 
 
 def session_of(event: Any) -> str | None:

@@ -7,7 +7,8 @@ sessions live in the same data directory under the same `session.json` rules,
 and the server's events become exactly the lines `opencode run` prints
 (`warm_events.run_line`), so the line parser, the usage and cost, the
 records upstream and the failure classes are the cold way's
-(`attempt.attempt_result`). One turn:
+(`attempt.attempt_result`); one line more, `tool_start` when a tool begins to
+run (`warm_events.ToolStarts`), which `opencode run` never prints. One turn:
 
 1. the agent's server from the pool (`warm_pool`: started, or reused when the
    turn's environment is the one it started with); no server (no room, three
@@ -68,6 +69,7 @@ from computer_service.engine.warm_channel import NotTheServer
 from computer_service.engine.warm_events import (
     MessageIds,
     SseFrames,
+    ToolStarts,
     TurnEnd,
     retry_status,
     run_line,
@@ -284,6 +286,7 @@ class WarmRun(Way):
         """Read the turn's events until it is over (or ended and not answering)."""
         request = turn.request
         end = TurnEnd(session_id, message_id)
+        starts = ToolStarts()
         client = server.client
         read_scope = anyio.CancelScope()
         over = anyio.Event()
@@ -425,7 +428,10 @@ class WarmRun(Way):
                         answered.add(replied)
                     if (retry := retry_status(event, session_id)) is not None:
                         rate_limited(*retry)
-                    line = run_line(event, session_id, int(time.time() * 1000))
+                    now_ms = int(time.time() * 1000)
+                    line = run_line(event, session_id, now_ms) or starts.line(
+                        event, session_id, now_ms
+                    )
                     if line is not None:
                         await self._line(line, turn, a, on_event, tg, end_turn)
                     end.see(event)

@@ -53,6 +53,7 @@ from crew_server.web.render import SECURITY_HEADERS, fragment
 from crew_server.web.room_status import room_status
 from crew_server.web.session import Session
 from crew_server.web.streams import BrowserStream, Poll, Update
+from crew_server.web.turn_events import call_id_of, open_starts
 from crew_server.web.views import agents_with_reasons, rooms_nav, turn_cost
 
 # A burst of commits (a turn's events, a post and its read mark) makes one look.
@@ -406,13 +407,20 @@ def agent(web: Web, session: Session, path: dict[str, str], after: int, last: in
 
 
 def turn(web: Web, session: Session, path: dict[str, str], after: int, last: int | None) -> Poll:
-    """A running turn's events as they come, its summary as it changes; ends with the turn."""
+    """A running turn's events as they come, its summary as it changes; ends with the turn.
+
+    A tool call shows while it runs (its `tool_start`); its `tool_use` replaces that
+    element in place (`outer`, with the `tool_use`'s index as the update's id, so a
+    reconnect goes on after it), as the page lists it on a load (`folded_events`).
+    """
     turn_id = path["turn_id"]
     start = web.store.get_turn(turn_id)
     # The page shows the events before `from` (`after` here); the tab has up to `last`.
     next_index = after if last is None else max(after, last + 1)
     # The cost of a running turn is summed from its steps: keep them all.
     steps = [e for e in start["events"] if e["type"] == "step_finish"]
+    # The calls the tab shows as running: started before `next_index`, not finished there.
+    running = open_starts([e for e in start["events"] if e["index"] < next_index])
     changed = Changed()
     changed.replace("turn-summary", fragment("_turn_summary.html", summary_context(start, steps)))
 
@@ -420,20 +428,38 @@ def turn(web: Web, session: Session, path: dict[str, str], after: int, last: int
         nonlocal next_index
         shown = web.store.get_turn(turn_id, next_index)
         new = shown["events"]
-        updates = [
-            Update("turn-events", "append", fragment("_turn_event.html", {"event": e}), e["index"])
-            for e in new
-        ]
+        updates = [event_update(e, running) for e in new]
         if new:
             next_index = new[-1]["index"] + 1
             steps.extend(e for e in new if e["type"] == "step_finish")
         summary = fragment("_turn_summary.html", summary_context(shown, steps))
         updates += changed.replace("turn-summary", summary)
         if shown["status"] != "running" and not new:
+            updates += [unfinished_update(e) for e in running.values()]
+            running.clear()
             updates.append(Update("turn-events", "end"))
         return updates
 
     return poll
+
+
+def event_update(event: dict[str, Any], running: dict[str, dict[str, Any]]) -> Update:
+    """A new event of a turn on its page: appended, or (a tool call that finished) in
+    place of its running start. `running` (call id → start) follows what the tab shows."""
+    html = fragment("_turn_event.html", {"event": event})
+    call_id = call_id_of(event)
+    if call_id is not None and event["type"] == "tool_use" and call_id in running:
+        started = running.pop(call_id)
+        return Update(f"e-{started['index']}", "outer", html, event["index"])
+    if call_id is not None and event["type"] == "tool_start":
+        running[call_id] = event
+    return Update("turn-events", "append", html, event["index"])
+
+
+def unfinished_update(started: dict[str, Any]) -> Update:
+    """A call still shown running when its turn ended: it did not finish (a stop, a limit)."""
+    html = fragment("_turn_event.html", {"event": {**started, "unfinished": True}})
+    return Update(f"e-{started['index']}", "outer", html)
 
 
 def summary_context(shown: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, Any]:

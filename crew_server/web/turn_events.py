@@ -14,13 +14,15 @@ from typing import Any
 # The fields `_turn_event.html` reads, per kind, and the JSON types each may have.
 _TEXT = (str,)
 _NUMBER = (int, float)
+_JSON = (str, int, float, bool, dict, list, type(None))
 SHAPES: dict[str, dict[str, tuple[type, ...]]] = {
     "text": {"text": _TEXT},
     "reasoning": {"text": _TEXT},
+    "tool_start": {"call_id": _TEXT, "tool": _TEXT, "title": (str, type(None)), "input": _JSON},
     "tool_use": {
         "tool": _TEXT,
         "title": (str, type(None)),
-        "input": (str, int, float, bool, dict, list, type(None)),
+        "input": _JSON,
         "output": (str, type(None)),
         "duration_ms": (int, float, type(None)),
         "failed": (bool,),
@@ -73,3 +75,48 @@ def shown_event(event: Mapping[str, Any]) -> dict[str, Any]:
     if problem is None:
         return dict(event)
     return {**event, "type": "malformed", "kind": event.get("type"), "problem": problem}
+
+
+def call_id_of(event: Mapping[str, Any]) -> str | None:
+    """The tool call a `tool_start` or `tool_use` event is about (None: not known)."""
+    data = event.get("data")
+    call_id = data.get("call_id") if isinstance(data, Mapping) else None
+    return call_id if isinstance(call_id, str) else None
+
+
+def folded_events(events: list[dict[str, Any]], running: bool) -> list[dict[str, Any]]:
+    """The turn's events as its page lists them: each tool call once, where it began.
+
+    A `tool_start` followed by the `tool_use` of its call is shown as that finished
+    call in the start's place (the live page replaces it there too, `live.turn`), and
+    the `tool_use` is not listed again. In a turn that is over, a start that never
+    finished (a stop, a limit) is marked `unfinished` rather than left running.
+    """
+    shown: list[dict[str, Any]] = []
+    open_calls: dict[str, int] = {}  # call id → its start's place in `shown`
+    for event in events:
+        call_id = call_id_of(event)
+        if event.get("type") == "tool_use" and call_id in open_calls:
+            shown[open_calls.pop(call_id)] = event
+            continue
+        if event.get("type") == "tool_start" and call_id is not None:
+            open_calls[call_id] = len(shown)
+        shown.append(event)
+    if not running:
+        for place in open_calls.values():
+            shown[place] = {**shown[place], "unfinished": True}
+    return shown
+
+
+def open_starts(events: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The `tool_start` events among `events` whose call has no `tool_use` yet, by call id."""
+    started: dict[str, dict[str, Any]] = {}
+    for event in events:
+        call_id = call_id_of(event)
+        if call_id is None:
+            continue
+        if event.get("type") == "tool_start":
+            started[call_id] = event
+        elif event.get("type") == "tool_use":
+            started.pop(call_id, None)
+    return started

@@ -20,6 +20,7 @@ from crew_server.web.access import Web, see
 from crew_server.web.render import page
 from crew_server.web.room_status import room_status
 from crew_server.web.session import Session
+from crew_server.web.turn_events import folded_events
 
 # Messages per page of a timeline: a room of any length opens with one page.
 PAGE = 50
@@ -212,9 +213,11 @@ async def agent(web: Web, request: Request, session: Session) -> Response:
 async def turn(web: Web, request: Request, session: Session) -> Response:
     """One turn: input, events (steps, text, tool calls), result, usage, cost."""
     shown = web.store.get_turn(request.path_params["turn_id"])
+    # Each tool call once, where it began: finished, running, or cut short.
+    listed = folded_events(shown["events"], running=shown["status"] == "running")
     context = {
         **web.base(session, "agents", request),
-        "turn": shown,
+        "turn": {**shown, "events": listed},
         "agent": web.store.get_agent(shown["agent_id"]),
         "next_index": shown["events"][-1]["index"] + 1 if shown["events"] else 0,
         "cost": turn_cost(shown),

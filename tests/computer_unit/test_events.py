@@ -75,6 +75,7 @@ def test_tool_call_sample_exact() -> None:
         "output": "hello\n",
         "duration_ms": 254,
         "failed": False,
+        "call_id": "call_9",
     }
     assert events[2].data == {
         "reason": "tool-calls",

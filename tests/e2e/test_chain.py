@@ -33,7 +33,9 @@ def heredoc(room: str, body: str) -> str:
 
 
 def event_types(turn: dict[str, Any]) -> list[str]:
-    return [e["type"] for e in turn["events"]]
+    """The turn's event types as both engines record them: a warm turn also reports each
+    tool call's start (`tool_start`, tests/web/test_browser_tools_live.py), a cold one cannot."""
+    return [e["type"] for e in turn["events"] if e["type"] != "tool_start"]
 
 
 def tool_outputs(turn: dict[str, Any]) -> list[str]:
@@ -99,8 +101,8 @@ def test_dm_agent_writes_a_file_and_replies(chain: Chain) -> None:
         "text",
         "step_finish",
     ]
-    assert [e["index"] for e in turn["events"]] == list(range(6))
-    tool = turn["events"][1]["data"]
+    assert [e["index"] for e in turn["events"]] == list(range(len(turn["events"])))
+    [tool] = [e["data"] for e in turn["events"] if e["type"] == "tool_use"]
     assert tool["tool"] == "bash" and not tool["failed"]
     assert f"Message sent to room {room['id']}." in tool["output"]
     usage = turn["usage"]

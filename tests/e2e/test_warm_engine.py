@@ -135,6 +135,11 @@ async def test_the_same_turns_give_the_same_records_in_both_engines(model: Scrip
             cold["E429"].result.failure.cls is FailureClass.RATE_LIMITED
         )
         assert cold["HANG"].result.status == "cancelled"
+        # Warm alone reports each tool call as it starts, with the call id its finish has.
+        assert "tool_start" not in {e.type for r in cold.values() for e in r.events}
+        starts = [e.data["call_id"] for e in warm["TOOL"].events if e.type == "tool_start"]
+        uses = [e.data["call_id"] for e in warm["TOOL"].events if e.type == "tool_use"]
+        assert starts == uses and len(starts) == 1, warm["TOOL"].events
         for name in cold:
             assert _summary(warm[name].result) == _summary(cold[name].result), name
             assert comparable(warm[name].events) == comparable(cold[name].events), name

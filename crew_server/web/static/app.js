@@ -5,7 +5,8 @@
 //    fragments: {target, mode, html});
 //  - sends a composer's message without a reload, showing it at once as pending until
 //    the stream brings the server's copy;
-//  - completes @handles in a composer.
+//  - completes @handles in a composer;
+//  - counts the seconds of a running tool call (elements with data-elapsed-since).
 // Without it every page still works: forms post and the page reloads.
 "use strict";
 
@@ -245,4 +246,21 @@ document.addEventListener("DOMContentLoaded", () => {
   for (const field of document.querySelectorAll("textarea[data-handles]")) completeHandles(field);
   const timeline = document.getElementById("timeline");
   if (timeline) timeline.scrollTop = timeline.scrollHeight;
+  tickElapsed();
 });
+
+// How long each running tool call has run, once a second: " · 12 s" after its static
+// start time. Live updates add and replace such elements, so each tick looks them up.
+function tickElapsed() {
+  if (!document.querySelector("[data-live], [data-elapsed-since]")) return;
+  const tick = () => {
+    for (const element of document.querySelectorAll("[data-elapsed-since]")) {
+      const since = Date.parse(element.dataset.elapsedSince);
+      if (Number.isNaN(since)) continue;
+      const seconds = Math.max(0, Math.round((Date.now() - since) / 1000));
+      element.textContent = " · " + seconds + " s";
+    }
+  };
+  tick();
+  setInterval(tick, 1000);
+}
