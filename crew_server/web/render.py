@@ -25,8 +25,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.templating import Jinja2Templates
 
-from crew_server.web.streams import CLIENT_IDS
 from crew_server.web.markdown import markdown
+from crew_server.web.streams import CLIENT_IDS
 from crew_server.web.turn_events import shown_event
 
 HERE = Path(__file__).parent
