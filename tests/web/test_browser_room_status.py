@@ -123,6 +123,7 @@ def test_a_failing_agent_leaves_one_line_that_counts_its_retries(
     assert "opencode auth login" not in text  # the long reason lives on the agent page
     how = lines.get_by_role("link", name="how to fix")
     assert how.get_attribute("href") == f"/agents/{dee['id']}#agent-status"
+    assert lines.get_by_role("button", name="Retry @dee-status").count() == 1
     assert lines.get_by_role("button", name="Dismiss @dee-status's failure").count() == 1
     # Nothing repeated in the timeline either: the user's message, no notice per retry.
     assert page.locator("#timeline article").count() == 1

@@ -1,6 +1,6 @@
 """The room's status line as the pages render it (issue 25), without a browser: "Ada is
 working…" with the step, live; one failure line for three failed turns with "how to
-fix" and Dismiss; the dismissal a form post with the CSRF token that stays after
+fix", Retry and Dismiss; the dismissal a form post with the CSRF token that stays after
 a reload. The Computer side is driven through the store, as the computer API does."""
 
 from __future__ import annotations
@@ -78,6 +78,7 @@ async def test_three_failed_turns_make_one_line_with_how_to_fix_retry_and_dismis
     assert "opencode auth login" not in region  # the long text stays on the agent page
     assert "failed 3 times, last at" in region
     assert f'<a href="/agents/{ada["id"]}#agent-status">how to fix</a>' in region
+    assert f'action="/agents/{ada["id"]}/wake"' in region
     assert f'name="turn_id" value="{turns[-1]["turn_id"]}"' in region
 
     fields = {
