@@ -5,7 +5,8 @@ Computers, agents, tokens), `rooms`, `messages`, `positions` (and the unread
 claim), `turns`, `tasks`, `reminders`, `mutes`, `user_reads` (the web app's unread
 counts), `writes` (idempotency keys of agent writes), `loop_guard` (agents paused where they
 answer each other without end), `budget_holds` (agents held at a budget cap), `approvals`
-(the cards an `ask` rule puts to the person); `db` holds the connection, the
+(the cards an `ask` rule puts to the person), `controls` (a person's Stop and Wake);
+`db` holds the connection, the
 transactions, the migrations and the SSE event log. Each part runs its
 statements through a `db.Transaction`; what parts share (a room's row, posting
 a message, claiming a room) are plain functions of a transaction.
@@ -27,6 +28,7 @@ from typing import Any
 from crew_server.clock import Clock
 from crew_server.store.approvals import Approvals
 from crew_server.store.budget_holds import Budgets
+from crew_server.store.controls import Controls
 from crew_server.store.db import EVENT_LOG_KEEP, PRUNE_EVERY, EventLog, open_database
 from crew_server.store.identities import USER, Actor, AgentIdentity, Identities, hash_token
 from crew_server.store.loop_guard import LoopGuard
@@ -66,6 +68,7 @@ class Store(
     LoopGuard,
     Budgets,
     Approvals,
+    Controls,
     EventLog,
 ):
     """The server's durable state and the operations on it (see the package docstring)."""

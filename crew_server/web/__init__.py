@@ -56,6 +56,8 @@ def web_routes(ctx: Context) -> list[BaseRoute]:
         get("/agents/{agent_id}", views.agent),
         post("/agents/{agent_id}", actions.edit_agent, "/agents"),
         post("/agents/{agent_id}/budget/resume", actions.resume_budget, "/agents"),
+        post("/agents/{agent_id}/stop", actions.stop_turn, "/agents"),
+        post("/agents/{agent_id}/wake", actions.wake_agent, "/agents"),
         get("/turns/{turn_id}", views.turn),
         get("/tasks", views.tasks),
         post("/tasks", actions.create_task, "/tasks"),

@@ -37,7 +37,7 @@ from crew_server.web.access import Form, Web
 from crew_server.web.render import SECURITY_HEADERS, fragment
 from crew_server.web.session import Session
 from crew_server.web.streams import Poll, Update
-from crew_server.web.views import agents_with_reasons, rooms_nav, turn_cost
+from crew_server.web.views import agents_with_reasons, rooms_nav, turn_cost, with_running_turn
 
 POLL_SECONDS = 0.4
 # Summaries (the rooms list, the roster) cost a query per room or agent: every 5th poll.
@@ -288,9 +288,15 @@ def agent(web: Web, session: Session, path: dict[str, str], after: int, last: in
     def poll() -> list[Update]:
         shown = next(a for a in agents_with_reasons(web) if a["id"] == agent_id)
         turns = web.store.list_turns(agent_id, 50)
-        return changed.replace(
-            "agent-status", fragment("_agent_status.html", {"agent": shown})
-        ) + changed.replace("agent-turns", fragment("_turn_rows.html", {"turns": turns}))
+        controls = {"agent": with_running_turn(web, shown), "csrf": session.csrf}
+        return (
+            changed.replace("agent-status", fragment("_agent_status.html", {"agent": shown}))
+            + changed.replace("agent-turns", fragment("_turn_rows.html", {"turns": turns}))
+            + changed.replace(
+                "agent-controls",
+                fragment("_agent_controls.html", {**controls, "here": f"/agents/{agent_id}"}),
+            )
+        )
 
     poll()
     return every(2, poll)

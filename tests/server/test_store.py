@@ -91,6 +91,7 @@ def test_a_database_of_an_older_schema_is_migrated_at_open_and_keeps_its_data(
         raw.execute("DROP TABLE budget_notices")
         raw.execute("ALTER TABLE agents DROP COLUMN permission")
         raw.execute("DROP TABLE approvals")
+        raw.execute("ALTER TABLE turns DROP COLUMN stop_requested_at")
         raw.execute("DELETE FROM schema_migrations WHERE version >= 2")
     again = Store(str(db), Clock())
     assert again.computer_by_token(token) == computer_id
