@@ -107,7 +107,7 @@ async def test_a_stopped_turn_leaves_one_notice_and_its_message_unread(stage: St
     assert world.wakes(box, cursor) == []  # nobody runs again by itself
     # Unread: the next claim hands the message out again (with the notice).
     again = await world.unread(box, ada)
-    assert [m["body"] for m in again[0]["messages"]][0] == "please run the long job"
+    assert again[0]["messages"][0]["body"] == "please run the long job"
 
 
 async def test_a_cancelled_turn_nobody_stopped_leaves_no_notice(stage: Stage) -> None:
@@ -171,7 +171,6 @@ async def test_wake_asks_for_a_turn_now(stage: Stage) -> None:
 
 
 async def test_the_agent_page_offers_stop_while_a_turn_runs_and_wake_after(stage: Stage) -> None:
-    world = stage.world
     box, ada, _, turn = await running(stage)
     await stage.signed_in()
     page = (await stage.browser.get(f"/agents/{ada['id']}")).text
