@@ -181,6 +181,9 @@ async def test_the_agent_page_offers_stop_while_a_turn_runs_and_wake_after(stage
     page = (await stage.browser.get(f"/agents/{ada['id']}")).text
     assert f'action="/agents/{ada["id"]}/wake"' in page
     assert "Stop this turn?" not in page
+    homeless = await stage.world.agent("homeless", None)
+    page = (await stage.browser.get(f"/agents/{homeless['id']}")).text
+    assert "/wake" not in page and "/stop" not in page  # no Computer would hear either
 
 
 async def test_the_web_forms_need_the_csrf_token(stage: Stage) -> None:
