@@ -14,10 +14,13 @@ room R (for a DM: every message of the room):
   under R's section; read from T's `tool_use` events, whose output the Computer
   cuts at 4 KiB: a cut section without its `Reply with:` line counts for the
   turn's room when it claimed only one). A message in no claim and no HELD text
-  of any turn (a HELD answer cut away, or its events lost) was shown by a HELD
-  answer to the turn of A's first message in R after it: that turn is taken. A
-  turn with no tool events at all (its Computer killed before it sent them) that
-  posted in R was shown the messages of others between its claim and that post.
+  of any turn that answered R (a HELD answer cut away, or its events lost; a
+  failed turn's claim does not count) was shown by a HELD answer to the turn of
+  A's first message in R after it: that turn is taken. A turn with no tool events
+  at all (its Computer killed before it sent them) that posted in R was shown the
+  messages of others between its claim and that post, short of what a later turn
+  of A claimed in R (a HELD answer delivers what it shows, and the server reads it
+  with the turn).
 - T **answered** R when A posted a normal message in R (or a thread of R) that
   belongs to T: the message's `turn_id` when the table has one, else the turn of A
   that started last at or before the message (an agent's turns never overlap).
@@ -40,7 +43,7 @@ import re
 import sqlite3
 import sys
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -190,8 +193,12 @@ def count(tables: dict[str, list[dict[str, Any]]]) -> Ledger:
         only = claimed[0] if len(claimed) == 1 else None
         for room_id, seq in held_seqs(held["output"], only):
             given[(owner["agent_id"], room_id)].append((owner["id"], seq, seq))
-    _infer_held(tables["messages"], given, turns_of, starts)
     _infer_unrecorded(tables, given, turns_of, starts)
+
+    def answering(turn_id: str, room_id: str) -> bool:
+        return _answers(turn_by_id[turn_id], room_id, answered)
+
+    _infer_held(tables["messages"], given, turns_of, starts, answering)
 
     read_at = {(p["agent_id"], p["room_id"]): int(p["read_seq"]) for p in tables["positions"]}
     ledger = Ledger(turns=len(tables["turns"]), gapped_turns=sum(
@@ -254,9 +261,12 @@ def _infer_held(
     given: dict[tuple[str, str], list[tuple[str, int, int]]],
     turns_of: dict[str, list[dict[str, Any]]],
     starts: dict[str, list[str]],
+    answering: Callable[[str, str], bool] | None = None,
 ) -> None:
-    """Give each user message no turn was given to the turn of the agent's next message
-    in its room (the HELD answer that showed it is no longer readable)."""
+    """Give each user message no answering turn was given to the turn of the agent's next
+    message in its room (the HELD answer that showed it is no longer readable: cut at
+    4 KiB, or its events lost). A message given only to turns that did not answer the
+    room (a failed turn's claim) counts as given to none."""
     by_room: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for msg in messages:
         by_room[msg["room_id"]].append(msg)
@@ -264,7 +274,10 @@ def _infer_held(
         rows = sorted(by_room.get(room_id, []), key=lambda m: m["seq"])
         replies = [m for m in rows if m["author_kind"] == "agent" and m["author_id"] == agent_id]
         for msg in rows:
-            if msg["author_kind"] != "user" or any(lo <= msg["seq"] <= hi for _, lo, hi in ranges):
+            if msg["author_kind"] != "user" or any(
+                lo <= msg["seq"] <= hi and (answering is None or answering(t, room_id))
+                for t, lo, hi in ranges
+            ):
                 continue
             later = next((r for r in replies if r["seq"] > msg["seq"]), None)
             if later is None:
@@ -320,8 +333,18 @@ def _infer_unrecorded(
             ]
             if not posted:
                 continue
+            # What a later turn of the agent claimed here the server had not read for this
+            # one: a HELD answer would have delivered it (and the server read it with the turn).
+            later = [
+                int(r["from_seq"])
+                for t in turns_of[agent_id]
+                if t["started_at"] > turn["started_at"]
+                for r in orjson.loads(t["rooms"])
+                if r["room_id"] == claim["room_id"]
+            ]
+            bound = min([posted[0]["seq"], *later])
             for msg in rows:
-                if msg["author_kind"] == "user" and claim["to_seq"] < msg["seq"] < posted[0]["seq"]:
+                if msg["author_kind"] == "user" and claim["to_seq"] < msg["seq"] < bound:
                     key = (agent_id, claim["room_id"])
                     given[key].append((turn["id"], int(msg["seq"]), int(msg["seq"])))
 

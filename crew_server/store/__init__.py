@@ -5,9 +5,9 @@ Computers, agents, tokens), `rooms`, `messages`, `positions` (and the unread
 claim), `turns`, `tasks`, `reminders`, `mutes`, `user_reads` (the web app's unread
 counts), `writes` (idempotency keys of agent writes), `loop_guard` (agents paused where they
 answer each other without end), `budget_holds` (agents held at a budget cap), `approvals`
-(the cards an `ask` rule puts to the person), `controls` (a person's Stop and Wake);
-`db` holds the connection, the
-transactions, the migrations and the SSE event log. Each part runs its
+(the cards an `ask` rule puts to the person), `room_activity` (the room's status line:
+who works, whose turns failed), `controls` (a person's Stop and Wake); `db` holds the
+connection, the transactions, the migrations and the SSE event log. Each part runs its
 statements through a `db.Transaction`; what parts share (a room's row, posting
 a message, claiming a room) are plain functions of a transaction.
 
@@ -36,6 +36,7 @@ from crew_server.store.messages import Messages
 from crew_server.store.mutes import Mutes
 from crew_server.store.positions import CLAIM_MAX_CHARS, CLAIM_MAX_MESSAGES, Positions
 from crew_server.store.reminders import Reminders
+from crew_server.store.room_activity import RoomActivity
 from crew_server.store.rooms import Rooms
 from crew_server.store.tasks import Tasks
 from crew_server.store.turns import Turns
@@ -69,6 +70,7 @@ class Store(
     Budgets,
     Approvals,
     Controls,
+    RoomActivity,
     EventLog,
 ):
     """The server's durable state and the operations on it (see the package docstring)."""

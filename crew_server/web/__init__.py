@@ -51,6 +51,7 @@ def web_routes(ctx: Context) -> list[BaseRoute]:
         post("/rooms/{room_id}/messages", actions.post_message),
         post("/rooms/{room_id}/mutes", actions.mute),
         post("/rooms/{room_id}/loop-guard", actions.loop_guard),
+        post("/rooms/{room_id}/status/dismiss", actions.dismiss_status),
         get("/agents", views.agents),
         post("/agents", actions.create_agent, "/agents"),
         get("/agents/{agent_id}", views.agent),

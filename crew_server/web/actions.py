@@ -179,6 +179,17 @@ async def loop_guard(web: Web, request: Request, session: Session, form: Form) -
     return see(back_to(form, f"/rooms/{room_id}"))
 
 
+async def dismiss_status(web: Web, request: Request, session: Session, form: Form) -> Response:
+    """Dismiss an agent's failure line under a room's timeline (issue 25), at the failed
+    turn it showed: it stays away until a later turn fails there."""
+    room_id = request.path_params["room_id"]
+    agent_id, turn_id = form.get("agent_id").strip(), form.get("turn_id").strip()
+    if not agent_id or not turn_id:
+        raise Invalid("the form needs the agent_id and turn_id of the failure to dismiss")
+    web.store.dismiss_room_failure(room_id, agent_id, turn_id)
+    return see(back_to(form, f"/rooms/{room_id}"))
+
+
 # ---------------------------------------------------------------- agents
 
 

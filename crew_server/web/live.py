@@ -35,6 +35,7 @@ from crew_server.clock import iso
 from crew_server.errors import ApiError, Invalid
 from crew_server.web.access import Form, Web
 from crew_server.web.render import SECURITY_HEADERS, fragment
+from crew_server.web.room_status import room_status
 from crew_server.web.session import Session
 from crew_server.web.streams import Poll, Update
 from crew_server.web.views import agents_with_reasons, rooms_nav, turn_cost, with_running_turn
@@ -202,6 +203,25 @@ def room(web: Web, session: Session, path: dict[str, str], after: int, last: int
         ]
 
     thread_counts = every(SUMMARY_EVERY, threads)
+
+    status_sent: str | None = None
+
+    def status() -> list[Update]:
+        """The line under the timeline: who works, whose turns failed (issue 25). Sent
+        on the first poll too: the page may have been rendered a while before."""
+        nonlocal status_sent
+        context = {
+            "status": room_status(web, room_id),
+            "room": shown,
+            "csrf": session.csrf,
+            "here": f"/rooms/{room_id}",
+        }
+        html = fragment("_room_status.html", context)
+        if html == status_sent:
+            return []
+        status_sent = html
+        return [Update("room-status", "replace", html)]
+
     approvals_seen = threads_seen
     # The state each card was last sent in (a frozen clock gives equal times).
     card_states: dict[str, str] = {}
@@ -247,7 +267,7 @@ def room(web: Web, session: Session, path: dict[str, str], after: int, last: int
                 web.store.mark_read_by_user(room_id, after)
         updates += answered_cards()
         if not is_thread:
-            updates += nav() + thread_counts()
+            updates += nav() + thread_counts() + status()
         return updates
 
     return poll

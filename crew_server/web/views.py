@@ -18,6 +18,7 @@ from crew_server.errors import Invalid
 from crew_server.store import USER
 from crew_server.web.access import Web, see
 from crew_server.web.render import page
+from crew_server.web.room_status import room_status
 from crew_server.web.session import Session
 
 # Messages per page of a timeline: a room of any length opens with one page.
@@ -167,6 +168,7 @@ async def room(web: Web, request: Request, session: Session) -> Response:
         "handles": [m["handle"] for m in members],
         "tasks": web.store.list_tasks(USER, room_id),
         "statuses": STATUSES,
+        "status": room_status(web, room_id),
     }
     return page(request, "room.html", context)
 

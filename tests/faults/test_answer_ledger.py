@@ -142,3 +142,31 @@ def test_what_keeps_the_database_from_rest_is_named() -> None:
     assert running.unrest().endswith("1 turn(s) still running")
     at_rest = count(tables([user(1, 1), agent(2, 3)], [turn("t1", "succeeded", 1, 1, 2)], 2))
     assert at_rest.at_rest and at_rest.unrest() == ""
+
+
+def test_a_held_text_cut_away_counts_for_the_next_reply_even_in_a_failed_turns_claim() -> None:
+    # t1 failed on #1-#3 without a reply; t2 was given #1 only and its HELD answer showed
+    # #2 and #3, but the Computer cut the output at 4 KiB after #2 (chaos seeds 14, 22).
+    output = "Not sent: new messages arrived in this room.\n\n## Direct chat\n- [#2 00:00] User"
+    rows = tables(
+        [user(1, 1), user(2, 1), user(3, 1), agent(4, 8)],
+        [turn("t1", "failed", 1, 3, 2), turn("t2", "succeeded", 1, 1, 7)],
+        4,
+        held=[{"turn_id": "t2", "output": output}],
+    )
+    assert verdicts(rows) == ["once", "once", "once"]
+    assert count(rows).fates[2].answered_by == ("t2",)
+
+
+def test_a_turn_without_tool_events_was_shown_only_what_the_next_claim_did_not_take() -> None:
+    # t1's Computer was killed before its events went out; it posted at #4 after #2 and #3
+    # arrived. The server read up to #2 for it (t2 claimed from #3), so a HELD answer showed
+    # it #2 only; #3 is t2's (chaos seed 33).
+    rows = tables(
+        [user(1, 1), user(2, 3), user(3, 4), agent(4, 5), agent(5, 9)],
+        [turn("t1", "interrupted", 1, 1, 2), turn("t2", "succeeded", 3, 3, 8)],
+        5,
+    )
+    rows["tool_turns"] = [{"turn_id": "t2"}]
+    assert verdicts(rows) == ["once", "once", "once"]
+    assert [f.answered_by for f in count(rows).fates] == [("t1",), ("t1",), ("t2",)]

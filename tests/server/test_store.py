@@ -92,6 +92,7 @@ def test_a_database_of_an_older_schema_is_migrated_at_open_and_keeps_its_data(
         raw.execute("ALTER TABLE agents DROP COLUMN permission")
         raw.execute("DROP TABLE approvals")
         raw.execute("ALTER TABLE turns DROP COLUMN stop_requested_at")
+        raw.execute("DROP TABLE room_status_dismissals")
         raw.execute("DELETE FROM schema_migrations WHERE version >= 2")
     again = Store(str(db), Clock())
     assert again.computer_by_token(token) == computer_id
