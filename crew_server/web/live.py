@@ -318,7 +318,10 @@ def agent(web: Web, session: Session, path: dict[str, str], after: int, last: in
             )
         )
 
-    poll()
+    # The page may be older than this subscription (a turn started or ended while it
+    # loaded, as after a Stop's redirect): its version is unknown, so the first poll sends all.
+    for target in ("agent-status", "agent-turns", "agent-controls"):
+        changed.replace(target, "")
     return every(2, poll)
 
 

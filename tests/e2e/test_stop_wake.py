@@ -77,10 +77,16 @@ def stop_and_see_it_stopped(chain: Chain, agent: dict[str, Any], room: dict[str,
     assert notices == [
         f"@{agent['handle']} stopped (you asked); your messages wait unread until you Wake it"
     ]
-    # The runner has nothing scheduled: no retry, no wake pending (it says so itself).
-    with chain.computer.introspection() as local:
-        row = local.get(f"/agents/{agent['id']}").json()
-    assert (row["state"], row["pending_wake"], row["retry_at"]) == ("idle", False, None), row
+
+    # The runner has nothing scheduled: no retry, no wake pending (it says so itself; it
+    # is idle only a moment after the server recorded the finish).
+    def settled() -> dict[str, Any] | None:
+        with chain.computer.introspection() as local:
+            row: dict[str, Any] = local.get(f"/agents/{agent['id']}").json()
+        return row if row["state"] == "idle" else None
+
+    row = wait_until("the runner idle", settled, 15)
+    assert (row["pending_wake"], row["retry_at"], row["last_result"]) == (False, None, "cancelled")
     assert len(chain.turns(agent["id"])) == 1
 
 
