@@ -232,11 +232,25 @@ class Runner:
         the stop came late), and nothing is stopped.
         """
         if self.current_turn_id == turn_id:
-            return self.stop_turn()
-        if self.current_turn_id is None and self.state is RunnerState.RUNNING:
+            stopped = self.stop_turn()
+        elif self.current_turn_id is None and self.state is RunnerState.RUNNING:
             self._stop_asked = turn_id
-            return True
-        return False
+            stopped = True
+        else:
+            return False
+        if stopped:
+            self._forget_earlier_wakes()
+        return stopped
+
+    def _forget_earlier_wakes(self) -> None:
+        """A person stopped the turn: the wake-ups that came before are for the messages
+        it stopped on (the server's wake for a message the turn had already claimed), so
+        none may start the next turn: the messages wait unread until a person's Wake or
+        a wake-up that comes after the stop (a new message). Nothing is lost: they stay
+        unread on the server."""
+        if not self._wake_now:
+            self.pending_wake = False
+            self._woken = anyio.Event()
 
     def close(self) -> None:
         """End the loop: stop the current turn; `run()` returns once it is recorded."""

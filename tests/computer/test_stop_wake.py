@@ -50,6 +50,27 @@ async def test_a_stop_for_another_turn_stops_nothing_then_its_own_stops_it() -> 
         assert engine.inputs == ["the long job", "the long job"]
 
 
+async def test_a_wake_from_before_the_stop_starts_no_turn_one_after_it_does() -> None:
+    # The server's wake for the message the turn had already claimed came during the
+    # turn (a new runner claims before its wake arrives): after a Stop it must not run
+    # the stopped message again by itself. A wake after the stop is a new message's.
+    engine = ScriptedEngine(script=[wait_for_stop, wait_for_stop])
+    async with running(engine) as s:
+        s.server.post(AGENT, "the long job")
+        s.runner.wake()
+        await engine.started.wait()
+        s.runner.wake()  # merged into "one next turn" while the turn runs
+        turn_id = s.runner.current_turn_id
+        assert turn_id is not None and s.runner.pending_wake
+        assert s.runner.stop_turn_of(turn_id)
+        await wait_until_async("the turn ended", lambda: s.server.finished_turns(AGENT), 10)
+        await wait_until_async("idle", lambda: s.runner.state == "idle")
+        assert not s.runner.pending_wake and len(engine.inputs) == 1
+        s.server.post(AGENT, "a new message")
+        s.runner.wake()
+        await wait_until_async("a second turn", lambda: len(engine.inputs) == 2, 10)
+
+
 class StopWhileRegistering(Workspace):
     """Sends the person's Stop for the first turn while it is being registered (the
     stream's `stop` can come before the registration's answer)."""
