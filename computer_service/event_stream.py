@@ -146,11 +146,18 @@ class EventStream:
             # The Computer was deleted on the server: its token works no more.
             raise Unauthorized(str(_field(event.data, "reason") or "the token was revoked"))
         if event.event == "wake":
-            agent_id = agent_id_of(event.data)
-            if agent_id is None:
+            data = event_data(event.data)
+            if data is None:
                 log.warning("ignored a malformed wake event: %.200r", event.data)
                 return
-            await self.roster.wake_from_server(agent_id)
+            # `now`: a person's Wake, past any retry backoff (issue 25).
+            await self.roster.wake_from_server(data["agent_id"], now=data.get("now") is True)
+        elif event.event == "stop":
+            data = event_data(event.data)
+            if data is None or not isinstance(data.get("turn_id"), str):
+                log.warning("ignored a malformed stop event: %.200r", event.data)
+                return
+            self.roster.stop_from_server(data["agent_id"], data["turn_id"])
         elif event.event == "agents":
             await self.roster.agents_changed()
         elif event.event not in ("ping", "message"):
@@ -164,14 +171,15 @@ def _unreachable(exc: BaseException) -> bool:
     return isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))
 
 
-def agent_id_of(data: str) -> str | None:
-    """The `agent_id` of a `wake` event's data, or None when the data is malformed."""
+def event_data(data: str) -> dict[str, Any] | None:
+    """An agent event's data (`wake`, `stop`): a JSON object with a string `agent_id`,
+    or None when the data is malformed."""
     try:
         parsed: Any = orjson.loads(data)
     except orjson.JSONDecodeError:
         return None
     if isinstance(parsed, dict) and isinstance(parsed.get("agent_id"), str):
-        return str(parsed["agent_id"])
+        return parsed
     return None
 
 
@@ -182,3 +190,9 @@ def _field(data: str, name: str) -> Any:
     except orjson.JSONDecodeError:
         return None
     return parsed.get(name) if isinstance(parsed, dict) else None
+
+
+def agent_id_of(data: str) -> str | None:
+    """The `agent_id` of a `wake` event's data, or None when the data is malformed."""
+    parsed = event_data(data)
+    return str(parsed["agent_id"]) if parsed is not None else None

@@ -136,10 +136,11 @@ class Roster:
         self.synced.set()
         return created
 
-    async def wake_from_server(self, agent_id: str) -> None:
+    async def wake_from_server(self, agent_id: str, *, now: bool = False) -> None:
         """A `wake` event: wake its runner; a problem agent is prepared again first.
 
-        An agent not known yet (e.g. just assigned) is synced first.
+        An agent not known yet (e.g. just assigned) is synced first. `now` (a person's
+        Wake): the turn runs at once, even inside a retry's backoff.
         """
         if agent_id in self.fenced:
             return
@@ -148,7 +149,19 @@ class Roster:
         elif agent_id not in self.runners:
             await self.sync_agents()
         if (runner := self.runners.get(agent_id)) is not None:
-            runner.wake()
+            runner.wake(now=now)
+
+    def stop_from_server(self, agent_id: str, turn_id: str) -> None:
+        """A `stop` event (a person's Stop): the agent's runner stops `turn_id` only if that
+        is its turn now. A late one (replayed after a reconnect, the turn already over)
+        stops nothing: the next turn is another's business."""
+        runner = self.runners.get(agent_id)
+        if runner is None or not runner.stop_turn_of(turn_id):
+            log.info(
+                "agent %s: a stop for turn %s, which is not running here; nothing stopped",
+                runner.agent.handle if runner is not None else agent_id,
+                turn_id,
+            )
 
     async def _prepare_again(self, agent_id: str) -> None:
         """Try a problem agent again (its reason told the user to fix something, then wake it)."""

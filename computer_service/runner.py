@@ -189,6 +189,10 @@ class Runner:
         self._retry_firm = False
         self.recent: deque[TurnRecord] = deque(maxlen=RECENT_TURNS)
         self._woken = anyio.Event()
+        # A person's Wake: the next sleep ends at once, a firm retry time too.
+        self._wake_now = False
+        # A stop for the turn being registered now (`stop_turn_of`).
+        self._stop_asked: str | None = None
         self._stop: anyio.Event | None = None
         self._reporter: RunReporter | None = None
         self._closing = False
@@ -196,10 +200,16 @@ class Runner:
 
     # Control, from the service and the introspection API.
 
-    def wake(self) -> None:
-        """Ask for a turn; wakes during a turn merge into one next turn."""
+    def wake(self, *, now: bool = False) -> None:
+        """Ask for a turn; wakes during a turn merge into one next turn.
+
+        `now` (a person's Wake): also past a retry's backoff, the provider's own time
+        (a rate limit's Retry-After) included; the backoff's count stays.
+        """
         if self._closing:
             return
+        if now:
+            self._wake_now = True
         self.pending_wake = True
         self._woken.set()
         self._changed()
@@ -213,6 +223,34 @@ class Runner:
             self.state = RunnerState.STOPPING
             self._changed()
         return True
+
+    def stop_turn_of(self, turn_id: str) -> bool:
+        """A person's Stop for `turn_id`: stop the current turn only if it is that one.
+
+        Right after registering, before the answer named the turn here, the stop is
+        kept for it (`_stop_asked`). False: `turn_id` is not running here (it ended, or
+        the stop came late), and nothing is stopped.
+        """
+        if self.current_turn_id == turn_id:
+            stopped = self.stop_turn()
+        elif self.current_turn_id is None and self.state is RunnerState.RUNNING:
+            self._stop_asked = turn_id
+            stopped = True
+        else:
+            return False
+        if stopped:
+            self._forget_earlier_wakes()
+        return stopped
+
+    def _forget_earlier_wakes(self) -> None:
+        """A person stopped the turn: the wake-ups that came before are for the messages
+        it stopped on (the server's wake for a message the turn had already claimed), so
+        none may start the next turn: the messages wait unread until a person's Wake or
+        a wake-up that comes after the stop (a new message). Nothing is lost: they stay
+        unread on the server."""
+        if not self._wake_now:
+            self.pending_wake = False
+            self._woken = anyio.Event()
 
     def close(self) -> None:
         """End the loop: stop the current turn; `run()` returns once it is recorded."""
@@ -247,6 +285,7 @@ class Runner:
                     self.current_turn_id = None
                     self.turn_started_at = None
                     self._stop = None
+                    self._stop_asked = None
                     self._set_state(RunnerState.IDLE)
         finally:
             self.finished.set()
@@ -272,18 +311,23 @@ class Runner:
         """Until woken, or until the retry a failure asked for is due."""
         if self._retry_in is None:
             await self._woken.wait()
-            return
-        if self._retry_firm:
+        elif self._retry_firm:
             # No turn before the provider's time: the model would refuse it. A wake now
-            # (a new message) merges into the turn then; only a close ends the wait.
+            # (a new message) merges into the turn then; only a close or a person's Wake
+            # ends the wait.
             until = time.monotonic() + self._retry_in
-            while not self._closing and (left := until - time.monotonic()) > 0:
+            while (
+                not self._closing and not self._wake_now and (left := until - time.monotonic()) > 0
+            ):
                 with anyio.move_on_after(left):
                     await self._woken.wait()
                 self._woken = anyio.Event()
         else:
             with anyio.move_on_after(self._retry_in):
                 await self._woken.wait()
+        if self._wake_now:
+            log.info("agent %s: woken by a person; running a turn now", self.agent.handle)
+        self._wake_now = False
         self._retry_in = None
         self._retry_firm = False
         self.retry_at = None
@@ -387,6 +431,9 @@ class Runner:
         if self._turn_identity is not None:
             self._turn_identity.hand_out(turn.turn_secret)
         self.current_turn_id = turn.turn_id
+        if self._stop_asked == turn.turn_id:
+            # A person's Stop came before this answer named the turn here.
+            stop.set()
         self.turn_started_at = datetime.now(UTC).isoformat(timespec="seconds")
         # The session this turn continues (None: a new one, known when it succeeds).
         self.session_id = plan.session_id

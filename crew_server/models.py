@@ -538,6 +538,12 @@ class ApprovalDecide(Request):
     decision: Literal["once", "always", "deny"]
 
 
+class StopTurn(Request):
+    """A person's Stop (issue 25): the turn it is meant for, so a late one stops nothing."""
+
+    turn_id: Uuid = Field(description="the agent's running turn to stop")
+
+
 # ---------------------------------------------------------------- agent API requests
 
 
@@ -837,6 +843,15 @@ class BudgetState(BaseModel):
     detail: str | None
     spent: BudgetSpent
     resume_once: bool = Field(description="the user resumed it once; the turn is still to come")
+
+
+class StopAsked(BaseModel):
+    agent_id: str
+    turn_id: str = Field(description="the turn the agent's Computer was asked to stop")
+
+
+class WakeAsked(BaseModel):
+    agent_id: str
 
 
 class BudgetResumed(BaseModel):

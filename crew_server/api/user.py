@@ -19,7 +19,8 @@ from crew_server.api.http import (
 from crew_server.api.operation import SEQ, UUID, Op
 from crew_server.api.sign_in import CODE_SECONDS
 from crew_server.clock import iso
-from crew_server.errors import NotFound, Refused
+from crew_server.errors import NotConnected, NotFound, Refused
+from crew_server.store.controls import NO_COMPUTER, NOT_LISTENING
 
 
 async def create_computer(ctx: Context, request: Request) -> Response:
@@ -92,6 +93,35 @@ async def resume_budget(ctx: Context, request: Request) -> Response:
     """The user lets an agent held by its budget take one more turn (it is woken)."""
     ctx.user(request)
     return json_response(ctx.store.resume_budget(request.path_params["agent_id"]))
+
+
+def heard_by_its_computer(ctx: Context, agent_id: str) -> None:
+    """Refuse (409) a Stop or Wake the agent's Computer cannot hear now: none, or not
+    connected. With PostgreSQL the Computer's stream may be open on another server
+    process, so there only "none" is known; the request waits in its event log then."""
+    computer_id = ctx.store.computer_of_agent(agent_id)
+    handle = ctx.store.get_agent(agent_id)["handle"]
+    if computer_id is None:
+        raise NotConnected(NO_COMPUTER.format(handle=handle))
+    if ctx.store.dialect == "sqlite" and computer_id not in ctx.hub.listening():
+        raise NotConnected(NOT_LISTENING.format(handle=handle))
+
+
+async def stop_turn(ctx: Context, request: Request) -> Response:
+    """A person stops the agent's running turn (issue 25): `stop` on its Computer's stream."""
+    ctx.user(request)
+    agent_id = request.path_params["agent_id"]
+    body = await read_body(request, m.StopTurn)
+    heard_by_its_computer(ctx, agent_id)
+    return json_response(ctx.store.stop_turn(agent_id, body.turn_id), 202)
+
+
+async def wake_agent(ctx: Context, request: Request) -> Response:
+    """A person wakes the agent: `wake` with `now` on its Computer's stream (issue 25)."""
+    ctx.user(request)
+    agent_id = request.path_params["agent_id"]
+    heard_by_its_computer(ctx, agent_id)
+    return json_response(ctx.store.wake_now(agent_id), 202)
 
 
 async def positions(ctx: Context, request: Request) -> Response:
@@ -356,6 +386,35 @@ OPS: list[Op] = [
         "user",
         answer=m.BudgetResumed,
         handler=resume_budget,
+    ),
+    Op(
+        "post",
+        "/api/agents/{agent_id}/stop",
+        "stopTurn",
+        "Stop the agent's running turn `turn_id`: its Computer gets `stop {agent_id, "
+        "turn_id}` and cancels that turn only if it is still the one running (a late stop "
+        "does nothing). The turn ends `cancelled` without ack: its messages stay unread, a "
+        "notice in its rooms says it was stopped, and the agent runs again at a new message "
+        "or a Wake. 404: no such agent or turn of it; 409: the turn is not running (its "
+        "status says), or the agent's Computer is none or not connected.",
+        "user",
+        m.StopTurn,
+        status=202,
+        answer=m.StopAsked,
+        handler=stop_turn,
+    ),
+    Op(
+        "post",
+        "/api/agents/{agent_id}/wake",
+        "wakeAgent",
+        "Wake the agent: its Computer gets `wake {agent_id, now: true}` and runs a turn now "
+        "for its unread messages, even inside a retry's backoff (nothing unread: nothing "
+        "runs). During a turn it merges into the next one. 404: no such agent; 409: its "
+        "Computer is none or not connected.",
+        "user",
+        status=202,
+        answer=m.WakeAsked,
+        handler=wake_agent,
     ),
     Op(
         "get",

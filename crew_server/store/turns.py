@@ -17,6 +17,7 @@ from crew_server.store.answered import (
 )
 from crew_server.store.approval_state import close_turn_approvals
 from crew_server.store.budget_holds import budget_after_turn
+from crew_server.store.controls import stopped_notice
 from crew_server.store.db import StorePart, Transaction, new_id
 from crew_server.store.identities import connection_epoch, own_agent
 from crew_server.store.messages import post
@@ -250,6 +251,8 @@ class Turns(StorePart):
                     "SELECT agent_id FROM turns WHERE id = ?", (turn_id,)
                 ).fetchone()["agent_id"]
                 ack_answered_rooms(tx, agent_id, turn_id)
+            if status == "cancelled":
+                stopped_notice(tx, turn_id)
 
     def ack(
         self,

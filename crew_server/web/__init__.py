@@ -66,6 +66,8 @@ def web_routes(ctx: Context) -> list[BaseRoute]:
         post("/agents/{agent_id}/budget/resume", actions.resume_budget, "/agents"),
         get("/agents/{agent_id}/delete", views.confirm_agent_delete),
         post("/agents/{agent_id}/delete", actions.delete_agent, "/agents"),
+        post("/agents/{agent_id}/stop", actions.stop_turn, "/agents"),
+        post("/agents/{agent_id}/wake", actions.wake_agent, "/agents"),
         get("/turns/{turn_id}", views.turn),
         get("/tasks", views.tasks),
         post("/tasks", actions.create_task, "/tasks"),

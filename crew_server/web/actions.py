@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from crew_server import models as m
+from crew_server.api.user import heard_by_its_computer
 from crew_server.errors import Invalid, TooLarge
 from crew_server.store import USER
 from crew_server.web.access import ANONYMOUS_BODY, Form, Web, back_to, read_form, refusal, see
@@ -310,6 +311,25 @@ async def resume_budget(web: Web, request: Request, session: Session, form: Form
     agent_id = request.path_params["agent_id"]
     web.store.resume_budget(agent_id)
     return see(f"/agents/{agent_id}")
+
+
+async def stop_turn(web: Web, request: Request, session: Session, form: Form) -> Response:
+    """A person's Stop of the agent's running turn `turn_id` (as POST
+    /api/agents/{id}/stop; the form asked first)."""
+    agent_id = request.path_params["agent_id"]
+    body = validated(m.StopTurn, {"turn_id": form.get("turn_id")})
+    heard_by_its_computer(web.ctx, agent_id)
+    web.store.stop_turn(agent_id, body.turn_id)
+    return see(back_to(form, f"/agents/{agent_id}"))
+
+
+async def wake_agent(web: Web, request: Request, session: Session, form: Form) -> Response:
+    """A person's Wake: a turn now for the agent's unread messages (as POST
+    /api/agents/{id}/wake)."""
+    agent_id = request.path_params["agent_id"]
+    heard_by_its_computer(web.ctx, agent_id)
+    web.store.wake_now(agent_id)
+    return see(back_to(form, f"/agents/{agent_id}"))
 
 
 # ---------------------------------------------------------------- tasks

@@ -54,7 +54,7 @@ from crew_server.web.room_status import room_status
 from crew_server.web.session import Session
 from crew_server.web.streams import BrowserStream, Poll, Update
 from crew_server.web.turn_events import call_id_of, open_starts
-from crew_server.web.views import agents_with_reasons, rooms_nav, turn_cost
+from crew_server.web.views import agents_with_reasons, rooms_nav, turn_cost, with_running_turn
 
 # A burst of commits (a turn's events, a post and its read mark) makes one look.
 COALESCE_SECONDS = 0.02
@@ -398,11 +398,20 @@ def agent(web: Web, session: Session, path: dict[str, str], after: int, last: in
     def poll() -> list[Update]:
         shown = next(a for a in agents_with_reasons(web) if a["id"] == agent_id)
         turns = web.store.list_turns(agent_id, 50)
-        return changed.replace(
-            "agent-status", fragment("_agent_status.html", {"agent": shown})
-        ) + changed.replace("agent-turns", fragment("_turn_rows.html", {"turns": turns}))
+        controls = {"agent": with_running_turn(web, shown), "csrf": session.csrf}
+        return (
+            changed.replace("agent-status", fragment("_agent_status.html", {"agent": shown}))
+            + changed.replace("agent-turns", fragment("_turn_rows.html", {"turns": turns}))
+            + changed.replace(
+                "agent-controls",
+                fragment("_agent_controls.html", {**controls, "here": f"/agents/{agent_id}"}),
+            )
+        )
 
-    poll()
+    # The page may be older than this subscription (a turn started or ended while it
+    # loaded, as after a Stop's redirect): its version is unknown, so the first poll sends all.
+    for target in ("agent-status", "agent-turns", "agent-controls"):
+        changed.replace(target, "")
     return every(STATUS_EVERY, poll)
 
 

@@ -84,6 +84,11 @@ def agents_with_reasons(web: Web) -> list[dict[str, Any]]:
     return roster
 
 
+def with_running_turn(web: Web, agent: dict[str, Any]) -> dict[str, Any]:
+    """The agent with `running_turn_id`, the turn its Stop names (None: Wake is offered)."""
+    return {**agent, "running_turn_id": web.store.running_turn_id(agent["id"])}
+
+
 def egress_summary(egress: Any) -> str:
     """An agent's stored egress policy in one line (`EgressPolicy.summary`)."""
     try:
@@ -195,7 +200,7 @@ async def agent(web: Web, request: Request, session: Session) -> Response:
     """One agent: status, settings (editable), its turns newest first, its reminders."""
     agent_id = request.path_params["agent_id"]
     web.store.get_agent(agent_id)
-    shown = next(a for a in agents_with_reasons(web) if a["id"] == agent_id)
+    shown = with_running_turn(web, next(a for a in agents_with_reasons(web) if a["id"] == agent_id))
     context = {
         **web.base(session, "agents", request),
         "agent": shown,

@@ -91,6 +91,7 @@ def test_a_database_of_an_older_schema_is_migrated_at_open_and_keeps_its_data(
         raw.execute("DROP TABLE budget_notices")
         raw.execute("ALTER TABLE agents DROP COLUMN permission")
         raw.execute("DROP TABLE approvals")
+        raw.execute("ALTER TABLE turns DROP COLUMN stop_requested_at")
         raw.execute("DROP TABLE room_status_dismissals")
         raw.execute("ALTER TABLE agents DROP COLUMN deleted_at")
         raw.execute("ALTER TABLE computers DROP COLUMN deleted_at")
