@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ import pytest
 from asgi_lifespan import LifespanManager
 
 from crew_harness.waiting import wait_until_async
-from crew_server.app import create_app
+from crew_server.app import EventHub, create_app
 from crew_server.clock import Clock
 from crew_server.store import Store
 
@@ -63,10 +64,11 @@ def hidden(page: str, name: str) -> str:
     return found.group(1)
 
 
-@pytest.fixture
-async def site() -> AsyncIterator[Site]:
+@contextlib.asynccontextmanager
+async def served(location: str) -> AsyncIterator[tuple[Site, EventHub]]:
+    """A site on the store at `location`, and the event hub its server closes to stop."""
     clock = Clock(datetime(2026, 10, 5, 9, 0, tzinfo=UTC))
-    store = Store(":memory:", clock)
+    store = Store(location, clock)
     token = store.ensure_user_token()
     assert token is not None
     app = create_app(store, clock)
@@ -80,8 +82,14 @@ async def site() -> AsyncIterator[Site]:
                 headers={"Authorization": f"Bearer {token}"},
             ) as api,
         ):
-            yield Site(browser, api, store, token)
+            yield Site(browser, api, store, token), app.state.hub
     store.close()
+
+
+@pytest.fixture
+async def site() -> AsyncIterator[Site]:
+    async with served(":memory:") as (started, _):
+        yield started
 
 
 class RawStream:
@@ -146,3 +154,14 @@ async def open_browser_stream(site: Site, tasks: anyio.abc.TaskGroup) -> tuple[R
     hello = await wait_until_async("the stream's hello", lambda: updates_in(stream))
     assert stream.sent[0]["status"] == 200 and hello[0]["mode"] == "hello"
     return stream, str(hello[0]["stream"])
+
+
+async def subscribe(
+    site: Site, csrf: str, stream_id: str, key: str, topic: str, **more: str
+) -> httpx.Response:
+    """A tab's topic on the browser's stream (`POST /live/subscriptions`, as app.js sends it)."""
+    return await site.browser.post(
+        "/live/subscriptions",
+        data={"csrf": csrf, "stream": stream_id, "key": key, "topic": topic, **more},
+        headers={"X-Crew-Fetch": "1"},
+    )

@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from crew_harness.waiting import wait_until_async
-from tests.web.site import Site, open_browser_stream, updates_in
+from tests.web.site import Site, open_browser_stream, subscribe, updates_in
 
 pytestmark = pytest.mark.anyio
 
@@ -155,15 +155,8 @@ async def test_a_card_appears_live_and_its_answer_replaces_it(site: Site) -> Non
     turn = store.register_turn(computer_id, ada["id"], claim, "x", "opencode", "m/x", None)
     async with anyio.create_task_group() as tasks:
         stream, stream_id = await open_browser_stream(site, tasks)
-        subscribed = await site.browser.post(
-            "/live/subscriptions",
-            data={
-                "csrf": csrf,
-                "stream": stream_id,
-                "key": "r:timeline",
-                "topic": f"/live/rooms/{room['id']}?after=1",
-            },
-            headers={"X-Crew-Fetch": "1"},
+        subscribed = await subscribe(
+            site, csrf, stream_id, "r:timeline", f"/live/rooms/{room['id']}?after=1"
         )
         assert subscribed.status_code == 204, subscribed.text
         approval, _ = store.create_approval(

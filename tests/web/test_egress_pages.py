@@ -15,7 +15,7 @@ from crew_common.egress import MODES
 from crew_harness.waiting import wait_until_async
 from crew_server.web.turn_events import shown_event
 from crew_server.web.views import EGRESS_TEXTS
-from tests.web.site import Site, open_browser_stream, updates_in
+from tests.web.site import Site, open_browser_stream, subscribe, updates_in
 
 pytestmark = pytest.mark.anyio
 
@@ -175,16 +175,7 @@ async def test_a_running_turn_appends_its_denials_and_ends_with_the_gateway_usag
     turn_id, fence = turn["turn_id"], turn["fence"]
     async with anyio.create_task_group() as tasks:
         stream, stream_id = await open_browser_stream(site, tasks)
-        answer = await site.browser.post(
-            "/live/subscriptions",
-            data={
-                "csrf": csrf,
-                "stream": stream_id,
-                "key": "t:events",
-                "topic": f"/live/turns/{turn_id}?from=0",
-            },
-            headers={"X-Crew-Fetch": "1"},
-        )
+        answer = await subscribe(site, csrf, stream_id, "t:events", f"/live/turns/{turn_id}?from=0")
         assert answer.status_code == 204, answer.text
         event = denied("10.99.0.1", 80, None, 5)
         stored = {

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from crew_harness.waiting import wait_until_async
-from tests.web.site import RawStream, Site, hidden, open_browser_stream, updates_in
+from tests.web.site import RawStream, Site, hidden, open_browser_stream, subscribe, updates_in
 
 pytestmark = pytest.mark.anyio
 FETCH = {"X-Crew-Fetch": "1"}
@@ -22,16 +22,6 @@ async def dm(site: Site, handle: str) -> str:
     agent = await site.agent(handle)
     answer = await site.api.post("/api/rooms", json={"kind": "dm", "agent_ids": [agent["id"]]})
     return str(answer.json()["id"])
-
-
-async def subscribe(
-    site: Site, csrf: str, stream_id: str, key: str, topic: str, **more: str
-) -> httpx.Response:
-    return await site.browser.post(
-        "/live/subscriptions",
-        data={"csrf": csrf, "stream": stream_id, "key": key, "topic": topic, **more},
-        headers=FETCH,
-    )
 
 
 def bodies(stream: RawStream, key: str) -> list[str]:

@@ -8,25 +8,19 @@ stream's own end) can make a stream send anything within a test's wait."""
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
 
 import anyio
-import httpx
 import pytest
-from asgi_lifespan import LifespanManager
 
 from crew_harness.waiting import wait_until_async
-from crew_server.app import EventHub, create_app
-from crew_server.clock import Clock
 from crew_server.store import Store
 from crew_server.web import live
 from crew_server.web.session import Session
 from crew_server.web.streams import BrowserStream, Update
 from crew_testkit.postgres import PostgresCluster
-from tests.web.site import Site, open_browser_stream, updates_in
+from tests.web.site import Site, open_browser_stream, served, subscribe, updates_in
 
 pytestmark = pytest.mark.anyio
 FETCH = {"X-Crew-Fetch": "1"}
@@ -58,16 +52,7 @@ async def dm(site: Site, handle: str) -> str:
 
 
 async def subscribed(site: Site, csrf: str, stream_id: str, room: str) -> None:
-    answer = await site.browser.post(
-        "/live/subscriptions",
-        data={
-            "csrf": csrf,
-            "stream": stream_id,
-            "key": "t:timeline",
-            "topic": f"/live/rooms/{room}",
-        },
-        headers=FETCH,
-    )
+    answer = await subscribe(site, csrf, stream_id, "t:timeline", f"/live/rooms/{room}")
     assert answer.status_code == 204, answer.text
     # The subscription's first look (after the hello's): the stream sleeps after it.
     await wait_until_async("the subscription's look", lambda: len(LOOKS) >= 2)
@@ -159,28 +144,6 @@ async def test_the_post_answers_its_id_and_the_stream_echoes_the_client_id(site:
     assert refused.status_code == 422 and "client_id must be" in refused.text
     page = await site.browser.get(f"/rooms/{room}")
     assert page.text.count("data-client-id") == 1  # the one message posted with it
-
-
-@contextlib.asynccontextmanager
-async def served(location: str) -> AsyncIterator[tuple[Site, EventHub]]:
-    """A site on the store at `location`, and the event hub its server closes to stop."""
-    clock = Clock(datetime(2026, 10, 5, 9, 0, tzinfo=UTC))
-    store = Store(location, clock)
-    token = store.ensure_user_token()
-    assert token is not None
-    app = create_app(store, clock)
-    async with LifespanManager(app) as manager:
-        transport = httpx.ASGITransport(app=manager.app)
-        async with (
-            httpx.AsyncClient(transport=transport, base_url="http://testserver") as browser,
-            httpx.AsyncClient(
-                transport=transport,
-                base_url="http://testserver",
-                headers={"Authorization": f"Bearer {token}"},
-            ) as api,
-        ):
-            yield Site(browser, api, store, token), app.state.hub
-    store.close()
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import pytest
 
 from crew_harness.waiting import wait_until_async
 from crew_server.errors import NotFound
-from tests.web.site import Site, open_browser_stream, updates_in
+from tests.web.site import Site, open_browser_stream, subscribe, updates_in
 
 pytestmark = pytest.mark.anyio
 
@@ -162,15 +162,8 @@ async def test_a_live_page_of_a_deleted_room_ends(site: Site) -> None:
     group_id, _, _, _ = await crew(site)
     async with anyio.create_task_group() as tasks:
         stream, stream_id = await open_browser_stream(site, tasks)
-        answer = await site.browser.post(
-            "/live/subscriptions",
-            data={
-                "csrf": csrf,
-                "stream": stream_id,
-                "key": "t1:timeline",
-                "topic": f"/live/rooms/{group_id}?after=1",
-            },
-            headers={"X-Crew-Fetch": "1"},
+        answer = await subscribe(
+            site, csrf, stream_id, "t1:timeline", f"/live/rooms/{group_id}?after=1"
         )
         assert answer.status_code == 204, answer.text
         done = await site.browser.post(f"/rooms/{group_id}/delete", data={"csrf": csrf})

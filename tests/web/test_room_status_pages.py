@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from crew_harness.waiting import wait_until_async
-from tests.web.site import Site, open_browser_stream, updates_in
+from tests.web.site import Site, open_browser_stream, subscribe, updates_in
 
 pytestmark = pytest.mark.anyio
 
@@ -122,15 +122,8 @@ async def test_the_working_line_comes_and_goes_live_with_the_step(site: Site) ->
     computer_id, ada, room = dm_of_ada(site)
     async with anyio.create_task_group() as tasks:
         stream, stream_id = await open_browser_stream(site, tasks)
-        subscribed = await site.browser.post(
-            "/live/subscriptions",
-            data={
-                "csrf": csrf,
-                "stream": stream_id,
-                "key": "r:timeline",
-                "topic": f"/live/rooms/{room['id']}?after=0",
-            },
-            headers={"X-Crew-Fetch": "1"},
+        subscribed = await subscribe(
+            site, csrf, stream_id, "r:timeline", f"/live/rooms/{room['id']}?after=0"
         )
         assert subscribed.status_code == 204, subscribed.text
 
