@@ -245,6 +245,7 @@ def agent_page(
         "here": f"/agents/{agent_id}",
         "capabilities": capabilities,
         "capabilities_error": capabilities_error,
+        "capabilities_state": web.store.capabilities_state(agent_id),
         "agent": shown,
         "turns": web.store.list_turns(agent_id, TURNS_SHOWN),
         "reminders": web.store.list_reminders(agent_id),

@@ -177,8 +177,8 @@ def with_skill(**changes: Any) -> dict[str, Any]:
 BAD = [
     ({"mcp_servers": [], "tools": []}, "tools: Extra inputs are not permitted"),
     (with_server(shell=True), "mcp_servers.0.shell: Extra inputs are not permitted"),
-    (with_server(name="Notes"), "mcp_servers.0.name: String should match pattern"),
-    (with_server(name="my_notes"), "mcp_servers.0.name: String should match pattern"),
+    (with_server(name="Notes"), "mcp_servers.0.name: 'Notes' is not a valid name"),
+    (with_server(name="my_notes"), "mcp_servers.0.name: 'my_notes' is not a valid name"),
     (
         with_server(command="python3 -m notes"),
         "mcp_servers.0.command: Input should be a valid list",
@@ -201,7 +201,7 @@ BAD = [
         {"mcp_servers": [{**REMOTE, "headers": {"X-A": "a\r\nInjected: 1"}}]},
         "contains a line break",
     ),
-    (with_skill(name="Release Notes"), "skills.0.name: String should match pattern"),
+    (with_skill(name="Release Notes"), "skills.0.name: 'Release Notes' is not a valid name"),
     (with_skill(description=" "), "skills.0.description: the description is blank"),
     (with_skill(files={"../escape.md": "x"}), "must be relative"),
     (with_skill(files={"/etc/passwd": "x"}), "must be relative"),
@@ -284,3 +284,41 @@ async def test_another_computer_never_sees_them(world: World) -> None:
     )
     text = (await world.client.get("/computer/agents", headers=other.headers)).text
     assert "tok-local-1" not in text and "alice" not in text
+
+
+async def test_the_computer_reports_each_servers_state_for_a_version(world: World) -> None:
+    box = await world.computer()
+    alice = await world.ok(
+        "POST", "/api/agents", json=agent_body("alice", box, capabilities=DOC), status=201
+    )
+    path = f"/api/agents/{alice['id']}/capabilities/state"
+    nothing = await world.ok("GET", path)
+    assert nothing == {
+        "current": False,
+        "reported_at": None,
+        "capabilities_version": None,
+        "mcp_servers": [],
+    }
+    version = (await computer_agent(world, box, alice["id"]))["capabilities_version"]
+    servers = [
+        {"name": "notes", "state": "connected", "reason": None},
+        {"name": "github", "state": "failed", "reason": "no handshake within 5 s"},
+    ]
+    report = {"capabilities_version": version, "mcp_servers": servers}
+    state_path = f"/computer/agents/{alice['id']}/capabilities/state"
+    await world.ok("PUT", state_path, json=report, headers=box.headers, status=204)
+    seen = await world.ok("GET", path)
+    assert seen["current"] is True and seen["mcp_servers"] == servers
+    assert seen["capabilities_version"] == version and seen["reported_at"]
+
+    # A change the Computer has not applied yet: the old report is no longer current.
+    await world.ok("PUT", f"/api/agents/{alice['id']}/capabilities", json={})
+    assert (await world.ok("GET", path))["current"] is False
+
+    # Another Computer cannot report for it; a bad state is refused.
+    other = await world.computer()
+    refused = await world.client.put(state_path, json=report, headers=other.headers)
+    assert refused.status_code == 404
+    bad = {"capabilities_version": version, "mcp_servers": [{"name": "x", "state": "fine"}]}
+    refused = await world.client.put(state_path, json=bad, headers=box.headers)
+    assert refused.status_code == 422

@@ -95,7 +95,7 @@ async def test_the_form_saves_servers_and_skills_and_never_shows_a_secret(site: 
         ),
         (
             {"skill_name": "Release Notes", "skill_description": "d", "skill_body": "b"},
-            "skills.0.name: String should match pattern",
+            "skills.0.name: 'Release Notes' is not a valid name",
         ),
         (
             {"skill_name": "a", "skill_description": "d", "skill_files": '{"../x": "y"}'},
@@ -132,3 +132,24 @@ async def test_without_the_csrf_token_nothing_changes(site: Site) -> None:
     )
     assert refused.status_code == 403
     assert site.store.agent_capabilities(dora["id"]) == {"mcp_servers": [], "skills": []}
+
+
+async def test_the_page_shows_what_its_computer_reported_of_each_server(site: Site) -> None:
+    await site.sign_in()
+    computer_id, _ = site.store.create_computer("box")
+    site.store.connect(computer_id, "h", "linux", "1", 2)
+    dora = await site.agent("dora", computer_id)
+    site.store.set_capabilities(dora["id"], {"mcp_servers": SERVERS})
+    page = (await site.browser.get(f"/agents/{dora['id']}")).text
+    assert 'id="mcp-states"' not in page  # nothing reported yet
+
+    version = site.store.computer_agents(computer_id)[0]["capabilities_version"]
+    failed = {"name": "notes", "state": "failed", "reason": "python3: not found in the sandbox"}
+    site.store.set_capabilities_state(computer_id, dora["id"], version, [failed])
+    page = html.unescape((await site.browser.get(f"/agents/{dora['id']}")).text)
+    assert '<strong class="mcp-failed">failed</strong> · python3: not found in the sandbox' in page
+    assert "As its Computer reported" in page
+
+    site.store.set_capabilities(dora["id"], {})
+    page = html.unescape((await site.browser.get(f"/agents/{dora['id']}")).text)
+    assert "has not applied the latest ones yet" in page
