@@ -322,3 +322,35 @@ async def test_the_computer_reports_each_servers_state_for_a_version(world: Worl
     bad = {"capabilities_version": version, "mcp_servers": [{"name": "x", "state": "fine"}]}
     refused = await world.client.put(state_path, json=bad, headers=box.headers)
     assert refused.status_code == 422
+
+
+# ---------------------------------------------------------------- the pure parts
+
+
+def test_the_version_is_of_the_normalised_document_whatever_the_key_order() -> None:
+    one = caps.normalised({"skills": [SKILL], "mcp_servers": [LOCAL]})
+    reordered = {"mcp_servers": [dict(reversed(list(LOCAL.items())))], "skills": [SKILL]}
+    two = caps.normalised(reordered)
+    assert caps.version(one) == caps.version(two)
+    assert caps.canonical(one) == caps.canonical(two)
+    # a secret's value is part of it: a rotated token restarts the server
+    rotated = {**LOCAL, "secret_environment": {"NOTES_TOKEN": "tok-local-2"}}
+    assert caps.version(caps.normalised({"mcp_servers": [rotated]})) != caps.version(
+        caps.normalised({"mcp_servers": [LOCAL]})
+    )
+
+
+def test_redaction_and_kept_secrets_go_by_server_name_and_key() -> None:
+    stored = caps.normalised(DOC)
+    shown_doc = caps.redacted(stored)
+    assert "tok-local-1" not in orjson.dumps(shown_doc).decode()
+    assert caps.redacted(stored) != stored and stored["mcp_servers"][0]["secret_environment"]
+    assert caps.normalised(caps.with_kept_secrets(shown_doc, stored)) == stored
+    # a server renamed: its "(set)" secret has no stored value under the new name
+    renamed = orjson.loads(orjson.dumps(shown_doc))
+    renamed["mcp_servers"][0]["name"] = "jotter"
+    with pytest.raises(caps.CapabilitiesError, match="NOTES_TOKEN of MCP server 'jotter'"):
+        caps.with_kept_secrets(renamed, stored)
+    # something that is not a document is left for parse to refuse, not a crash
+    for odd in (None, [], {"mcp_servers": "x"}, {"mcp_servers": [1, {"secret_headers": 2}]}):
+        caps.with_kept_secrets(odd, stored)
