@@ -25,7 +25,9 @@ from sandbox_launcher.backend import (
     NO_TOOL_DOMAIN_NOTE,
     SLOW_TOOL_SHELL_NOTE,
     TMPFS_NOTE,
+    BwrapBackend,
     health_note,
+    open_backend,
     with_tool_shells,
 )
 from sandbox_launcher.bwrap import LinuxMode, SandboxUnavailable, bwrap_argv
@@ -125,6 +127,25 @@ def test_a_first_line_the_kernel_would_cut_or_split_goes_through_sh() -> None:
     assert native_engine_child_script("/c/h", "tmpfs", "git", "/opt/my git") == (
         "#!/bin/sh\nexec /c/h --engine-child tmpfs git '/opt/my git' \"$@\"\n"
     )
+
+
+def test_the_sh_form_runs_the_native_helper_too(tmp_path: Path) -> None:
+    # A crew home whose path the kernel would split: the script goes through /bin/sh.
+    helper = tmp_path / "my crew" / NATIVE_NAME
+    helper.parent.mkdir()
+    shutil.copy(_native(), helper)
+    script = tmp_path / "bash"
+    script.write_text(native_tool_shell_script(str(helper), "tmpfs"))
+    script.chmod(0o755)
+    assert script.read_text().startswith("#!/bin/sh\n")
+    done = subprocess.run(
+        [str(script), "-c", 'echo "$0 $CREW_TOOL_DOMAIN"'],
+        env={"PATH": "/usr/bin:/bin", "OPENCODE_AUTH_CONTENT": "x"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert (done.returncode, done.stdout) == (0, "bash 1\n"), done.stderr
 
 
 def test_the_native_helper_knows_the_same_names_as_the_python_one() -> None:
@@ -375,3 +396,16 @@ def test_an_engine_child_that_is_not_installed_says_so(helper: str) -> None:
     done = _engine_child(helper, "rg", "", "pattern")
     assert done.returncode == landlock.EXIT_NOT_FOUND
     assert "rg is not installed on this Computer" in done.stderr
+
+
+def test_the_launcher_uses_the_native_helper_when_it_is_built(
+    needs_bwrap: None, tmp_path: Path
+) -> None:
+    # As the launcher opens its backend: the shells run the native helper, the health
+    # has no word about a slow tool shell (it has one without: the test above).
+    native = _native()
+    backend, health = open_backend(LinuxMode.TMPFS, tool_shell_base=tmp_path / "tool-shell")
+    assert isinstance(backend, BwrapBackend) and health.ok, health
+    shells = backend.tools.tool_shells
+    assert shells is not None and (shells / NATIVE_NAME).read_bytes() == native.read_bytes()
+    assert SLOW_TOOL_SHELL_NOTE not in (health.reason or "")
