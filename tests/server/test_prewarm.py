@@ -9,10 +9,13 @@ from typing import Any
 import pytest
 
 from crew_server.api.stream import PREWARM_EVERY_S, EventHub, PrewarmHints
-from tests.server.test_stop_wake import Stage, stage  # noqa: F401 (the fixture)
+from tests.server import test_stop_wake
+from tests.server.test_stop_wake import Stage
 from tests.server.world import Computer, World
 
 pytestmark = pytest.mark.anyio
+
+stage = test_stop_wake.stage  # the fixture: a world, its event hub, a browser
 
 
 def prewarms(world: World, box: Computer, cursor: int) -> list[list[str]]:
