@@ -7,11 +7,13 @@ between runs as it is after ten idle minutes in life. Each run waits until the
 agent's server is gone (`/agents`: not warm), then, alternating:
 
 - with hint: the person opens the dm in the web app (signed in with the user
-  token; `GET /rooms/{id}` sends the `prewarm` hint) and types until the server is
-  warm (`/agents`), then sends: the reply a person gets who typed long enough. How
+  token; `GET /rooms/{id}` sends the `prewarm` hint) and types until the prewarm is
+  done (`crew_prewarm_starts_total`: the server started and booted), then sends: the reply a person gets who typed long enough. How
   long that took (hint → warm) is printed: a person who types less waits the rest.
   `--typing S` types for a fixed S seconds instead;
-- without: the message is sent with no page opened (the server starts for it).
+- without: the message is sent with no page opened (the server starts for it);
+- warm again: right after that turn, another one on the same, used server (the
+  floor a prewarm could reach on this machine now).
 
 Timed from the post (user API) until the Computer's `/events` says the turn is
 finished (its reply was stored just before; no polling during the turn). The
@@ -105,9 +107,19 @@ def agent_warm(stack: LocalStack, agent_id: str) -> bool:
     return bool((row.get("engine") or {}).get("warm"))
 
 
-def found_counts(stack: LocalStack) -> dict[str, float]:
+def metric_lines(stack: LocalStack) -> list[str]:
     with stack.computer.introspection() as local:
-        text = local.get("/metrics").text
+        return local.get("/metrics").text.splitlines()
+
+
+def prewarms_done(stack: LocalStack) -> float:
+    """`crew_prewarm_starts_total`: counted once a prewarmed server is started and booted."""
+    name = "crew_prewarm_starts_total "
+    return sum(float(line[len(name) :]) for line in metric_lines(stack) if line.startswith(name))
+
+
+def found_counts(stack: LocalStack) -> dict[str, float]:
+    text = "\n".join(metric_lines(stack))
     counts = {}
     for how in ("warm", "starting", "none"):
         name = f'crew_warm_turn_server_total{{found="{how}"}} '
@@ -119,7 +131,7 @@ def found_counts(stack: LocalStack) -> dict[str, float]:
 
 def first_replies(runs: int, typing_s: float | None = None) -> dict[str, Any]:
     """Both series (module doc) → their times and how their turns found the server."""
-    times: dict[str, list[float]] = {"with hint": [], "without": []}
+    times: dict[str, list[float]] = {"with hint": [], "without": [], "warm again": []}
     found: dict[str, dict[str, float]] = {k: {"warm": 0, "starting": 0, "none": 0} for k in times}
     to_warm: list[float] = []
     script = Script.parse({"rules": []})
@@ -151,12 +163,13 @@ def first_replies(runs: int, typing_s: float | None = None) -> dict[str, Any]:
             if series == "with hint":
                 time.sleep(max(0.0, last_hint + HINT_EVERY_S + 0.5 - time.monotonic()))
                 last_hint = time.monotonic()
+                done = prewarms_done(stack)
                 if browser.get(f"/rooms/{room['id']}").status_code != 200:
                     raise SystemExit("the room page did not open")
                 if typing_s is not None:
                     time.sleep(typing_s)
                 else:
-                    wait_until("the prewarm", lambda: agent_warm(stack, agent["id"]), 120)
+                    wait_until("the prewarm", lambda d=done: prewarms_done(stack) > d, 120)
                     to_warm.append(time.monotonic() - last_hint)
             before = found_counts(stack)
             times[series].append(turn())
@@ -164,10 +177,18 @@ def first_replies(runs: int, typing_s: float | None = None) -> dict[str, Any]:
             for how in after:
                 found[series][how] += after[how] - before[how]
             print(f"  run {i // 2 + 1}/{runs} {series}: {times[series][-1]:.3f} s", flush=True)
+            if series == "without":
+                before = found_counts(stack)
+                times["warm again"].append(turn())
+                after = found_counts(stack)
+                for how in after:
+                    found["warm again"][how] += after[how] - before[how]
         browser.close()
+        model_calls = len(stack.model.requests("all")) if stack.model is not None else 0
         listed = stack.call("GET", "/api/turns", params={"agent_id": agent["id"]})
         if any(t["status"] != "succeeded" for t in listed):
             raise SystemExit(f"not every turn succeeded: {[t['status'] for t in listed]}")
+    print(f"  model calls {model_calls} for {len(listed)} turns (a prewarm makes none)")
     return {"times": times, "found": found, "typing_s": typing_s, "to_warm": to_warm}
 
 
@@ -183,7 +204,8 @@ def first_reply_line(result: dict[str, Any]) -> str:
     )
     return (
         f"first reply after idle stop: with hint {med['with hint']:.3f} s, "
-        f"without {med['without']:.3f} s  ({ratio:.1f}x; medians, post → turn finished; {hint})"
+        f"without {med['without']:.3f} s  ({ratio:.1f}x; medians, post → turn finished; {hint}; "
+        f"a warm server's next turn {med['warm again']:.3f} s)"
     )
 
 

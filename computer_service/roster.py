@@ -199,13 +199,16 @@ class Roster:
             agents.append(WarmUp(agent.id, agent.model, agent.egress, agent.permission))
         if prewarm is None or not agents:
             return
-        self._prewarming.update(a.agent_id for a in agents)
+        # At start the engine picks a few of them: a hint for another must not wait it out
+        # (the pool itself never starts an agent's server twice).
+        marked = {a.agent_id for a in agents} if most_recent is None else set()
+        self._prewarming |= marked
 
         async def warm() -> None:
             try:
                 await prewarm(agents, most_recent=most_recent)
             finally:
-                self._prewarming.difference_update(a.agent_id for a in agents)
+                self._prewarming -= marked
 
         assert self._group is not None, "runners are added only inside `running()`"
         self._group.start_soon(warm)
