@@ -8,7 +8,7 @@ agent's server is gone (`/agents`: not warm), then, alternating:
 
 - with hint: the person opens the dm in the web app (signed in with the user
   token; `GET /rooms/{id}` sends the `prewarm` hint) and types until the prewarm is
-  done (`crew_prewarm_starts_total`: the server started and booted), then sends: the reply a person gets who typed long enough. How
+  done (`crew_prewarm_starts_total`: the server started), then sends: the reply a person gets who typed long enough. How
   long that took (hint → warm) is printed: a person who types less waits the rest.
   `--typing S` types for a fixed S seconds instead;
 - without: the message is sent with no page opened (the server starts for it);
@@ -113,7 +113,7 @@ def metric_lines(stack: LocalStack) -> list[str]:
 
 
 def prewarms_done(stack: LocalStack) -> float:
-    """`crew_prewarm_starts_total`: counted once a prewarmed server is started and booted."""
+    """`crew_prewarm_starts_total`: counted once a prewarmed server has started."""
     name = "crew_prewarm_starts_total "
     return sum(float(line[len(name) :]) for line in metric_lines(stack) if line.startswith(name))
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -258,14 +258,11 @@ class WarmPool:
         env: dict[str, str],
         request: Callable[[str], ServerRequest],
         extra_key: bytes = b"",
-        boot: Callable[[AgentServer], Awaitable[None]] | None = None,
     ) -> str:
         """Start the agent's server ahead of its turn, if it fits (module doc) → what
         happened: `started`, `warm` (it runs already), `starting`, `busy` (a turn has it),
         `budget` (no room without evicting), `cold` (this agent runs cold) or `failed`.
-        `boot(server)` then runs before a turn may have it (a turn that comes meanwhile
-        waits: it would pay the same boot itself). Never raises for the launcher (a
-        failed start counts as one, as a turn's does)."""
+        Never raises for the launcher (a failed start counts as one, as a turn's does)."""
         if agent_id in self.cold_agents or self._closed:
             return "cold"
         if agent_id in self._prewarming or agent_id in self._starting:
@@ -290,16 +287,6 @@ class WarmPool:
             server = await self._start(agent_id, key, request, PREWARM_START_TIMEOUT_S)
             if server is not None:
                 server.prewarmed = True
-                if boot is not None:
-                    server.busy = True  # no eviction, idle stop or close under the boot
-                    try:
-                        await boot(server)
-                    finally:
-                        server.busy = False
-                        server.last_used = self.clock()
-                if self._closed:
-                    await self.discard(server)
-                    return "cold"
         finally:
             del self._prewarming[agent_id]
             done.set()

@@ -4,15 +4,10 @@ warm (or still starting: it waits for that start instead of a second one)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import anyio
-import httpx
-import orjson
 import pytest
 
 from computer_service.engine.warm_pool import WarmPool
-from computer_service.engine.warm_run import BOOT_MODEL, boot_instance
 from crew_common.launcher_wire import ServerInfo, ServerRequest
 from tests.computer_unit.test_warm_parts import ENV, MB, Clock, FakeLauncher, request_for
 
@@ -152,71 +147,3 @@ async def test_no_prewarm_for_a_cold_agent_or_a_closed_pool() -> None:
     assert await pool.prewarm("a", ENV, request_for("a")) == "cold"
     await pool.close()
     assert await pool.prewarm("b", ENV, request_for("b")) == "cold"
-
-
-async def test_the_boot_prompt_names_no_real_model_and_deletes_its_session() -> None:
-    seen: list[tuple[str, str, object]] = []
-
-    def answer(request: httpx.Request) -> httpx.Response:
-        body = orjson.loads(request.content) if request.content else None
-        seen.append((request.method, request.url.path, body))
-        if request.url.path == "/session":
-            return httpx.Response(200, json={"id": "ses_boot"})
-        if request.url.path.endswith("/message"):
-            return httpx.Response(400, json={"name": "ProviderModelNotFoundError"})
-        return httpx.Response(200, json=True)
-
-    async with httpx.AsyncClient(
-        transport=httpx.MockTransport(answer), base_url="http://server"
-    ) as client:
-        await boot_instance(client, "anthropic")
-    [(m1, p1, b1), (m2, p2, b2), (m3, p3, _)] = seen
-    assert (m1, p1) == ("POST", "/session") and isinstance(b1, dict) and b1["title"]
-    assert (m2, p2) == ("POST", "/session/ses_boot/message")
-    assert isinstance(b2, dict) and b2["model"] == {
-        "providerID": "anthropic",
-        "modelID": BOOT_MODEL,
-    }
-    assert (m3, p3) == ("DELETE", "/session/ses_boot")
-
-    def broken(request: httpx.Request) -> httpx.Response:
-        raise httpx.ConnectError("gone", request=request)
-
-    async with httpx.AsyncClient(
-        transport=httpx.MockTransport(broken), base_url="http://server"
-    ) as client:
-        await boot_instance(client, "anthropic")  # logged, never raised
-
-
-async def test_the_boot_runs_before_any_turn_and_nothing_evicts_it_meanwhile() -> None:
-    launcher = FakeLauncher(rss=600 * MB)
-    pool = WarmPool(launcher, memory_budget=1200 * MB, server_estimate=650 * MB, clock=Clock())
-    booting, go = anyio.Event(), anyio.Event()
-    booted: list[str] = []
-
-    async def boot(server: Any) -> None:
-        booting.set()
-        await go.wait()
-        booted.append(server.agent_id)
-
-    got: list[Any] = []
-
-    async def prewarm() -> None:
-        assert await pool.prewarm("a", ENV, request_for("a"), boot=boot) == "started"
-
-    async def turn(agent_id: str) -> None:
-        got.append(await pool.acquire(agent_id, ENV, request_for(agent_id)))
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(prewarm)
-        await booting.wait()
-        await turn("b")  # no room but a's, which is booting: b runs cold, a stays
-        assert got == [None] and launcher.stopped == []
-        tg.start_soon(turn, "a")
-        await anyio.wait_all_tasks_blocked()
-        assert len(got) == 1  # a's turn waits for the boot
-        go.set()
-    assert booted == ["a"] and got[1] is pool.servers["a"]
-    assert pool.counters.turns_found_starting == 1
-    await pool.release(got[1])
-    await pool.close()
