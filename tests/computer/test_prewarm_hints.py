@@ -13,9 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
+from httpx_sse import ServerSentEvent
 
 from computer_service.engine.base import WarmUp
+from computer_service.event_stream import EventStream
 from crew_harness.waiting import wait_until_async
 from tests.computer.fakes import FakeParts
 from tests.computer.test_service_agents import serving
@@ -100,3 +103,33 @@ async def test_an_engine_without_prewarm_takes_the_hint_and_still_runs_turns(
         assert engine.turns == 0
         crew_server.post(room["id"], "hello echo")
         await wait_until_async("one turn", lambda: service.metrics.turns["succeeded"] == 1)
+
+
+class HintedRoster:
+    """What the stream hands the roster of a `prewarm`, recorded."""
+
+    def __init__(self) -> None:
+        self.hints: list[list[str]] = []
+
+    def prewarm_from_server(self, agent_ids: list[str]) -> None:
+        self.hints.append(agent_ids)
+
+
+@pytest.mark.parametrize(
+    ("data", "handed"),
+    [
+        ({"agent_ids": ["a1", "a2"]}, [["a1", "a2"]]),
+        ({"agent_ids": []}, [[]]),
+        ({"agent_ids": "a1"}, []),
+        ({"agent_ids": ["a1", 2]}, []),
+        ({"agent_id": "a1"}, []),
+        (["a1"], []),
+    ],
+)
+async def test_the_stream_hands_a_well_formed_prewarm_to_the_roster(
+    data: Any, handed: list[list[str]]
+) -> None:
+    roster = HintedRoster()
+    stream = EventStream(None, roster, fail=lambda reason: None)  # type: ignore[arg-type]
+    await stream._on_event(ServerSentEvent(event="prewarm", data=orjson.dumps(data).decode()))
+    assert roster.hints == handed
