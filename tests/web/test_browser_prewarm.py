@@ -58,8 +58,10 @@ def test_typing_in_a_dm_warms_its_agent_before_the_message(browser: Any, chain: 
     # The person types on; meanwhile the Computer starts the agent's server.
     wait_until(
         "the prewarm's server",
-        lambda: counters(chain).get("crew_prewarm_starts_total", 0)
-        == before.get("crew_prewarm_starts_total", 0) + 1,
+        lambda: (
+            counters(chain).get("crew_prewarm_starts_total", 0)
+            == before.get("crew_prewarm_starts_total", 0) + 1
+        ),
         60,
     )
     ready = time.perf_counter()
