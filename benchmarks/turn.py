@@ -44,7 +44,8 @@ model call, no tool) and a tool turn (two model calls and a bash call),
 each managed (post → finished) and by hand, and prints
 `<engine> … median <seconds> s` per kind. It also reports the first turn
 (for warm: the server's start and its first turn) and, for warm, the
-server's resident memory after 20 turns.
+server's resident memory after 20 turns and the first reply after an idle
+stop with and without the prewarm hint (`benchmarks/prewarm.py`).
 
 Usage: scripts/bench turn --engine warm|cold [--runs N]
 """
@@ -608,6 +609,11 @@ def engine_main(engine: str, runs: int) -> int:
     print(
         f"  load average (1 min) before {load_before:.2f}, after {load_after:.2f} on {os.cpu_count()} CPUs"
     )
+    if engine == "warm":
+        # Issue 26: the prewarm hint, on a stack of its own (benchmarks/prewarm.py).
+        from prewarm import first_replies, first_reply_line
+
+        print("  " + first_reply_line(first_replies(max(3, runs // 2))))
     return 0
 
 

@@ -158,6 +158,13 @@ class EventStream:
                 log.warning("ignored a malformed stop event: %.200r", event.data)
                 return
             self.roster.stop_from_server(data["agent_id"], data["turn_id"])
+        elif event.event == "prewarm":
+            # A person opened or typed in a room of these agents: warm them (issue 26).
+            ids = _field(event.data, "agent_ids")
+            if not isinstance(ids, list) or not all(isinstance(a, str) for a in ids):
+                log.warning("ignored a malformed prewarm event: %.200r", event.data)
+                return
+            self.roster.prewarm_from_server(ids[:1000])
         elif event.event == "agents":
             await self.roster.agents_changed()
         elif event.event not in ("ping", "message"):

@@ -16,6 +16,12 @@ no event that would do it, and the agent's messages would wait for good.
 
 The roster owns its runners' task group (`running`); leaving it stops every
 runner. It also answers the introspection API's agent questions.
+
+Prewarm (issue 26): a `prewarm` hint from the server (a person opened or typed in a
+room) hands the hinted agents that have a runner to the engine's optional `prewarm`
+(`engine.base.Prewarming`), in a task of the roster's group (a server's start must
+not hold up the event stream); after the first sync, the `prewarm_at_start` most
+recently active agents are warmed the same way. Neither ever starts a turn.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from computer_service.delivery import RETRY_BASE_S, RETRY_WINDOW_S, Retries
-from computer_service.engine.base import Engine
+from computer_service.engine.base import Engine, WarmUp, prewarm_of
 from computer_service.gate import TurnGate
 from computer_service.introspection import AgentDetail, AgentRow, DayUsage, TurnSummary
 from computer_service.metrics import Metrics
@@ -42,6 +48,8 @@ log = logging.getLogger(__name__)
 
 # Stopping a turn is SIGINT, then SIGKILL after 2 s, then a last report: give it room.
 RUNNER_STOP_TIMEOUT_S = 10.0
+# At start, warm at most this many agents, the most recently active (within the budget).
+PREWARM_AT_START = 3
 
 
 class Roster:
@@ -59,6 +67,7 @@ class Roster:
         retry_base_s: float = RETRY_BASE_S,
         retry_window_s: float = RETRY_WINDOW_S,
         turn_time_limit_s: float = DEFAULT_TURN_TIME_LIMIT_S,
+        prewarm_at_start: int = PREWARM_AT_START,
     ) -> None:
         self.upstream = upstream
         # Called when the server says a newer connection replaced this Computer.
@@ -87,6 +96,11 @@ class Roster:
         # A token could not be issued since the last sync; the task syncing again for it.
         self._token_failed = False
         self._sync_again: anyio.CancelScope | None = None
+        self._prewarm_at_start = prewarm_at_start
+        # Agents handed to the engine's prewarm and not done yet (a second hint waits out).
+        self._prewarming: set[str] = set()
+        self.prewarm_hints = 0
+        metrics.sections.append(self._prewarm_lines)
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
@@ -133,6 +147,8 @@ class Roster:
             # Agents with a problem are tried again: a later success clears it.
             if (runner := await self._add_runner(agent)) is not None:
                 created.append(runner)
+        if not self.synced.is_set() and self._prewarm_at_start > 0:
+            self._prewarm(list(self.runners), most_recent=self._prewarm_at_start)
         self.synced.set()
         return created
 
@@ -162,6 +178,50 @@ class Roster:
                 runner.agent.handle if runner is not None else agent_id,
                 turn_id,
             )
+
+    def prewarm_from_server(self, agent_ids: list[str]) -> None:
+        """A `prewarm` event: warm the engines of those of these agents that run here.
+
+        A hint only: no turn, no claim; an agent in a turn or already warming is left
+        alone, one with a problem or unknown here is skipped (the hint is not worth a sync).
+        """
+        self.prewarm_hints += len(agent_ids)
+        self._prewarm([a for a in agent_ids if a in self.runners])
+
+    def _prewarm(self, agent_ids: list[str], *, most_recent: int | None = None) -> None:
+        prewarm = prewarm_of(self.engine)
+        agents = []
+        for agent_id in agent_ids:
+            runner = self.runners.get(agent_id)
+            if runner is None or runner.current_turn_id is not None or agent_id in self._prewarming:
+                continue
+            agent = runner.agent
+            agents.append(
+                WarmUp(agent.id, agent.model, agent.egress, agent.permission, agent.capabilities)
+            )
+        if prewarm is None or not agents:
+            return
+        # At start the engine picks a few of them: a hint for another must not wait it out
+        # (the pool itself never starts an agent's server twice).
+        marked = {a.agent_id for a in agents} if most_recent is None else set()
+        self._prewarming |= marked
+
+        async def warm() -> None:
+            try:
+                await prewarm(agents, most_recent=most_recent)
+            finally:
+                self._prewarming -= marked
+
+        assert self._group is not None, "runners are added only inside `running()`"
+        self._group.start_soon(warm)
+
+    def _prewarm_lines(self) -> list[str]:
+        name = "crew_prewarm_hints_received_total"
+        return [
+            f"# HELP {name} Agents named by the server's prewarm hints (a person in their room).",
+            f"# TYPE {name} counter",
+            f"{name} {self.prewarm_hints}",
+        ]
 
     async def _prepare_again(self, agent_id: str) -> None:
         """Try a problem agent again (its reason told the user to fix something, then wake it)."""

@@ -9,7 +9,7 @@ Tests swap in a scripted engine, never monkeypatch.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal, Protocol
@@ -156,6 +156,18 @@ class TurnResult:
     usage: Usage = field(default_factory=Usage)
 
 
+@dataclass(frozen=True)
+class WarmUp:
+    """One agent to warm before its next turn (issue 26): what of its settings its turn's
+    environment is made of, so the server started now is the one the turn can use."""
+
+    agent_id: str
+    model: str
+    egress: EgressPolicy = field(default_factory=EgressPolicy)
+    permission: PermissionPolicy = field(default_factory=PermissionPolicy)
+    capabilities: Capabilities = field(default_factory=Capabilities)
+
+
 EventSink = Callable[[EngineEvent], Awaitable[None]]
 
 
@@ -202,3 +214,24 @@ class Engine(Protocol):
     def metric_lines(self) -> list[str]:
         """The engine's own Prometheus lines for `/metrics` (none: an empty list)."""
         ...
+
+
+class Prewarming(Protocol):
+    """What an engine that keeps something between turns may add to `Engine` (optional:
+    the roster looks for `prewarm` by name, an engine without it is warmed never).
+
+    `prewarm` is a hint: it never runs a turn, never raises (a failure is logged), and
+    gives way to the engine's own rules (its memory budget, a busy server).
+    """
+
+    async def prewarm(self, agents: Sequence[WarmUp], *, most_recent: int | None = None) -> None:
+        """Warm these agents' engines (a person opened or typed in their room). With
+        `most_recent` (the Computer's start): only that many of them, the most recently
+        active first, and none that never ran a turn here."""
+        ...
+
+
+def prewarm_of(engine: object) -> Callable[..., Awaitable[None]] | None:
+    """The engine's `prewarm` (`Prewarming`), or None when it has none."""
+    method = getattr(engine, "prewarm", None)
+    return method if callable(method) else None

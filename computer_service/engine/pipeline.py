@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
@@ -45,6 +46,7 @@ from computer_service.engine.base import (
     StopSignal,
     TurnRequest,
     TurnResult,
+    WarmUp,
 )
 from computer_service.engine.failures import ReplyAttempts
 from computer_service.engine.permission_events import denial_of
@@ -86,6 +88,11 @@ class Way(Protocol):
     async def maintain(self) -> None:
         """For the Computer's life: the way's upkeep (a warm way stops idle servers)."""
         return None
+
+    async def prewarm(self, turn: PreparedTurn) -> str:
+        """Get ready for a turn like `turn` before it comes (a warm way starts the agent's
+        server) → what happened, for the log; a way that keeps nothing: `cold`."""
+        return "cold"
 
     def health(self) -> dict[str, object] | None:
         """The way's section of `/health`; None when it has nothing to show."""
@@ -175,6 +182,56 @@ class OpenCodeEngine:
         finally:
             with anyio.CancelScope(shield=True):
                 await self.gateway.aclose()
+
+    async def prewarm(self, agents: Sequence[WarmUp], *, most_recent: int | None = None) -> None:
+        """Warm the agents' servers ahead of their turns (`base.Prewarming`): each agent's
+        turn prepared as a real one would be (same environment, so the turn can use the
+        server), then handed to the way. One after the other: starts compete for the CPU."""
+        chosen = list(agents)
+        if most_recent is not None:
+            chosen = await anyio.to_thread.run_sync(self._most_recent, chosen, most_recent)
+        for agent in chosen:
+            outcome = await self._prewarm_one(agent)
+            log.info("agent %s: prewarm: %s", agent.agent_id, outcome)
+            if outcome == "budget":
+                break  # the rest would not fit either
+
+    def _most_recent(self, agents: list[WarmUp], count: int) -> list[WarmUp]:
+        """The `count` agents whose session was kept last (`session.json`'s time), newest
+        first; an agent that never kept one is left out."""
+        dated = []
+        for agent in agents:
+            try:
+                st = self.preparation.paths(agent.agent_id).session_file.lstat()
+            except OSError:
+                continue
+            dated.append((st.st_mtime, agent))
+        dated.sort(key=lambda pair: pair[0], reverse=True)
+        return [agent for _, agent in dated[:count]]
+
+    async def _prewarm_one(self, agent: WarmUp) -> str:
+        request = TurnRequest(
+            agent_id=agent.agent_id,
+            model=agent.model,
+            plan=SessionPlan(None),
+            render_input=lambda new_session: "",
+            egress=agent.egress,
+            permission=agent.permission,
+            capabilities=agent.capabilities,
+        )
+        paths = self.preparation.paths(agent.agent_id)
+        try:
+            turn = await self.preparation.prepare(
+                request, anyio.Event(), paths, self.preparation.secrets(paths)
+            )
+            if isinstance(turn, TurnResult):
+                # Its turn would end before the engine (not logged in, a bad model): nothing to warm.
+                reason = turn.failure.reason if turn.failure is not None else turn.status
+                return f"not warmed ({reason})"
+            return await self.way.prewarm(turn)
+        except Exception:
+            log.exception("agent %s: the prewarm broke", agent.agent_id)
+            return "failed"
 
     def health(self) -> dict[str, object] | None:
         return self.way.health()

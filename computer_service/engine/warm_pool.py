@@ -15,6 +15,12 @@ process). A server is kept while its agent's turns come; it is stopped
 
 Three failed starts in a row and the agent runs cold for the rest of this
 Computer's life (shown in `/agents`). The counters feed `/metrics`.
+
+A server may also be started before any turn asks for it (`prewarm`, issue 26: a
+person opened the agent's room or began typing there, or the Computer just started):
+only when it fits the memory budget as it is (a prewarm evicts nothing), and
+such a server that no turn used yet is the first to go when a turn needs the room.
+A turn that comes while its prewarm is still starting waits for that start.
 """
 
 from __future__ import annotations
@@ -49,6 +55,8 @@ SERVER_CEILING_BYTES = 1536 * 1024 * 1024
 # `GET /mcp` after a turn (the agent's MCP servers' state): small, and never worth a wait.
 MCP_STATUS_TIMEOUT_S = 2.0
 MCP_STATUS_LIMIT = 256 * 1024
+# A prewarm's start gives up after this (a turn's own start has the turn's limit).
+PREWARM_START_TIMEOUT_S = 120.0
 
 
 def default_memory_budget() -> int:
@@ -91,6 +99,12 @@ class AgentServer:
     turns: int = 0
     rss_bytes: int | None = None
     server_pid: int = 0  # the `opencode serve` process (host pid)
+    prewarmed: bool = False  # started by a prewarm; unused while `turns` is 0
+
+    @property
+    def unused_prewarm(self) -> bool:
+        """Started ahead of a turn that has not come: the first to evict."""
+        return self.prewarmed and self.turns == 0 and not self.busy
 
 
 @dataclass
@@ -105,6 +119,12 @@ class WarmCounters:
     sweeps: int = 0
     swept_processes: int = 0
     ceiling_restarts: int = 0
+    prewarms: int = 0
+    prewarm_skipped_budget: int = 0
+    # How each turn on the warm way found its agent's server (`acquire`).
+    turns_found_warm: int = 0
+    turns_found_starting: int = 0
+    turns_found_none: int = 0
 
     def lines(self) -> list[str]:
         """Prometheus text lines."""
@@ -134,15 +154,37 @@ class WarmCounters:
                 self.ceiling_restarts,
             ),
         ]
+        rows += [
+            ("crew_prewarm_starts_total", "Warm servers started by a prewarm.", self.prewarms),
+            (
+                "crew_prewarm_skipped_budget_total",
+                "Prewarms not started: the server would not fit the memory budget.",
+                self.prewarm_skipped_budget,
+            ),
+        ]
         out = []
         for name, text, value in rows:
             out += [f"# HELP {name} {text}", f"# TYPE {name} counter", f"{name} {value}"]
+        name = "crew_warm_turn_server_total"
+        out += [
+            f"# HELP {name} Turns on the warm way by how they found their agent's server: "
+            "warm (running), starting (a prewarm's start was under way), none (started for it).",
+            f"# TYPE {name} counter",
+            f'{name}{{found="warm"}} {self.turns_found_warm}',
+            f'{name}{{found="starting"}} {self.turns_found_starting}',
+            f'{name}{{found="none"}} {self.turns_found_none}',
+        ]
         return out
 
 
 def env_directory(env: dict[str, str]) -> str:
     """The agent's work directory: OpenCode's project, as `PWD` names it."""
     return env.get("PWD", "")
+
+
+def server_key(env: dict[str, str], extra_key: bytes) -> str:
+    """What a server serves: the turn's environment and what else it read at start."""
+    return env_key({**env, "\0extra": extra_key.hex()})
 
 
 def env_key(env: dict[str, str]) -> str:
@@ -171,6 +213,8 @@ class WarmPool:
     # Each agent's MCP servers as its warm server last said (`read_mcp`), for `/agents`.
     mcp: dict[str, list[dict[str, str | None]]] = field(default_factory=dict)
     _starting: dict[str, int] = field(default_factory=dict)
+    # Prewarm starts under way: a turn of the agent waits for it instead of a second start.
+    _prewarming: dict[str, anyio.Event] = field(default_factory=dict)
     _closed: bool = False
 
     async def acquire(
@@ -190,19 +234,75 @@ class WarmPool:
         """
         if agent_id in self.cold_agents or self._closed:
             return None
+        found = "warm"
+        if (pending := self._prewarming.get(agent_id)) is not None:
+            found = "starting"
+            with anyio.move_on_after(start_timeout_s):
+                await pending.wait()
         self._forget_other_generations()
-        key = env_key({**env, "\0extra": extra_key.hex()})
+        key = server_key(env, extra_key)
         server = self.servers.get(agent_id)
         if server is not None and server.env_key != key:
             log.info("agent %s: its environment changed; restarting its warm server", agent_id)
             await self.discard(server)
             server = None
         if server is None:
+            found = "none"
             server = await self._start(agent_id, key, request, start_timeout_s)
-            if server is None:
-                return None
+        if found == "warm":
+            self.counters.turns_found_warm += 1
+        elif found == "starting":
+            self.counters.turns_found_starting += 1
+        else:
+            self.counters.turns_found_none += 1
+        if server is None:
+            return None
         server.busy = True
         return server
+
+    async def prewarm(
+        self,
+        agent_id: str,
+        env: dict[str, str],
+        request: Callable[[str], ServerRequest],
+        extra_key: bytes = b"",
+    ) -> str:
+        """Start the agent's server ahead of its turn, if it fits (module doc) → what
+        happened: `started`, `warm` (it runs already), `starting`, `busy` (a turn has it),
+        `budget` (no room without evicting), `cold` (this agent runs cold) or `failed`.
+        Never raises for the launcher (a failed start counts as one, as a turn's does)."""
+        if agent_id in self.cold_agents or self._closed:
+            return "cold"
+        if agent_id in self._prewarming or agent_id in self._starting:
+            return "starting"
+        self._forget_other_generations()
+        key = server_key(env, extra_key)
+        server = self.servers.get(agent_id)
+        if server is not None:
+            if server.busy:
+                return "busy"
+            if server.env_key == key:
+                return "warm"
+            log.info("agent %s: its environment changed; restarting its warm server", agent_id)
+            await self.discard(server)
+        await self._refresh_rss()
+        if self._used() + self.server_estimate > self.memory_budget:
+            self.counters.prewarm_skipped_budget += 1
+            log.info("agent %s: no prewarm, its server would not fit the memory budget", agent_id)
+            return "budget"
+        done = self._prewarming[agent_id] = anyio.Event()
+        try:
+            server = await self._start(agent_id, key, request, PREWARM_START_TIMEOUT_S)
+            if server is not None:
+                server.prewarmed = True
+        finally:
+            del self._prewarming[agent_id]
+            done.set()
+        if server is None:
+            return "failed"
+        self.counters.prewarms += 1
+        log.info("agent %s: its warm server was started ahead of its turn", agent_id)
+        return "started"
 
     async def release(self, server: AgentServer, *, broken: bool = False) -> None:
         """After a turn: sweep what it left behind, or stop the server when it broke."""
@@ -355,7 +455,8 @@ class WarmPool:
             idle = [s for s in self.servers.values() if not s.busy and s.agent_id != agent_id]
             if not idle:
                 return False
-            oldest = min(idle, key=lambda s: s.last_used)
+            # A prewarm no turn used first, then the least recently used.
+            oldest = min(idle, key=lambda s: (not s.unused_prewarm, s.last_used))
             log.info("evicting the warm server of agent %s to make room", oldest.agent_id)
             self.counters.evictions += 1
             await self.discard(oldest)

@@ -143,21 +143,14 @@ class WarmRun(Way):
 
         Leaving releases the server: swept for the next turn, or dropped when it broke.
         """
-        request, paths = turn.request, turn.paths
-        # The server may keep what it read at its start: a new AGENTS.md gets a new server.
-        agents_md = await anyio.to_thread.run_sync(_agents_md, paths)
-        directories = await anyio.to_thread.run_sync(_directories, paths)
+        request = turn.request
+        extra_key = await _extra_key(turn)
         began = time.monotonic()
         server = await self.pool.acquire(
             request.agent_id,
             turn.asking_env(),
             lambda password: _server_request(turn, password),
-            # new forwarded ports, directories made anew or another egress policy: a new
-            # server (its sandbox's firewall is set once, at its start)
-            extra_key=agents_md
-            + repr(turn.ports).encode()
-            + directories
-            + orjson.dumps(turn.egress.as_wire()),
+            extra_key=extra_key,
             start_timeout_s=request.wall_clock_limit_s,
         )
         async with AsyncExitStack() as cold_stack:
@@ -181,6 +174,15 @@ class WarmRun(Way):
                 if warm.server is not None:
                     with anyio.CancelScope(shield=True):
                         await self.pool.release(warm.server, broken=drop)
+
+    async def prewarm(self, turn: PreparedTurn) -> str:
+        """Start the agent's server for turns like `turn`, if it fits (`WarmPool.prewarm`)."""
+        return await self.pool.prewarm(
+            turn.request.agent_id,
+            turn.asking_env(),
+            lambda password: _server_request(turn, password),
+            extra_key=await _extra_key(turn),
+        )
 
     # ---- one attempt ----
 
@@ -578,6 +580,15 @@ class NoTimeLeft:
 
     async def settle(self, last: Attempt) -> bool:
         return False
+
+
+async def _extra_key(turn: PreparedTurn) -> bytes:
+    """What a server keeps from its start besides its environment: a new AGENTS.md,
+    forwarded ports, directories made anew or another egress policy need a new server
+    (its sandbox's firewall is set once, at its start)."""
+    agents_md = await anyio.to_thread.run_sync(_agents_md, turn.paths)
+    directories = await anyio.to_thread.run_sync(_directories, turn.paths)
+    return agents_md + repr(turn.ports).encode() + directories + orjson.dumps(turn.egress.as_wire())
 
 
 def _server_request(turn: PreparedTurn, password: str) -> ServerRequest:

@@ -4,12 +4,16 @@ A Computer holds `GET /computer/events` open. The store tells the hub which
 Computers got new events after each commit; the hub wakes their streams, which
 read the events after their cursor. A stream idle for `ping_seconds` sends a
 `ping`; `Last-Event-ID` resumes after what the Computer already saw.
+
+`PrewarmHints` decides when a room's agents get a `prewarm` hint (issue 26).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import anyio
@@ -23,6 +27,8 @@ if TYPE_CHECKING:
     from crew_server.api.http import Connection
 
 PING_SECONDS = 15.0
+# At most one prewarm hint per agent this often (a warm server idles 10 min on the Computer).
+PREWARM_EVERY_S = 30.0
 
 
 class EventHub:
@@ -88,6 +94,45 @@ class EventHub:
         for computer_id in computer_ids:
             for flag in self._waiting.get(computer_id, ()):
                 flag.set()
+
+
+@dataclass
+class PrewarmHints:
+    """When a person opens or types in a room, its agents' Computers get `prewarm`.
+
+    Rate limited per agent (`every_s`), in this process's memory: with several server
+    processes (PostgreSQL) each may send one per agent per period, and a restart forgets
+    them. Both only cost the Computer a look at a server it already has. On SQLite a
+    Computer without an open stream gets none (nothing would hear it; a replay later is
+    useless); on PostgreSQL its stream may be open on another process, so it is sent.
+    """
+
+    every_s: float = PREWARM_EVERY_S
+    clock: Callable[[], float] = time.monotonic
+    _last: dict[str, float] = field(default_factory=dict)
+
+    def hint_room(self, store: Store, hub: EventHub, room_id: str) -> list[str]:
+        """Send the room's due hints → the agent ids hinted (none: all hinted recently)."""
+        now = self.clock()
+        listening = hub.listening() if store.dialect == "sqlite" else None
+        due: dict[str, list[str]] = {}
+        for agent_id, computer_id in store.room_agents_on_computers(room_id):
+            if listening is not None and computer_id not in listening:
+                continue
+            last = self._last.get(agent_id)
+            if last is not None and now - last < self.every_s:
+                continue
+            due.setdefault(computer_id, []).append(agent_id)
+        if not due:
+            return []
+        store.send_prewarm(due)
+        hinted = [agent_id for agent_ids in due.values() for agent_id in agent_ids]
+        for agent_id in hinted:
+            self._last[agent_id] = now
+        if len(self._last) > 10_000:
+            # Bounded: forget the hints older than the period.
+            self._last = {a: t for a, t in self._last.items() if now - t < self.every_s}
+        return hinted
 
 
 # Event ids are 64-bit integers in both databases.

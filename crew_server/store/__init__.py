@@ -8,7 +8,7 @@ answer each other without end), `budget_holds` (agents held at a budget cap), `a
 (the cards an `ask` rule puts to the person), `room_activity` (the room's status line:
 who works, whose turns failed), `removals` (deleting agents, rooms and Computers; a
 group's name and members), `controls` (a person's Stop and Wake), `capabilities` (an agent's MCP servers and
-skills); `db` holds the
+skills), `prewarm` (hints to warm a room's agents); `db` holds the
 connection, the transactions, the migrations and the SSE event log. Each part runs its
 statements through a `db.Transaction`; what parts share (a room's row, posting
 a message, claiming a room) are plain functions of a transaction.
@@ -38,6 +38,7 @@ from crew_server.store.loop_guard import LoopGuard
 from crew_server.store.messages import Messages
 from crew_server.store.mutes import Mutes
 from crew_server.store.positions import CLAIM_MAX_CHARS, CLAIM_MAX_MESSAGES, Positions
+from crew_server.store.prewarm import Prewarms
 from crew_server.store.reminders import Reminders
 from crew_server.store.removals import Removals
 from crew_server.store.room_activity import RoomActivity
@@ -74,6 +75,7 @@ class Store(
     Budgets,
     Approvals,
     Controls,
+    Prewarms,
     RoomActivity,
     Removals,
     AgentCapabilities,

@@ -52,6 +52,7 @@ def web_routes(ctx: Context) -> list[BaseRoute]:
         post("/rooms", actions.create_room),
         get("/rooms/{room_id}", views.room),
         post("/rooms/{room_id}/messages", actions.post_message),
+        post("/rooms/{room_id}/prewarm", actions.prewarm_room),
         post("/rooms/{room_id}/mutes", actions.mute),
         post("/rooms/{room_id}/loop-guard", actions.loop_guard),
         post("/rooms/{room_id}/status/dismiss", actions.dismiss_status),

@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from crew_server.api.http import MAX_BODY, Context
+from crew_server.api.stream import PrewarmHints
 from crew_server.errors import ApiError, TooLarge
 from crew_server.store import Store
 from crew_server.web.render import SECURITY_HEADERS, page
@@ -41,12 +42,23 @@ class Web:
     ctx: Context
     sessions: Sessions = field(default_factory=Sessions)
     live: BrowserStreams = field(default_factory=BrowserStreams)
+    # A room opened or typed in: its agents' Computers warm them (issue 26).
+    prewarm: PrewarmHints = field(default_factory=PrewarmHints)
     # One message per session, shown once on the next page (a refused form post).
     flashes: dict[str, str] = field(default_factory=dict)
 
     @property
     def store(self) -> Store:
         return self.ctx.store
+
+    def hint_room(self, room_id: str) -> list[str]:
+        """Ask the Computers of the room's agents to warm them (rate limited; a hint
+        that cannot be sent is logged, never the page's failure) → the agents hinted."""
+        try:
+            return self.prewarm.hint_room(self.store, self.ctx.hub, room_id)
+        except Exception:
+            log.exception("could not send the prewarm hint of room %s", room_id)
+            return []
 
     def base(self, session: Session, section: str, request: Request) -> dict[str, Any]:
         """What every signed-in page's layout needs."""

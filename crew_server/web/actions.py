@@ -155,6 +155,17 @@ async def post_message(web: Web, request: Request, session: Session, form: Form)
     return see(back_to(form, f"/rooms/{room_id}"))
 
 
+async def prewarm_room(web: Web, request: Request, session: Session, form: Form) -> Response:
+    """The person began typing in the room (app.js, throttled): warm its agents (issue 26).
+    Never a turn; 204 for the page's script."""
+    room_id = request.path_params["room_id"]
+    web.store.get_room(room_id)  # 404 for an unknown room, as every room form
+    web.hint_room(room_id)
+    if request.headers.get("x-crew-fetch"):
+        return Response(status_code=204, headers=SECURITY_HEADERS)
+    return see(back_to(form, f"/rooms/{room_id}"))
+
+
 async def mute(web: Web, request: Request, session: Session, form: Form) -> Response:
     """Mute or unmute an agent in a group."""
     room_id = request.path_params["room_id"]

@@ -173,6 +173,8 @@ async def room(web: Web, request: Request, session: Session) -> Response:
         "status": room_status(web, room_id),
         **room_settings(web, shown),
     }
+    # The person may write next: the agents' engines start now, not after the message.
+    web.hint_room(room_id)
     return page(request, "room.html", context)
 
 

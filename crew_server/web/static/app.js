@@ -6,6 +6,8 @@
 //  - sends a composer's message without a reload, showing it at once as pending until
 //    the stream brings the server's copy;
 //  - completes @handles in a composer;
+//  - tells the server once the person begins typing in a room (at most every 30 s), so
+//    the room's agents are warm before the message arrives (a hint, never a turn);
 //  - counts the seconds of a running tool call (elements with data-elapsed-since).
 // Without it every page still works: forms post and the page reloads.
 "use strict";
@@ -106,6 +108,28 @@ function sendWithoutReload(form) {
       button.disabled = false;
       field.focus();
     }
+  });
+}
+
+// The first keystroke in a composer: POST …/prewarm (CSRF-checked like every form post),
+// again at most every PREWARM_EVERY_MS; the server rate limits per agent as well.
+const PREWARM_EVERY_MS = 30000;
+function warmWhileTyping(form) {
+  const csrfField = form.querySelector("input[name=csrf]");
+  const field = form.querySelector("textarea");
+  if (!csrfField || !field || !form.action.endsWith("/messages")) return;
+  const target = form.action.slice(0, -"/messages".length) + "/prewarm";
+  let last = -Infinity;
+  field.addEventListener("input", () => {
+    const now = Date.now();
+    if (now - last < PREWARM_EVERY_MS) return;
+    last = now;
+    fetch(target, {
+      method: "POST",
+      body: new URLSearchParams({ csrf: csrfField.value }),
+      headers: { "X-Crew-Fetch": "1" },
+      credentials: "same-origin",
+    }).catch(() => {}); // only a hint: a lost one costs the first reply's start, nothing else
   });
 }
 
@@ -243,6 +267,7 @@ function completeHandles(field) {
 document.addEventListener("DOMContentLoaded", () => {
   openLiveStreams();
   for (const form of document.querySelectorAll("form[data-composer]")) sendWithoutReload(form);
+  for (const form of document.querySelectorAll("form[data-composer]")) warmWhileTyping(form);
   for (const field of document.querySelectorAll("textarea[data-handles]")) completeHandles(field);
   const timeline = document.getElementById("timeline");
   if (timeline) timeline.scrollTop = timeline.scrollHeight;
