@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -45,6 +45,7 @@ from sandbox_launcher.network import (
     missing_reason,
     sandbox_resolver,
 )
+from sandbox_launcher.nft_helper import NftSpare
 from sandbox_launcher.policy import SandboxPolicy
 from sandbox_launcher.seatbelt import SANDBOX_EXEC, seatbelt_argv, seatbelt_egress_refusal
 from sandbox_launcher.tool_shell import system_programs, write_tool_shells
@@ -113,6 +114,8 @@ class BwrapBackend:
     linux_mode: LinuxMode
     pasta: PastaTools | None = None  # None only in tests of the argv alone
     name: Literal["bwrap", "seatbelt"] = "bwrap"
+    # The next sandbox's firewall helper, started ahead (network.py: cold start).
+    spare: NftSpare | None = field(default=None, compare=False, repr=False)
 
     @property
     def mode(self) -> Literal["hybrid", "tmpfs"]:
@@ -140,7 +143,7 @@ class BwrapBackend:
         if self.pasta is None:
             return None
         # Looked up per run: the host's resolver changes with its network.
-        return SandboxNetwork(self.pasta, plan, sandbox_resolver())
+        return SandboxNetwork(self.pasta, plan, sandbox_resolver(), self.spare)
 
 
 @dataclass(frozen=True)
@@ -214,7 +217,8 @@ def open_backend(
             raise SandboxUnavailable(missing_reason())
     except SandboxUnavailable as exc:
         return None, SandboxHealth(ok=False, backend="bwrap", reason=str(exc))
-    backend = BwrapBackend(tools, mode, pasta)
+    spare = NftSpare(sys.executable, pasta.nftables) if pasta.nftables is not None else None
+    backend = BwrapBackend(tools, mode, pasta, spare=spare)
     no_rg = tools.tool_shells is not None and system_programs()["rg"] is None
     return backend, SandboxHealth(
         ok=True,
