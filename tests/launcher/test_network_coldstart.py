@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from crew_harness.waiting import wait_until
+from sandbox_launcher.engine_run import _descendants
 from sandbox_launcher.network import (
     NFT_TABLE,
     NetworkPlan,
@@ -241,3 +242,18 @@ def test_the_server_pid_is_found_among_the_descendants_as_in_the_whole_of_proc(
     finally:
         os.killpg(bwrap.pid, 9)
         bwrap.wait()
+
+
+def test_descendants_hold_a_grandchild_and_a_group_is_seen_through_them(needs_bwrap: None) -> None:
+    """A subreaper launcher looks for a run's leftovers among its descendants only."""
+    leader = subprocess.Popen(["sh", "-c", "sleep 60 & echo $!; wait"], stdout=subprocess.PIPE)
+    try:
+        assert leader.stdout is not None
+        grandchild = int(leader.stdout.readline())
+        found = _descendants(os.getpid())
+        assert found is not None and leader.pid in found and grandchild in found
+        assert os.getpid() not in found
+    finally:
+        leader.kill()
+        leader.wait()
+        os.kill(grandchild, 9)
