@@ -987,14 +987,15 @@ class SandboxNetwork:
         useful = [line for line in lines if "to syslog" not in line]
         return " / ".join(useful[-3:])[-500:] or "no message"
 
-    def close(self) -> None:
+    def close(self, wait: bool = False) -> None:
         """Kill pasta and the firewall's helper, close every fd. Idempotent; call after the
         sandbox is gone.
 
         Returns without waiting for them to exit: pasta's exit (its socket pools,
         ~30 MB of buffers) takes tens of milliseconds, which would sit between the
         run's end and its exit frame; a thread reaps them (`_reap`), then starts
-        the backend's next spare firewall helper.
+        the backend's next spare firewall helper. `wait`: reap them here (the
+        self-test: a launcher reports ready with no zombie of its own).
         """
         for fd in (self._info_r, self._info_w, self._block_r, self._block_w):
             _close(fd)
@@ -1015,7 +1016,9 @@ class SandboxNetwork:
         for helper in helpers:
             helper.kill()
         spare, self._spare = self._spare, None
-        if pasta is not None or helpers or spare is not None:
+        if wait:
+            _reap(pasta, helpers, spare)
+        elif pasta is not None or helpers or spare is not None:
             # The next spare starts here, at the run's end: not while this run or its
             # engine start wants the CPU (a cold OpenCode start is CPU-bound).
             threading.Thread(
