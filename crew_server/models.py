@@ -17,6 +17,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    RootModel,
     WithJsonSchema,
     model_validator,
 )
@@ -24,6 +25,7 @@ from pydantic.config import JsonDict
 from pydantic.functional_serializers import PlainSerializer
 
 from crew_common import permissions
+from crew_common.capabilities import Capabilities
 from crew_common.egress import DEFAULT_MODE, MAX_RULE_LENGTH, MAX_RULES, MODES
 from crew_common.model_id import MODEL_PATTERN
 from crew_server.rules import HOP_LIMIT_MAX, RATE_LIMIT_MAX, RATE_LIMIT_MIN
@@ -219,6 +221,15 @@ PermissionForm = Annotated[
 ]
 
 
+# Capabilities in a request (issue 27): read by `crew_common.capabilities` (so every mistake
+# is answered 422 `invalid_capabilities` with its reason), documented as `Capabilities`.
+CapabilitiesForm = Annotated[
+    dict[str, Any],
+    WithJsonSchema({"$ref": "#/components/schemas/Capabilities-Input"}),
+    PlainSerializer(lambda v: v),
+]
+
+
 # ---------------------------------------------------------------- user API requests
 
 
@@ -244,6 +255,18 @@ class AgentCreate(Request):
     permission: PermissionForm | None = Field(
         default=None, description='null: `{"preset": "autonomous"}` (everything runs)'
     )
+    capabilities: CapabilitiesForm | None = Field(
+        default=None,
+        description="the agent's MCP servers and skills (see putCapabilities); null: none",
+    )
+
+
+class CapabilitiesPut(RootModel[CapabilitiesForm]):
+    """The whole capabilities document (`Capabilities`), read by `crew_common.capabilities`."""
+
+    def document(self) -> dict[str, Any]:
+        """The document as sent."""
+        return self.root
 
 
 class AgentPatch(Request):
@@ -264,6 +287,11 @@ class AgentPatch(Request):
     )
     permission: PermissionForm | None = Field(
         default=None, description="the whole policy, replacing the agent's; null: no change"
+    )
+    capabilities: CapabilitiesForm | None = Field(
+        default=None,
+        description="the whole document, replacing the agent's, as putCapabilities; null: "
+        "no change",
     )
 
 
@@ -359,6 +387,28 @@ class ModelsPut(Request):
 
 class ProblemPut(Request):
     reason: Annotated[str, Field(min_length=1, max_length=4_000)]
+
+
+class McpServerState(BaseModel):
+    """One MCP server of an agent as its Computer sees it (issue 27)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    name: Annotated[str, Field(min_length=1, max_length=64)]
+    state: Literal["starting", "connected", "failed", "disabled"] = Field(
+        description="`failed`: `reason` says why (a command the sandbox does not have, no "
+        "handshake in time, ...); the agent's other tools keep working"
+    )
+    reason: Annotated[str, Field(max_length=4_000)] | None = None
+
+
+class CapabilitiesStatePut(Request):
+    """What the Computer applied of an agent's capabilities, and how its MCP servers are."""
+
+    capabilities_version: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] = Field(
+        description="the `capabilities_version` of the sync this state is of"
+    )
+    mcp_servers: Annotated[list[McpServerState], Field(max_length=64)]
 
 
 class TurnRoom(BaseModel):
@@ -804,6 +854,31 @@ class Agent(BaseModel):
     egress: Egress
     budget: Budget
     permission: Permission
+
+
+class ComputerAgent(Agent):
+    """An agent as its Computer syncs it: with its capabilities, secrets in clear."""
+
+    capabilities: Capabilities = Field(
+        description="its MCP servers and skills, normalised, with the secret values"
+    )
+    capabilities_version: str = Field(
+        description="sha256 (hex) of the canonical JSON of `capabilities` (sorted keys, no "
+        "spaces, UTF-8): a new one means the agent's warm server must restart",
+        pattern=r"^[0-9a-f]{64}$",
+    )
+
+
+class CapabilitiesState(BaseModel):
+    """What the agent's Computer last reported of its capabilities."""
+
+    current: bool = Field(
+        description="whether the report is of the capabilities stored now (false: its "
+        "Computer has not applied the latest change yet, or never reported)"
+    )
+    reported_at: str | None
+    capabilities_version: str | None = Field(description="the version the report is of")
+    mcp_servers: list[McpServerState]
 
 
 class AgentSaved(Agent):
