@@ -52,6 +52,7 @@ Usage: scripts/bench turn --engine warm|cold [--runs N]
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import queue
 import re
@@ -82,7 +83,7 @@ from computer_service.engine.user_opencode import (  # noqa: E402
 from crew_common.launcher_wire import EngineArgs, RunRequest  # noqa: E402
 from crew_common.layout import AgentPaths  # noqa: E402
 from crew_harness.demo import LocalStack, local_stack  # noqa: E402
-from crew_harness.scripted_model import scenario  # noqa: E402
+from crew_harness.scripted_model import ROOM_ID, crew_reply_command, scenario  # noqa: E402
 from crew_harness.waiting import wait_until  # noqa: E402
 from sandbox_launcher.backend import Backend, open_backend  # noqa: E402
 from sandbox_launcher.launcher import Launcher, LauncherConfig  # noqa: E402
@@ -383,10 +384,15 @@ def main() -> int:
     parser.add_argument(
         "--engine", choices=["warm", "cold"], help="compare this engine with opencode run"
     )
+    parser.add_argument(
+        "--trace-only",
+        action="store_true",
+        help="with --engine: only the reply turns and their critical path (quicker)",
+    )
     args = parser.parse_args()
     runs = max(5, args.runs)
     if args.engine:
-        return engine_main(args.engine, runs)
+        return engine_main(args.engine, runs, args.trace_only)
     managed: list[float] = []
     by_hand: list[float] = []
     bare: list[float] = []  # by hand, without the network namespace
@@ -526,17 +532,31 @@ def main() -> int:
     return 0
 
 
-ENGINE_SCRIPT = {"rules": [{"match": "TOOLTURN", "reply": {"bash": "echo hello > out.txt"}}]}
+ENGINE_SCRIPT = {
+    "rules": [
+        {"match": "TOOLTURN", "reply": {"bash": "echo hello > out.txt"}},
+        # The reply turn: one model call that runs `crew reply`, one more that ends the turn.
+        {
+            "role": "user",
+            "match": "REPLYTURN",
+            "capture": {"room": rf"crew reply ({ROOM_ID})"},
+            "reply": {"bash": crew_reply_command("room", "ok")},
+        },
+    ]
+}
 ENGINE_KINDS = {"trivial": "Please say ok.", "tool": "TOOLTURN: please write out.txt."}
+REPLY_BODY = "REPLYTURN: please answer."
 
 
-def engine_main(engine: str, runs: int) -> int:
-    """`--engine`: one engine against `opencode run`, trivial and tool turns (module doc)."""
+def engine_main(engine: str, runs: int, trace_only: bool = False) -> int:
+    """`--engine`: one engine against `opencode run`, trivial and tool turns (module doc),
+    and the reply turns whose traces give the critical path (`--trace-only`: those alone)."""
     from crew_harness.scripted_model import Script
 
     times: dict[str, list[float]] = {
-        f"{e} {k}": [] for e in (engine, "by hand") for k in ENGINE_KINDS
+        f"{e} {k}": [] for e in (engine, "by hand") for k in ENGINE_KINDS if not trace_only
     }
+    times[f"{engine} reply"] = []
     load_before = os.getloadavg()[0]
     with local_stack(
         script=Script.parse(ENGINE_SCRIPT), price_in_config=True, engine_mode=engine
@@ -558,14 +578,20 @@ def engine_main(engine: str, runs: int) -> int:
         first = managed(ENGINE_KINDS["trivial"])  # warm: starts the server, boots its instance
         turns = 1
         hand: dict[str, HandRun] = {}
-        for kind, body in ENGINE_KINDS.items():
+        kinds = {} if trace_only else ENGINE_KINDS
+        for kind, body in kinds.items():
             managed(body)
             last = stack.finished_turn(agent["id"], turns, 30)
             turns += 1
             hand[kind] = hand_run(stack, agent["id"], last["input"], session_of(stack, agent["id"]))
             timed_hand_run(hand[kind], True)  # the hand runs' warm-up (own network, as managed)
+        managed(REPLY_BODY)  # the reply turn's warm-up
+        turns += 1
         for i in range(runs):
-            for kind, body in ENGINE_KINDS.items():
+            times[f"{engine} reply"].append(managed(REPLY_BODY))
+            turns += 1
+            time.sleep(0.2)
+            for kind, body in kinds.items():
                 pair = {
                     engine: lambda b=body: managed(b),
                     "by hand": lambda k=kind: timed_hand_run(hand[k], True),
@@ -579,14 +605,22 @@ def engine_main(engine: str, runs: int) -> int:
                 + ", ".join(f"{name} {values[-1]:.3f} s" for name, values in times.items()),
                 flush=True,
             )
-        while turns < 21:  # the memory figure is after 20 turns
+        while turns < 21 and not trace_only:  # the memory figure is after 20 turns
             managed(ENGINE_KINDS["tool" if turns % 2 else "trivial"])
             turns += 1
         with stack.computer.introspection() as local:
             row = local.get(f"/agents/{agent['id']}").json()
-        listed = stack.call("GET", "/api/turns", params={"agent_id": agent["id"]})
+        listed = stack.call("GET", "/api/turns", params={"agent_id": agent["id"], "limit": 200})
         if any(t["status"] != "succeeded" for t in listed):
             raise SystemExit(f"not every managed turn succeeded: {[t['status'] for t in listed]}")
+        # The timed reply turns (oldest first, the warm-up left out): their traces.
+        replies = [t for t in reversed(listed) if REPLY_BODY in t["input"]][1:]
+        if len(replies) != runs or any(
+            not t["trace"] or "reply_stored" not in t["trace"] for t in replies
+        ):
+            raise SystemExit(
+                f"a reply turn has no reply in its trace: {[t['trace'] for t in replies]}"
+            )
     load_after = os.getloadavg()[0]
     print()
     print(f"turn --engine {engine}: real opencode, scripted model, managed post → finished")
@@ -600,8 +634,10 @@ def engine_main(engine: str, runs: int) -> int:
         f"  first turn (post → finished)   {first:.3f} s"
         + ("  (starts the server)" if engine == "warm" else "")
     )
+    for line in critical_path([t["trace"] for t in replies]):
+        print(line)
     state = row.get("engine") or {}
-    if engine == "warm":
+    if engine == "warm" and not trace_only:
         rss = state.get("warm_rss_bytes")
         shown = f"{rss / 2**20:.0f} MiB" if isinstance(rss, int) else "unknown"
         print(f"  warm server RSS after {turns} turns   {shown}")
@@ -609,6 +645,68 @@ def engine_main(engine: str, runs: int) -> int:
         f"  load average (1 min) before {load_before:.2f}, after {load_after:.2f} on {os.cpu_count()} CPUs"
     )
     return 0
+
+
+# A trace's steps in their order on the reply's path (computer_service/turn_trace.py; the
+# server adds reply_received and reply_stored), and what each step's time is.
+PATH = [
+    ("post", "message posted"),
+    ("wake", "wake-up reached the runner"),
+    ("claimed", "claim answered"),
+    ("registered", "registration answered"),
+    ("server_ready", "warm server handed out"),
+    ("engine_accepted", "prompt accepted / process started"),
+    ("first_token", "first model event"),
+    ("reply_received", "`crew reply` reached the server"),
+    ("reply_stored", "reply stored"),
+]
+
+
+def p95(values: list[float]) -> float:
+    """The 95th percentile, nearest rank (with few runs: the largest but the top 5 %)."""
+    ordered = sorted(values)
+    return ordered[max(0, -(-len(ordered) * 95 // 100) - 1)]
+
+
+def critical_path(traces: list[dict[str, int]]) -> list[str]:
+    """The median time per step of the reply turns, post → reply, and our overhead.
+
+    Our overhead beyond OpenCode's own work = post → reply stored, less the window from
+    the engine accepting the prompt to the reply reaching the server. That window is
+    OpenCode's own work as we can see it from outside: its model calls (through our
+    gateway), the bash tool (through our tool shell) and `crew reply` (our shim) are in
+    it — those have benchmarks of their own (`gateway`, `tools`, `crew`). Everything
+    outside it is ours alone: the wake-up, the claim, the registration, the turn's
+    preparation, getting the server, sending the prompt, and the server storing the reply.
+    """
+    steps = [(k, label) for k, label in PATH if all(k in t for t in traces)]
+    lines = [
+        "  critical path of a reply turn (medians of the traces, ms; step: time since the step before):"
+    ]
+    for (before, _), (key, label) in itertools.pairwise(steps):
+        median = statistics.median(t[key] - t[before] for t in traces)
+        lines.append(f"    {before} → {key:<16} {median:6.0f}   ({label})")
+    after = [t["acked"] - t["reply_stored"] for t in traces if "acked" in t]
+    if after:
+        lines.append(
+            f"    reply_stored → acked     {statistics.median(after):6.0f}   (off the reply's path)"
+        )
+    total = [(t["reply_stored"] - t["post"]) / 1000 for t in traces]
+    inside = [(t["reply_received"] - t["engine_accepted"]) / 1000 for t in traces]
+    ours = [a - b for a, b in zip(total, inside, strict=True)]
+    lines.append(
+        f"  post → reply stored        median {statistics.median(total):.3f} s  p95 {p95(total):.3f} s  "
+        f"(n={len(total)}; aim ≤ 0.150 s warm)"
+    )
+    lines.append(
+        f"  engine accepted → reply reached the server  median {statistics.median(inside):.3f} s  "
+        "(OpenCode's own work, with the model calls, the tool shell and crew reply in it)"
+    )
+    lines.append(
+        f"  our overhead beyond OpenCode's own work  median {1000 * statistics.median(ours):.0f} ms  "
+        f"p95 {1000 * p95(ours):.0f} ms  (the rest of post → reply; aim ≤ 40 ms)"
+    )
+    return lines
 
 
 def session_ready(stack: LocalStack, agent_id: str) -> bool:

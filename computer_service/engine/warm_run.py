@@ -160,6 +160,8 @@ class WarmRun(Way):
             + orjson.dumps(turn.egress.as_wire()),
             start_timeout_s=request.wall_clock_limit_s,
         )
+        if server is not None:
+            request.mark("server_ready")
         async with AsyncExitStack() as cold_stack:
             warm = WarmTurn(self, server, turn, on_event, stop, began, cold_stack)
             if server is None:
@@ -258,6 +260,7 @@ class WarmRun(Way):
             if status not in (200, 204):
                 raise ServerBroken(f"it refused the prompt with HTTP {status}")
             a.prompt_sent = True
+            request.mark("engine_accepted")
             await self._follow(server, turn, session_id, message_id, events, on_event, stop, a)
 
     async def _new_session(self, client: httpx.AsyncClient) -> str:
