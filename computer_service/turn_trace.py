@@ -1,7 +1,7 @@
 """Where a turn's time went (issue 26): the steps of its critical path, in wall-clock time.
 
 A runner keeps one `TurnTrace` per turn and marks each step when it happens; the engine
-marks its own (`server_ready`, `engine_accepted`) through `TurnRequest.mark`. The finish
+marks its own (`server_ready`, `prompt_sent`, `engine_accepted`) through `TurnRequest.mark`. The finish
 carries the marks to the server (epoch milliseconds, the wall clock: the server adds its
 own steps, `reply_received` and `reply_stored`, by its clock — on one machine the same;
 across machines, as far apart as their clocks).
@@ -13,8 +13,10 @@ Steps, in their order on the path of a reply:
   itself, a retry or the rest of a cut claim);
 - `claimed`, `registered`: the answers to the claim and the registration arrived;
 - `server_ready`: the warm way got the agent's server (warm only);
+- `prompt_sent`: the warm way sends the prompt to the server (warm only: OpenCode's own
+  work on the turn begins here);
 - `engine_accepted`: the engine took the prompt (warm: `prompt_async` answered; cold:
-  the launcher said the process started);
+  the launcher said the process started, where OpenCode's own work begins);
 - `first_token`: the first text, reasoning or tool event of the model;
 - `acked`: the ack's answer arrived (after the turn; not on the reply's path).
 """
@@ -30,6 +32,7 @@ STEPS = (
     "claimed",
     "registered",
     "server_ready",
+    "prompt_sent",
     "engine_accepted",
     "first_token",
     "acked",

@@ -469,6 +469,7 @@ ComputerTraceStep = Literal[
     "claimed",
     "registered",
     "server_ready",
+    "prompt_sent",
     "engine_accepted",
     "first_token",
     "acked",

@@ -136,8 +136,8 @@ class TurnRequest:
     # asked, so every ask is refused).
     permission: PermissionPolicy = field(default_factory=PermissionPolicy)
     approvals: Any = None
-    # The turn's trace (computer_service.turn_trace): an engine marks `server_ready` and
-    # `engine_accepted` when it gets there; one that does not leaves them out.
+    # The turn's trace (computer_service.turn_trace): an engine marks `server_ready`,
+    # `prompt_sent` and `engine_accepted` when it gets there; one that does not leaves them out.
     mark: Callable[[str], None] = lambda step: None
 
 

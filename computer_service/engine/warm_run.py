@@ -252,6 +252,7 @@ class WarmRun(Way):
                 "parts": [{"type": "text", "text": request.render_input(new_session)}],
                 "model": {"providerID": provider, "modelID": model},
             }
+            request.mark("prompt_sent")
             status, _ = await _post(client, f"/session/{session_id}/prompt_async", prompt)
             if status == 404:
                 # What `opencode run --session <gone>` says: classified `session_invalid`.

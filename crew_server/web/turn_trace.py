@@ -11,6 +11,7 @@ STEPS: tuple[tuple[str, str], ...] = (
     ("claimed", "messages claimed"),
     ("registered", "turn registered"),
     ("server_ready", "warm server ready"),
+    ("prompt_sent", "prompt sent to the engine"),
     ("engine_accepted", "engine took the prompt"),
     ("first_token", "first model output"),
     ("reply_received", "reply reached the server"),
