@@ -46,7 +46,13 @@ each managed (post → finished) and by hand, and prints
 (for warm: the server's start and its first turn) and, for warm, the
 server's resident memory after 20 turns.
 
-Usage: scripts/bench turn --engine warm|cold [--runs N]
+It also runs reply turns (one model call that runs `crew reply`, one that ends the
+turn) and prints, from their traces (computer_service/turn_trace.py; the server adds
+when the reply arrived and was stored), the median of each step of the critical path,
+post → reply stored median and p95, OpenCode's own work and our overhead beyond it
+(`critical_path` says how each is computed). `--trace-only`: the reply turns alone.
+
+Usage: scripts/bench turn --engine warm|cold [--runs N] [--trace-only]
 """
 
 from __future__ import annotations
@@ -699,6 +705,10 @@ def critical_path(turns: list[dict[str, Any]]) -> list[str]:
     """
     traces = [t["trace"] for t in turns]
     steps = [(k, label) for k, label in PATH if all(k in t for t in traces)]
+    if any(t.get("first_token", 0) > t["reply_received"] for t in traces):
+        # Cold: `opencode run` prints a tool call only once it finished, so the first model
+        # line the Computer sees comes after the reply that call sent: not a step of its path.
+        steps = [(k, label) for k, label in steps if k != "first_token"]
     lines = [
         "  critical path of a reply turn (medians of the traces, ms; each step: since the one before):"
     ]
