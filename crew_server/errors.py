@@ -63,6 +63,13 @@ class InvalidPermission(Invalid):
     code = "invalid_permission"
 
 
+class InvalidCapabilities(Invalid):
+    """An agent's MCP servers or skills `crew_common.capabilities` cannot take; the message
+    says why."""
+
+    code = "invalid_capabilities"
+
+
 class Unauthorized(ApiError):
     status = 401
     code = "unauthorized"

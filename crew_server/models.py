@@ -17,6 +17,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    RootModel,
     WithJsonSchema,
     model_validator,
 )
@@ -24,6 +25,7 @@ from pydantic.config import JsonDict
 from pydantic.functional_serializers import PlainSerializer
 
 from crew_common import permissions
+from crew_common.capabilities import Capabilities
 from crew_common.egress import DEFAULT_MODE, MAX_RULE_LENGTH, MAX_RULES, MODES
 from crew_common.model_id import MODEL_PATTERN
 from crew_server.rules import HOP_LIMIT_MAX, RATE_LIMIT_MAX, RATE_LIMIT_MIN
@@ -219,6 +221,15 @@ PermissionForm = Annotated[
 ]
 
 
+# Capabilities in a request (issue 27): read by `crew_common.capabilities` (so every mistake
+# is answered 422 `invalid_capabilities` with its reason), documented as `Capabilities`.
+CapabilitiesForm = Annotated[
+    dict[str, Any],
+    WithJsonSchema({"$ref": "#/components/schemas/Capabilities-Input"}),
+    PlainSerializer(lambda v: v),
+]
+
+
 # ---------------------------------------------------------------- user API requests
 
 
@@ -244,6 +255,18 @@ class AgentCreate(Request):
     permission: PermissionForm | None = Field(
         default=None, description='null: `{"preset": "autonomous"}` (everything runs)'
     )
+    capabilities: CapabilitiesForm | None = Field(
+        default=None,
+        description="the agent's MCP servers and skills (see putCapabilities); null: none",
+    )
+
+
+class CapabilitiesPut(RootModel[CapabilitiesForm]):
+    """The whole capabilities document (`Capabilities`), read by `crew_common.capabilities`."""
+
+    def document(self) -> dict[str, Any]:
+        """The document as sent."""
+        return self.root
 
 
 class AgentPatch(Request):
@@ -804,6 +827,19 @@ class Agent(BaseModel):
     egress: Egress
     budget: Budget
     permission: Permission
+
+
+class ComputerAgent(Agent):
+    """An agent as its Computer syncs it: with its capabilities, secrets in clear."""
+
+    capabilities: Capabilities = Field(
+        description="its MCP servers and skills, normalised, with the secret values"
+    )
+    capabilities_version: str = Field(
+        description="sha256 (hex) of the canonical JSON of `capabilities` (sorted keys, no "
+        "spaces, UTF-8): a new one means the agent's warm server must restart",
+        pattern=r"^[0-9a-f]{64}$",
+    )
 
 
 class AgentSaved(Agent):

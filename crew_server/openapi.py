@@ -93,6 +93,8 @@ def build() -> dict[str, Any]:
     wanted += [(m.ErrorAnswer, "serialization"), (m.HeldAnswer, "serialization")]
     # A request's policy is read by crew_common.permissions and documented as this model.
     wanted += [(m.Permission, "validation")]
+    # Capabilities in a request are read by crew_common.capabilities, documented so.
+    wanted += [(m.Capabilities, "validation")]
     refs, defs = models_json_schema(
         list(dict.fromkeys(wanted)), ref_template="#/components/schemas/{model}"
     )

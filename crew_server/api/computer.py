@@ -189,9 +189,11 @@ OPS: list[Op] = [
         "get",
         "/computer/agents",
         "computerAgents",
-        "The agents assigned to this Computer.",
+        "The agents assigned to this Computer, each with its `capabilities` (MCP servers and "
+        "skills, secrets in clear) and `capabilities_version` (a new one: restart the agent's "
+        "warm server, keep its session).",
         "computer",
-        answer=m.Agent,
+        answer=m.ComputerAgent,
         many=True,
         handler=agents,
     ),

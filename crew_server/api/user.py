@@ -65,8 +65,24 @@ async def create_agent(ctx: Context, request: Request) -> Response:
         body.egress.model_dump() if body.egress else None,
         body.budget,
         body.permission,
+        body.capabilities,
     )
     return json_response(created, 201)
+
+
+async def get_capabilities(ctx: Context, request: Request) -> Response:
+    """The agent's MCP servers and skills; secret values read "(set)"."""
+    ctx.user(request)
+    return json_response(ctx.store.agent_capabilities(request.path_params["agent_id"]))
+
+
+async def put_capabilities(ctx: Context, request: Request) -> Response:
+    """Replace the agent's MCP servers and skills (its Computer gets `agents`)."""
+    ctx.user(request)
+    body = await read_body(request, m.CapabilitiesPut)
+    return json_response(
+        ctx.store.set_capabilities(request.path_params["agent_id"], body.document())
+    )
 
 
 async def patch_agent(ctx: Context, request: Request) -> Response:
@@ -331,8 +347,8 @@ OPS: list[Op] = [
         "refused (422 `unknown_model` with the `nearest` ones); when the Computer has not "
         "reported any yet, the model is accepted and `warnings` says it was not checked. "
         "An egress policy the server cannot read is refused (422 `invalid_egress`, why), "
-        "so is a budget (422 `invalid_budget`, why) and a permission policy (422 "
-        "`invalid_permission`, why).",
+        "so is a budget (422 `invalid_budget`, why), a permission policy (422 "
+        "`invalid_permission`, why) and capabilities (422 `invalid_capabilities`, why).",
         "user",
         m.AgentCreate,
         status=201,
@@ -375,6 +391,33 @@ OPS: list[Op] = [
         "user",
         status=204,
         handler=delete_agent,
+    ),
+    Op(
+        "get",
+        "/api/agents/{agent_id}/capabilities",
+        "getCapabilities",
+        "The agent's MCP servers and skills. Secret values (`secret_environment`, "
+        '`secret_headers`) are never shown: each reads `"(set)"`.',
+        "user",
+        answer=m.Capabilities,
+        handler=get_capabilities,
+    ),
+    Op(
+        "put",
+        "/api/agents/{agent_id}/capabilities",
+        "putCapabilities",
+        "Replace the agent's MCP servers (local: an argv `command` run inside its sandbox; "
+        "remote: a `url`, reached through its Computer's gateway) and skills (name, "
+        "description, Markdown body, optional files; body and files at most 64 KiB). The "
+        'whole document; a secret sent as `"(set)"` keeps its stored value. Anything the '
+        "server cannot take (an unknown field, a bad or duplicate name, a url that is not "
+        "http(s), a path with `..`, a skill too large) is refused with 422 "
+        "`invalid_capabilities` and the reason. Its Computer gets `agents` and restarts the "
+        "agent's warm server (not its session). Answers the document as getCapabilities.",
+        "user",
+        m.CapabilitiesPut,
+        answer=m.Capabilities,
+        handler=put_capabilities,
     ),
     Op(
         "post",

@@ -7,7 +7,8 @@ counts), `writes` (idempotency keys of agent writes), `loop_guard` (agents pause
 answer each other without end), `budget_holds` (agents held at a budget cap), `approvals`
 (the cards an `ask` rule puts to the person), `room_activity` (the room's status line:
 who works, whose turns failed), `removals` (deleting agents, rooms and Computers; a
-group's name and members), `controls` (a person's Stop and Wake); `db` holds the
+group's name and members), `controls` (a person's Stop and Wake), `capabilities` (an agent's MCP servers and
+skills); `db` holds the
 connection, the transactions, the migrations and the SSE event log. Each part runs its
 statements through a `db.Transaction`; what parts share (a room's row, posting
 a message, claiming a room) are plain functions of a transaction.
@@ -29,6 +30,7 @@ from typing import Any
 from crew_server.clock import Clock
 from crew_server.store.approvals import Approvals
 from crew_server.store.budget_holds import Budgets
+from crew_server.store.capabilities import AgentCapabilities
 from crew_server.store.controls import Controls
 from crew_server.store.db import EVENT_LOG_KEEP, PRUNE_EVERY, EventLog, open_database
 from crew_server.store.identities import USER, Actor, AgentIdentity, Identities, hash_token
@@ -74,6 +76,7 @@ class Store(
     Controls,
     RoomActivity,
     Removals,
+    AgentCapabilities,
     EventLog,
 ):
     """The server's durable state and the operations on it (see the package docstring)."""

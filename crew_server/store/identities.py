@@ -29,6 +29,7 @@ from crew_server.errors import (
 from crew_server.store.answered import ack_answered_rooms
 from crew_server.store.approval_state import RECONNECTED, close_turn_approvals
 from crew_server.store.budgets import budget_state, read_budget, stored_budget
+from crew_server.store.capabilities import stored_capabilities, synced
 from crew_server.store.db import StorePart, Transaction, new_id
 from crew_server.store.removals import revoked_reason
 from crew_server.store.turn_binding import bound_turn
@@ -329,16 +330,18 @@ class Identities(StorePart):
         egress: dict[str, Any] | None = None,
         budget: Any = None,
         permission: dict[str, Any] | None = None,
+        capabilities: Any = None,
     ) -> dict[str, Any]:
         """A new agent; its Computer (if any) hears `agents`. Handles are unique; a model
         its Computer did not report is refused (`check_model`), so is an egress policy
         that cannot be read (`stored_egress`; None: the default), a budget that cannot
-        (`stored_budget`; None: no budget) and a permission policy (`stored_permission`).
-        The agent comes with `warnings` (e.g. the model could not be checked)."""
+        (`stored_budget`; None: no budget), a permission policy (`stored_permission`)
+        and capabilities (`stored_capabilities`; None: none). The agent comes with `warnings` (e.g. the model could not be checked)."""
         agent_id = new_id()
         policy = stored_egress(egress)
         caps = stored_budget(budget)
         permission_policy = stored_permission(permission)
+        capability_document = stored_capabilities(capabilities)
         with self._database.write() as tx:
             check_computer(tx, computer_id)
             if tx.execute("SELECT 1 FROM agents WHERE handle = ?", (handle,)).fetchone():
@@ -346,8 +349,8 @@ class Identities(StorePart):
             warnings = check_model(tx, model, computer_id)
             tx.execute(
                 "INSERT INTO agents (id, handle, name, persona, engine, model, computer_id, "
-                "turn_time_limit_s, egress, budget, permission, created_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "turn_time_limit_s, egress, budget, permission, capabilities, created_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     agent_id,
                     handle,
@@ -360,6 +363,7 @@ class Identities(StorePart):
                     policy,
                     caps,
                     permission_policy,
+                    capability_document,
                     tx.now(),
                 ),
             )
@@ -456,13 +460,15 @@ class Identities(StorePart):
         ]
 
     def computer_agents(self, computer_id: str) -> list[dict[str, Any]]:
-        """The agents assigned to a Computer, by handle."""
+        """The agents assigned to a Computer, by handle, each with its capabilities
+        (secrets in clear: the Computer materialises them) and their version."""
         with self._database.read() as tx:
             rows = tx.execute(
-                f"SELECT {AGENT_COLS} FROM agents WHERE computer_id = ? ORDER BY handle",
+                f"SELECT {AGENT_COLS}, capabilities FROM agents WHERE computer_id = ? "
+                "ORDER BY handle",
                 (computer_id,),
             ).fetchall()
-        return [agent_of(r) for r in rows]
+        return [{**agent_of(r), **synced(r["capabilities"])} for r in rows]
 
     def set_problem(self, computer_id: str, agent_id: str, reason: str | None) -> None:
         """Set (or with None clear) why an agent of this Computer cannot run."""

@@ -78,10 +78,12 @@ class Chain:
         name: str | None = None,
         persona: str = "Helpful.",
         permission: dict[str, Any] | None = None,
+        capabilities: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """A new agent on this Computer. A `permission` policy goes in the create call,
-        never a PATCH after: the Computer then learns the agent and its policy together,
-        so the first turn already runs under it."""
+        """A new agent on this Computer. A `permission` policy and `capabilities` (its MCP
+        servers and skills, `crew_common.capabilities`) go in the create call, never a
+        change after: the Computer then learns the agent with them, so the first turn
+        already runs with them."""
         body: dict[str, Any] = {
             "handle": handle,
             "name": name or handle.title(),
@@ -91,9 +93,25 @@ class Chain:
         }
         if permission is not None:
             body["permission"] = permission
+        if capabilities is not None:
+            body["capabilities"] = capabilities
         agent: dict[str, Any] = self.expect_ok(self.http.post("/api/agents", json=body))
         self.handles[agent["id"]] = handle
         return agent
+
+    def capabilities(self, agent_id: str) -> dict[str, Any]:
+        """The agent's capabilities as the user sees them (secrets read "(set)")."""
+        document: dict[str, Any] = self.expect_ok(
+            self.http.get(f"/api/agents/{agent_id}/capabilities")
+        )
+        return document
+
+    def set_capabilities(self, agent_id: str, document: dict[str, Any]) -> dict[str, Any]:
+        """Replace the agent's capabilities (its Computer re-syncs it)."""
+        saved: dict[str, Any] = self.expect_ok(
+            self.http.put(f"/api/agents/{agent_id}/capabilities", json=document)
+        )
+        return saved
 
     def dm(self, agent_id: str) -> dict[str, Any]:
         room: dict[str, Any] = self.expect_ok(

@@ -1,0 +1,5 @@
+-- Capabilities (issue 27): each agent's own MCP servers and skills, the normalised
+-- document of `crew_common.capabilities` as JSON, secrets included (the Computer gets
+-- them in its agent sync; the user API shows only their names). Agents from before
+-- it have none.
+ALTER TABLE agents ADD COLUMN capabilities TEXT NOT NULL DEFAULT '{"mcp_servers":[],"skills":[]}';

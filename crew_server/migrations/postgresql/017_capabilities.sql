@@ -1,0 +1,2 @@
+-- PostgreSQL twin of ../017_capabilities.sql: each agent's MCP servers and skills.
+ALTER TABLE agents ADD COLUMN capabilities TEXT COLLATE "C" NOT NULL DEFAULT '{"mcp_servers":[],"skills":[]}';
