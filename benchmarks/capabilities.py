@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,7 +48,7 @@ from crew_harness.scripted_model import Script, ScriptedModel, opencode_provider
 from tests.e2e.opencode_by_hand import OPENCODE, OpenCodeHome, scripted_config  # noqa: E402
 
 MCP_STDIO = ROOT / "crew_testkit" / "mcp_stdio.py"
-SYSTEM_PYTHON = shutil.which("python3") or sys.executable
+SYSTEM_PYTHON = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
 PASSWORD = "bench-password"
 LISTENING = re.compile(r"listening on (http://\S+)")
 SCRIPT = {
@@ -119,10 +119,8 @@ def with_group_killed(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-    try:
+    with suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def turn(served: Served, text: str) -> float:
