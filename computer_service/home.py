@@ -10,12 +10,13 @@ inside the sandbox.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import stat
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from computer_service import safe_fs
@@ -204,3 +205,43 @@ def _relative_path(path: Path, paths: AgentPaths) -> str:
 def _relative(exc: BaseException, paths: AgentPaths) -> str:
     """The error text with the crew home path taken out (reasons go to the server)."""
     return str(exc).replace(str(paths.crew_home) + "/", "").replace(str(paths.crew_home), "~crew")
+
+
+def skills_root(paths: AgentPaths) -> Path:
+    """Where the Computer writes the agent's skills (issue 27): its runtime directory,
+    outside OpenCode's config directories (`_clear_engine_config` empties those)."""
+    return paths.runtime_dir / "skills"
+
+
+def write_skills(paths: AgentPaths, files: Sequence[tuple[PurePosixPath, bytes]]) -> Path | None:
+    """Write the agent's skill files into a directory named by their digest; the directory
+    (None: no skills). Other skill directories are removed.
+
+    Named by content so that a changed skill changes the engine's config (`skills.paths`),
+    and so its warm server: OpenCode reads skills once per server. Unchanged ones are
+    not written again (an lstat of the SKILL.md files). Raises `UnsafePath` or `OSError`.
+    """
+    root = skills_root(paths)
+    digest = hashlib.sha256()
+    for rel, data in files:
+        digest.update(str(rel).encode() + b"\0" + hashlib.sha256(data).digest())
+    target = root / digest.hexdigest()[:16] if files else None
+    crew_home = paths.crew_home
+    if safe_fs.lstat_entry(crew_home, root) is not None:
+        with safe_fs.open_dir(crew_home, root) as dfd:
+            names = os.listdir(dfd)
+        for name in names:
+            if target is None or name != target.name:
+                safe_fs.remove_tree(crew_home, root / name)
+    if target is None:
+        return None
+    present = all(
+        (st := safe_fs.lstat_entry(crew_home, target / rel)) is not None
+        and stat.S_ISREG(st.st_mode)
+        and st.st_size == len(data)
+        for rel, data in files
+    )
+    if not present:
+        for rel, data in files:
+            safe_fs.write_file_atomic(crew_home, target / rel, data)
+    return target

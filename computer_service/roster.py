@@ -209,10 +209,10 @@ class Roster:
         if self.unavailable is not None or self.engine is None:
             await self._report_problem(agent, self.unavailable or "engine unavailable")
             return None
-        if agent.egress_problem is not None:
-            # Never a turn under a policy the user did not set: fixed on the server, the
-            # next sync (its `agents` event) tries again.
-            await self._report_problem(agent, agent.egress_problem)
+        if (problem := agent.problem()) is not None:
+            # Never a turn under a policy (or without the capabilities) the user did not
+            # set: fixed on the server, the next sync (its `agents` event) tries again.
+            await self._report_problem(agent, problem)
             return None
         try:
             token = await self.upstream.issue_token(agent.id)

@@ -459,6 +459,7 @@ class Runner:
             egress=agent.egress,
             permission=agent.permission,
             approvals=TurnApprovals(self._upstream, turn.turn_id),
+            capabilities=agent.capabilities,
         )
         outcome = await self._run_engine(turn, request, stop, {r.room.id for r in rooms})
         if self._turn_identity is not None:

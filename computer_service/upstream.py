@@ -19,6 +19,8 @@ import orjson
 from httpx_sse import EventSource, aconnect_sse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from crew_common.capabilities import Capabilities, CapabilitiesError
+from crew_common.capabilities import parse as parse_capabilities
 from crew_common.egress import EgressError, EgressPolicy
 from crew_common.permissions import PermissionPolicy, PolicyError
 
@@ -105,6 +107,30 @@ class AgentRecord(_Answer):
     # a server without the field means the default (`autonomous`). Not a setting that
     # replaces the runner: a person's "Always" changes it during the very turn that asked.
     permission: PermissionPolicy = Field(default_factory=PermissionPolicy)
+    # Its own MCP servers and skills (issue 27, `crew_common.capabilities`), secrets in
+    # clear; `capabilities_version` the server's digest of them. Not a setting that replaces
+    # the runner: the next turn's config differs, so its warm server is started afresh
+    # (`warm_pool.env_key`) and its session goes on.
+    capabilities: Capabilities = Field(default_factory=Capabilities)
+    capabilities_version: str | None = None
+    # Why the server's capabilities could not be read: the agent's problem (as the egress
+    # policy's), so it never runs without the tools its user gave it, unnoticed.
+    capabilities_problem: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_capabilities(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or isinstance(data.get("capabilities"), Capabilities):
+            return data
+        try:
+            return {**data, "capabilities": parse_capabilities(data.get("capabilities"))}
+        except CapabilitiesError as exc:
+            problem = f"its capabilities (MCP servers, skills) cannot be used: {exc}"
+            return {**data, "capabilities": Capabilities(), "capabilities_problem": problem}
+
+    def problem(self) -> str | None:
+        """Why this agent must not run as the server describes it (None: it can)."""
+        return self.egress_problem or self.capabilities_problem
 
     @model_validator(mode="before")
     @classmethod
@@ -134,7 +160,7 @@ class AgentRecord(_Answer):
             problem = f"its egress policy from the server cannot be used: {exc}"
             return {**data, "egress": EgressPolicy(mode="none"), "egress_problem": problem}
 
-    def settings(self) -> tuple[str, str, str, str, str, EgressPolicy, str | None]:
+    def settings(self) -> tuple[str, str, str, str, str, EgressPolicy, str | None, str | None]:
         """The fields that, when changed, require a new runner (computer.md §1); a new
         egress policy does too, as a running sandbox cannot be given another one."""
         return (
@@ -145,6 +171,7 @@ class AgentRecord(_Answer):
             self.model,
             self.egress,
             self.egress_problem,
+            self.capabilities_problem,
         )
 
     def egress_summary(self) -> str:

@@ -308,6 +308,11 @@ def _reason(exc: ValidationError) -> str:
         # The discriminator's tag (`local`/`remote`) in the location reads as noise.
         loc = ".".join(str(p) for p in err["loc"] if p not in ("local", "remote"))
         msg = str(err["msg"]).removeprefix("Value error, ")
+        if err["type"] == "string_pattern_mismatch" and err["loc"][-1] == "name":
+            msg = (
+                f"{err['input']!r} is not a valid name: lower-case letters and digits, "
+                "single hyphens between them (release-notes)"
+            )
         problems.append(f"{loc}: {msg}" if loc else msg)
     return "; ".join(problems)
 

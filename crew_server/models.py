@@ -384,6 +384,28 @@ class ProblemPut(Request):
     reason: Annotated[str, Field(min_length=1, max_length=4_000)]
 
 
+class McpServerState(BaseModel):
+    """One MCP server of an agent as its Computer sees it (issue 27)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    name: Annotated[str, Field(min_length=1, max_length=64)]
+    state: Literal["starting", "connected", "failed", "disabled"] = Field(
+        description="`failed`: `reason` says why (a command the sandbox does not have, no "
+        "handshake in time, ...); the agent's other tools keep working"
+    )
+    reason: Annotated[str, Field(max_length=4_000)] | None = None
+
+
+class CapabilitiesStatePut(Request):
+    """What the Computer applied of an agent's capabilities, and how its MCP servers are."""
+
+    capabilities_version: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] = Field(
+        description="the `capabilities_version` of the sync this state is of"
+    )
+    mcp_servers: Annotated[list[McpServerState], Field(max_length=64)]
+
+
 class TurnRoom(BaseModel):
     model_config = ConfigDict(strict=True)
 
@@ -840,6 +862,18 @@ class ComputerAgent(Agent):
         "spaces, UTF-8): a new one means the agent's warm server must restart",
         pattern=r"^[0-9a-f]{64}$",
     )
+
+
+class CapabilitiesState(BaseModel):
+    """What the agent's Computer last reported of its capabilities."""
+
+    current: bool = Field(
+        description="whether the report is of the capabilities stored now (false: its "
+        "Computer has not applied the latest change yet, or never reported)"
+    )
+    reported_at: str | None
+    capabilities_version: str | None = Field(description="the version the report is of")
+    mcp_servers: list[McpServerState]
 
 
 class AgentSaved(Agent):

@@ -74,10 +74,12 @@ class RemoteMCPServer:
         return self
 
     def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
+        """Stop serving and close the port (also for a server never started)."""
         if self._thread is not None:
+            self._httpd.shutdown()  # waits for serve_forever, so only once it runs
             self._thread.join(timeout=5)
+            self._thread = None
+        self._httpd.server_close()
 
     def __enter__(self) -> RemoteMCPServer:
         return self.start()

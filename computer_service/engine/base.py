@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal, Protocol
 
+from crew_common.capabilities import Capabilities
 from crew_common.egress import EgressPolicy
 from crew_common.permissions import PermissionPolicy
 
@@ -136,6 +137,9 @@ class TurnRequest:
     # asked, so every ask is refused).
     permission: PermissionPolicy = field(default_factory=PermissionPolicy)
     approvals: Any = None
+    # Its own MCP servers and skills (issue 27, `crew_common.capabilities`), secrets in clear:
+    # materialised into the engine's config by `engine.preparation` (`engine.capabilities`).
+    capabilities: Capabilities = field(default_factory=Capabilities)
 
 
 @dataclass

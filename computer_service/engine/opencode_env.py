@@ -52,9 +52,11 @@ def opencode_config(
     model: str,
     providers: dict[str, Any] | None,
     permission: dict[str, Any] | None = None,
+    capabilities: Mapping[str, Any] | None = None,
 ) -> str:
     """`OPENCODE_CONFIG_CONTENT`: instructions, the agent's permissions, this turn's model,
-    providers.
+    providers, and the agent's own MCP servers and skills (`capabilities`: the `mcp` and
+    `skills` settings of `engine.capabilities.opencode_settings`).
 
     `permission` is the agent's policy (`PermissionPolicy.to_opencode`); None: everything
     allowed (the sandbox is the boundary). A refused call never ends the turn: OpenCode
@@ -68,6 +70,7 @@ def opencode_config(
         experimental={"continue_loop_on_deny": True},
         model=model,
         small_model=model,
+        **(capabilities or {}),
     )
 
 

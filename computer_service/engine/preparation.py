@@ -35,6 +35,12 @@ from computer_service.engine.base import (
     TurnResult,
     Usage,
 )
+from computer_service.engine.capabilities import (
+    mcp_routes,
+    opencode_settings,
+    skill_files,
+)
+from computer_service.engine.capabilities import secrets as capability_secrets
 from computer_service.engine.failures import model_id_failure
 from computer_service.engine.loopback_ports import sandbox_loopback_ports
 from computer_service.engine.opencode_env import engine_env, opencode_config
@@ -48,12 +54,14 @@ from computer_service.engine.user_opencode import (
     read_auth,
     read_user_providers,
 )
+from computer_service.gateway.access import GatewayAccess
 from computer_service.gateway.engine_view import engine_auth, engine_provider
 from computer_service.gateway.forward import Route
 from computer_service.gateway.gateway import Gateway
 from computer_service.gateway.logins import KeyLogin, Login
 from computer_service.gateway.oauth import BEARER_BETAS, OAuthLogin
 from computer_service.gateway.upstream import upstream_base
+from computer_service.home import write_skills
 from computer_service.safe_fs import UnsafePath
 from crew_common.egress import EgressPolicy
 from crew_common.launcher_wire import DEFAULT_STDOUT_LIMIT
@@ -187,6 +195,9 @@ class Preparation:
         if stop.is_set():
             return stopped_result(None, Usage())
         engine_providers = engine_provider(section, provider, access)
+        capabilities = await self._capabilities(request, paths, access, secrets)
+        if isinstance(capabilities, TurnResult):
+            return capabilities
         policy = request.permission
         env = engine_env(
             paths,
@@ -198,6 +209,7 @@ class Preparation:
                 request.model,
                 engine_providers,
                 policy.to_opencode(can_ask=False),
+                capabilities,
             ),
             base_path=self.base_path,
             lang=self.lang,
@@ -205,7 +217,11 @@ class Preparation:
         asking_config = None
         if policy.asks():
             asking_config = opencode_config(
-                paths.agents_md, request.model, engine_providers, policy.to_opencode(can_ask=True)
+                paths.agents_md,
+                request.model,
+                engine_providers,
+                policy.to_opencode(can_ask=True),
+                capabilities,
             )
         return PreparedTurn(
             request=request,
@@ -218,6 +234,28 @@ class Preparation:
             secrets=secrets,
             egress=request.egress,
             asking_config=asking_config,
+        )
+
+    async def _capabilities(
+        self, request: TurnRequest, paths: AgentPaths, access: GatewayAccess, secrets: list[str]
+    ) -> dict[str, Any] | TurnResult:
+        """The agent's MCP servers and skills made ready (`engine.capabilities`): the skill
+        files written, the gateway's MCP routes set, the secrets added to `secrets`; the
+        `mcp`/`skills` settings of the engine's config, or the result that ends the turn."""
+        caps = request.capabilities
+        secrets += capability_secrets(caps)
+        self.gateway.mcp_routes(request.agent_id, mcp_routes(caps))
+        try:
+            files = skill_files(caps)
+            skills_dir = await anyio.to_thread.run_sync(write_skills, paths, files)
+        except (ValueError, UnsafePath, OSError) as exc:
+            reason = f"the agent's skills could not be written: {exc}"
+            return TurnResult("failed", Failure(FailureClass.SANDBOX, reason))
+        return opencode_settings(
+            caps,
+            gateway_port=access.port,
+            placeholder=access.placeholder,
+            skills_dir=str(skills_dir) if skills_dir is not None else "",
         )
 
     def _login(self, provider: str, entry: Any, section: Any) -> Login:

@@ -3,7 +3,8 @@
 A raw ASGI app (one per agent, served on that agent's port). A request must
 carry this agent's placeholder (in a header or the query) or it is refused
 with 401 and a log line; its first path segment names the provider, the rest
-is appended to the provider's real base URL. The placeholder is replaced by
+is appended to the provider's real base URL (`/mcp/<name>/...` is one of the
+agent's remote MCP servers instead: `mcp_route`). The placeholder is replaced by
 the login's real credential wherever it appears in a header or the query,
 hop-by-hop headers are dropped, the provider's configured headers added, and
 the response is sent back chunk by chunk as it arrives (`aiter_raw`: no
@@ -23,6 +24,8 @@ import httpx
 import orjson
 from starlette.types import Receive, Scope, Send
 
+from computer_service.engine.capabilities import MCP_PREFIX, McpRoute
+from computer_service.gateway import mcp_route
 from computer_service.gateway.access import PLACEHOLDER_PREFIX
 from computer_service.gateway.logins import Login, LoginFailed
 from computer_service.gateway.usage import AgentCounters, UsageTap
@@ -92,6 +95,8 @@ class AgentApp:
         self.placeholder = placeholder
         self._token = placeholder.encode()
         self.routes = routes
+        # The agent's remote MCP servers by name (`mcp_route`), set before each turn.
+        self.mcp_routes: dict[str, McpRoute] = {}
         self._client = client
         self._counters = counters
         self._owner_of = owner_of
@@ -105,6 +110,9 @@ class AgentApp:
             await self._refuse(headers, query, send)
             return
         provider, _, rest = scope["path"].lstrip("/").partition("/")
+        if provider == MCP_PREFIX:
+            await self._mcp(scope, receive, send, rest)
+            return
         route = self.routes.get(provider)
         if route is None:
             await _json_error(send, 404, f"this agent has no provider {provider!r} here")
@@ -145,6 +153,31 @@ class AgentApp:
             await self._relay(response, send)
         finally:
             await response.aclose()
+
+    async def _mcp(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
+        """`/mcp/<name>/...`: one of the agent's remote MCP servers (`mcp_route`)."""
+        name, _, rest = path.partition("/")
+        route = self.mcp_routes.get(name)
+        if route is None:
+            await _json_error(send, 404, f"this agent has no remote MCP server {name!r}")
+            return
+        body = await _body(receive)
+        if body is None:
+            await _json_error(send, 413, "the request body is over 64 MiB")
+            return
+        forwarded = await mcp_route.forward(
+            agent_id=self.agent_id,
+            name=name,
+            route=route,
+            rest=rest,
+            scope=scope,
+            body=body,
+            token=self._token,
+            client=self._client,
+            send=send,
+        )
+        if not forwarded:
+            await _json_error(send, 502, f"the MCP server {name} cannot be reached")
 
     async def _relay(self, response: httpx.Response, send: Send) -> None:
         if response.status_code == 429:

@@ -21,6 +21,7 @@ import anyio
 import httpx
 import uvicorn
 
+from computer_service.engine.capabilities import McpRoute
 from computer_service.gateway.access import GatewayAccess, new_placeholder
 from computer_service.gateway.forward import AgentApp, Route
 from computer_service.gateway.oauth import OAuthLogin, token_endpoints
@@ -95,6 +96,10 @@ class Gateway:
     def route(self, agent_id: str, provider: str, route: Route) -> None:
         """Where `provider` is for this agent's next calls (after `access_for`)."""
         self._listeners[agent_id].app.routes[provider] = route
+
+    def mcp_routes(self, agent_id: str, routes: dict[str, McpRoute]) -> None:
+        """The agent's remote MCP servers for its next calls, all of them (after `access_for`)."""
+        self._listeners[agent_id].app.mcp_routes = routes
 
     def oauth_login(self, auth_file: Path, provider: str) -> OAuthLogin:
         """The one `OAuthLogin` of `provider` in `auth_file`."""

@@ -68,6 +68,19 @@ async def delete_problem(ctx: Context, request: Request) -> Response:
     return no_content()
 
 
+async def put_capabilities_state(ctx: Context, request: Request) -> Response:
+    """What the Computer applied of an agent's capabilities; each MCP server's state."""
+    caller = ctx.connection(request)
+    body = await read_body(request, m.CapabilitiesStatePut)
+    ctx.store.set_capabilities_state(
+        caller.computer_id,
+        request.path_params["agent_id"],
+        body.capabilities_version,
+        [server.model_dump() for server in body.mcp_servers],
+    )
+    return no_content()
+
+
 async def agent_token(ctx: Context, request: Request) -> Response:
     """A new agent token of the caller's connection."""
     caller = ctx.connection(request)
@@ -225,6 +238,19 @@ OPS: list[Op] = [
         "computer",
         status=204,
         handler=delete_problem,
+    ),
+    Op(
+        "put",
+        "/computer/agents/{agent_id}/capabilities/state",
+        "putCapabilitiesState",
+        "What this Computer applied of the agent's capabilities (`capabilities_version` of "
+        "its sync) and each MCP server's state (`starting`, `connected`, `failed` with "
+        "`reason`, `disabled`); the whole list each time. The user sees it (the agent page, "
+        "getCapabilitiesState).",
+        "computer",
+        m.CapabilitiesStatePut,
+        status=204,
+        handler=put_capabilities_state,
     ),
     Op(
         "post",

@@ -76,6 +76,12 @@ async def get_capabilities(ctx: Context, request: Request) -> Response:
     return json_response(ctx.store.agent_capabilities(request.path_params["agent_id"]))
 
 
+async def get_capabilities_state(ctx: Context, request: Request) -> Response:
+    """What the agent's Computer last reported of its capabilities."""
+    ctx.user(request)
+    return json_response(ctx.store.capabilities_state(request.path_params["agent_id"]))
+
+
 async def put_capabilities(ctx: Context, request: Request) -> Response:
     """Replace the agent's MCP servers and skills (its Computer gets `agents`)."""
     ctx.user(request)
@@ -418,6 +424,17 @@ OPS: list[Op] = [
         m.CapabilitiesPut,
         answer=m.Capabilities,
         handler=put_capabilities,
+    ),
+    Op(
+        "get",
+        "/api/agents/{agent_id}/capabilities/state",
+        "getCapabilitiesState",
+        "What the agent's Computer last reported of its capabilities: each MCP server's "
+        "state (`starting`, `connected`, `failed` with `reason`, `disabled`) and whether the "
+        "report is of the capabilities stored now (`current`).",
+        "user",
+        answer=m.CapabilitiesState,
+        handler=get_capabilities_state,
     ),
     Op(
         "post",

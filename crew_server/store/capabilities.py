@@ -44,7 +44,8 @@ def synced(raw: str) -> dict[str, Any]:
 
 def _row(tx: Transaction, agent_id: str) -> Any:
     row = tx.execute(
-        "SELECT computer_id, capabilities FROM agents WHERE id = ? AND deleted_at IS NULL",
+        "SELECT computer_id, capabilities, capabilities_state FROM agents "
+        "WHERE id = ? AND deleted_at IS NULL",
         (agent_id,),
     ).fetchone()
     if row is None:
@@ -72,3 +73,36 @@ class AgentCapabilities(StorePart):
                 if row["computer_id"] is not None:
                     tx.emit(row["computer_id"], "agents", {"agent_id": agent_id})
         return caps.redacted(read_capabilities(new))
+
+    def set_capabilities_state(
+        self, computer_id: str, agent_id: str, version: str, servers: list[dict[str, Any]]
+    ) -> None:
+        """The Computer's report of what it applied (`version`) and each MCP server's state."""
+        with self._database.write() as tx:
+            row = _row(tx, agent_id)
+            if row["computer_id"] != computer_id:
+                raise NotFound(f"no agent {agent_id} on this computer")
+            report = {
+                "capabilities_version": version,
+                "mcp_servers": servers,
+                "reported_at": tx.now(),
+            }
+            tx.execute(
+                "UPDATE agents SET capabilities_state = ? WHERE id = ?",
+                (orjson.dumps(report).decode(), agent_id),
+            )
+
+    def capabilities_state(self, agent_id: str) -> dict[str, Any]:
+        """What its Computer last reported, and whether that is of the document stored now."""
+        with self._database.read() as tx:
+            row = _row(tx, agent_id)
+        if row["capabilities_state"] is None:
+            return {
+                "current": False,
+                "reported_at": None,
+                "capabilities_version": None,
+                "mcp_servers": [],
+            }
+        report = orjson.loads(row["capabilities_state"])
+        version = caps.version(read_capabilities(row["capabilities"]))
+        return {**report, "current": report["capabilities_version"] == version}

@@ -64,6 +64,7 @@ def web_routes(ctx: Context) -> list[BaseRoute]:
         get("/agents/{agent_id}", views.agent),
         post("/agents/{agent_id}", actions.edit_agent, "/agents"),
         post("/agents/{agent_id}/budget/resume", actions.resume_budget, "/agents"),
+        post("/agents/{agent_id}/capabilities", actions.set_capabilities, "/agents"),
         get("/agents/{agent_id}/delete", views.confirm_agent_delete),
         post("/agents/{agent_id}/delete", actions.delete_agent, "/agents"),
         post("/agents/{agent_id}/stop", actions.stop_turn, "/agents"),

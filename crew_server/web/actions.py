@@ -12,13 +12,14 @@ from __future__ import annotations
 from typing import Any, TypeVar
 from urllib.parse import quote
 
+import orjson
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from crew_server import models as m
 from crew_server.api.user import heard_by_its_computer
-from crew_server.errors import Invalid, TooLarge
+from crew_server.errors import ApiError, Invalid, InvalidCapabilities, TooLarge
 from crew_server.store import USER
 from crew_server.web.access import ANONYMOUS_BODY, Form, Web, back_to, read_form, refusal, see
 from crew_server.web.render import SECURITY_HEADERS, page
@@ -31,7 +32,7 @@ from crew_server.web.session import (
     set_cookie,
 )
 from crew_server.web.streams import CLIENT_IDS
-from crew_server.web.views import computers_page, room_title
+from crew_server.web.views import agent_page, computers_page, room_title
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -304,6 +305,82 @@ async def edit_agent(web: Web, request: Request, session: Session, form: Form) -
     }
     note_warnings(web, session, web.store.update_agent(agent_id, changes))
     return see(f"/agents/{agent_id}")
+
+
+def capabilities_fields(form: Form) -> dict[str, Any]:
+    """The capabilities form as sent, in the shape `views.capabilities_form` shows (so a
+    refused one comes back as it was typed)."""
+    names, descriptions = form.all("skill_name"), form.all("skill_description")
+    bodies, files = form.all("skill_body"), form.all("skill_files")
+    count = max(len(names), len(descriptions), len(bodies), len(files))
+
+    def nth(values: list[str], i: int) -> str:
+        return values[i] if i < len(values) else ""
+
+    skills = [
+        {
+            "name": nth(names, i),
+            "description": nth(descriptions, i),
+            "body": nth(bodies, i),
+            "files": nth(files, i),
+        }
+        for i in range(count)
+    ]
+    if not skills or any(skills[-1].values()):
+        skills.append({"name": "", "description": "", "body": "", "files": ""})
+    return {"mcp_servers": form.get("mcp_servers"), "skills": skills}
+
+
+def json_box(text: str, what: str, empty: Any) -> Any:
+    """A JSON text box's value (blank: `empty`); `InvalidCapabilities` with where it broke."""
+    if not text.strip():
+        return empty
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidCapabilities(
+            f"the capabilities are invalid: {what} is not JSON ({exc}); "
+            'write a JSON list such as [{"type": "local", "name": "notes", "command": '
+            '["python3", "notes.py"]}], or leave it blank'
+            if what == "MCP servers"
+            else f"the capabilities are invalid: {what} is not JSON ({exc}); write a JSON "
+            'object of relative path to text, such as {"templates/a.md": "..."}, or leave it '
+            "blank"
+        ) from exc
+
+
+def capabilities_document(fields: dict[str, Any]) -> dict[str, Any]:
+    """The document the store checks, from `capabilities_fields` (a skill with every
+    field blank is none: that is how one is removed, or the blank one left unused)."""
+    skills = []
+    for i, skill in enumerate(fields["skills"], start=1):
+        if not any(value.strip() for value in skill.values()):
+            continue
+        skills.append(
+            {
+                "name": skill["name"].strip(),
+                "description": skill["description"].strip(),
+                # Browsers send CRLF line ends; the skill's Markdown has LF ones.
+                "body": skill["body"].replace("\r\n", "\n"),
+                "files": json_box(skill["files"], f"skill {i}'s files", {}),
+            }
+        )
+    servers = json_box(fields["mcp_servers"], "MCP servers", [])
+    return {"mcp_servers": servers, "skills": skills}
+
+
+async def set_capabilities(web: Web, request: Request, session: Session, form: Form) -> Response:
+    """Replace an agent's MCP servers and skills (as PUT /api/agents/{id}/capabilities);
+    refused, the page comes back with the reason and the form as it was sent."""
+    agent_id = request.path_params["agent_id"]
+    fields = capabilities_fields(form)
+    try:
+        web.store.set_capabilities(agent_id, capabilities_document(fields))
+    except ApiError as exc:
+        if exc.status != 422:
+            raise
+        return agent_page(web, request, session, agent_id, fields, exc.message)
+    return see(f"/agents/{agent_id}#capabilities-title")
 
 
 async def resume_budget(web: Web, request: Request, session: Session, form: Form) -> Response:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -196,13 +197,55 @@ async def agents(web: Web, request: Request, session: Session) -> Response:
     return page(request, "agents.html", context)
 
 
+def capabilities_form(document: dict[str, Any]) -> dict[str, Any]:
+    """What the agent page's capabilities form shows of a document as the user sees it
+    (secrets "(set)"): the MCP servers as JSON, each skill's fields, one blank skill to add."""
+    skills = [
+        {
+            "name": skill["name"],
+            "description": skill["description"],
+            "body": skill["body"],
+            "files": orjson.dumps(skill["files"], option=orjson.OPT_INDENT_2).decode()
+            if skill["files"]
+            else "",
+        }
+        for skill in document["skills"]
+    ]
+    servers = document["mcp_servers"]
+    return {
+        "mcp_servers": orjson.dumps(servers, option=orjson.OPT_INDENT_2).decode()
+        if servers
+        else "",
+        "skills": [*skills, {"name": "", "description": "", "body": "", "files": ""}],
+    }
+
+
 async def agent(web: Web, request: Request, session: Session) -> Response:
     """One agent: status, settings (editable), its turns newest first, its reminders."""
-    agent_id = request.path_params["agent_id"]
+    return agent_page(web, request, session, request.path_params["agent_id"])
+
+
+def agent_page(
+    web: Web,
+    request: Request,
+    session: Session,
+    agent_id: str,
+    capabilities: dict[str, Any] | None = None,
+    capabilities_error: str | None = None,
+) -> Response:
+    """The agent page; after a refused capabilities form (`capabilities_error`, 422) with
+    what the person sent (`capabilities`, as `capabilities_form` gives) kept in the form."""
     web.store.get_agent(agent_id)
     shown = with_running_turn(web, next(a for a in agents_with_reasons(web) if a["id"] == agent_id))
+    if capabilities is None:
+        capabilities = capabilities_form(web.store.agent_capabilities(agent_id))
     context = {
         **web.base(session, "agents", request),
+        # The page's forms come back here, also when a refused post rendered it.
+        "here": f"/agents/{agent_id}",
+        "capabilities": capabilities,
+        "capabilities_error": capabilities_error,
+        "capabilities_state": web.store.capabilities_state(agent_id),
         "agent": shown,
         "turns": web.store.list_turns(agent_id, TURNS_SHOWN),
         "reminders": web.store.list_reminders(agent_id),
@@ -212,7 +255,7 @@ async def agent(web: Web, request: Request, session: Session) -> Response:
         "permission_presets": list(PRESET_MEANINGS.items()),
         "egress": egress_summary(shown["egress"]),
     }
-    return page(request, "agent.html", context)
+    return page(request, "agent.html", context, 422 if capabilities_error else 200)
 
 
 async def turn(web: Web, request: Request, session: Session) -> Response:

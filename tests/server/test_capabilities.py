@@ -177,8 +177,8 @@ def with_skill(**changes: Any) -> dict[str, Any]:
 BAD = [
     ({"mcp_servers": [], "tools": []}, "tools: Extra inputs are not permitted"),
     (with_server(shell=True), "mcp_servers.0.shell: Extra inputs are not permitted"),
-    (with_server(name="Notes"), "mcp_servers.0.name: String should match pattern"),
-    (with_server(name="my_notes"), "mcp_servers.0.name: String should match pattern"),
+    (with_server(name="Notes"), "mcp_servers.0.name: 'Notes' is not a valid name"),
+    (with_server(name="my_notes"), "mcp_servers.0.name: 'my_notes' is not a valid name"),
     (
         with_server(command="python3 -m notes"),
         "mcp_servers.0.command: Input should be a valid list",
@@ -201,7 +201,7 @@ BAD = [
         {"mcp_servers": [{**REMOTE, "headers": {"X-A": "a\r\nInjected: 1"}}]},
         "contains a line break",
     ),
-    (with_skill(name="Release Notes"), "skills.0.name: String should match pattern"),
+    (with_skill(name="Release Notes"), "skills.0.name: 'Release Notes' is not a valid name"),
     (with_skill(description=" "), "skills.0.description: the description is blank"),
     (with_skill(files={"../escape.md": "x"}), "must be relative"),
     (with_skill(files={"/etc/passwd": "x"}), "must be relative"),
@@ -284,3 +284,73 @@ async def test_another_computer_never_sees_them(world: World) -> None:
     )
     text = (await world.client.get("/computer/agents", headers=other.headers)).text
     assert "tok-local-1" not in text and "alice" not in text
+
+
+async def test_the_computer_reports_each_servers_state_for_a_version(world: World) -> None:
+    box = await world.computer()
+    alice = await world.ok(
+        "POST", "/api/agents", json=agent_body("alice", box, capabilities=DOC), status=201
+    )
+    path = f"/api/agents/{alice['id']}/capabilities/state"
+    nothing = await world.ok("GET", path)
+    assert nothing == {
+        "current": False,
+        "reported_at": None,
+        "capabilities_version": None,
+        "mcp_servers": [],
+    }
+    version = (await computer_agent(world, box, alice["id"]))["capabilities_version"]
+    servers = [
+        {"name": "notes", "state": "connected", "reason": None},
+        {"name": "github", "state": "failed", "reason": "no handshake within 5 s"},
+    ]
+    report = {"capabilities_version": version, "mcp_servers": servers}
+    state_path = f"/computer/agents/{alice['id']}/capabilities/state"
+    await world.ok("PUT", state_path, json=report, headers=box.headers, status=204)
+    seen = await world.ok("GET", path)
+    assert seen["current"] is True and seen["mcp_servers"] == servers
+    assert seen["capabilities_version"] == version and seen["reported_at"]
+
+    # A change the Computer has not applied yet: the old report is no longer current.
+    await world.ok("PUT", f"/api/agents/{alice['id']}/capabilities", json={})
+    assert (await world.ok("GET", path))["current"] is False
+
+    # Another Computer cannot report for it; a bad state is refused.
+    other = await world.computer()
+    refused = await world.client.put(state_path, json=report, headers=other.headers)
+    assert refused.status_code == 404
+    bad = {"capabilities_version": version, "mcp_servers": [{"name": "x", "state": "fine"}]}
+    refused = await world.client.put(state_path, json=bad, headers=box.headers)
+    assert refused.status_code == 422
+
+
+# ---------------------------------------------------------------- the pure parts
+
+
+def test_the_version_is_of_the_normalised_document_whatever_the_key_order() -> None:
+    one = caps.normalised({"skills": [SKILL], "mcp_servers": [LOCAL]})
+    reordered = {"mcp_servers": [dict(reversed(list(LOCAL.items())))], "skills": [SKILL]}
+    two = caps.normalised(reordered)
+    assert caps.version(one) == caps.version(two)
+    assert caps.canonical(one) == caps.canonical(two)
+    # a secret's value is part of it: a rotated token restarts the server
+    rotated = {**LOCAL, "secret_environment": {"NOTES_TOKEN": "tok-local-2"}}
+    assert caps.version(caps.normalised({"mcp_servers": [rotated]})) != caps.version(
+        caps.normalised({"mcp_servers": [LOCAL]})
+    )
+
+
+def test_redaction_and_kept_secrets_go_by_server_name_and_key() -> None:
+    stored = caps.normalised(DOC)
+    shown_doc = caps.redacted(stored)
+    assert "tok-local-1" not in orjson.dumps(shown_doc).decode()
+    assert caps.redacted(stored) != stored and stored["mcp_servers"][0]["secret_environment"]
+    assert caps.normalised(caps.with_kept_secrets(shown_doc, stored)) == stored
+    # a server renamed: its "(set)" secret has no stored value under the new name
+    renamed = orjson.loads(orjson.dumps(shown_doc))
+    renamed["mcp_servers"][0]["name"] = "jotter"
+    with pytest.raises(caps.CapabilitiesError, match="NOTES_TOKEN of MCP server 'jotter'"):
+        caps.with_kept_secrets(renamed, stored)
+    # something that is not a document is left for parse to refuse, not a crash
+    for odd in (None, [], {"mcp_servers": "x"}, {"mcp_servers": [1, {"secret_headers": 2}]}):
+        caps.with_kept_secrets(odd, stored)

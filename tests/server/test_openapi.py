@@ -130,7 +130,13 @@ def _unreadable_egress(path: str, response: Any) -> bool:
 
 
 # What pydantic says of a document that breaks the schema itself: never of schema-valid data.
-_SCHEMA_REASONS = ("Extra inputs are not permitted", "Input should be", "String should match")
+_SCHEMA_REASONS = (
+    "Extra inputs are not permitted",
+    "Input should be",
+    "String should",
+    "List should",
+    "is not a valid name:",
+)
 
 
 def _capabilities_beyond_schema(path: str, response: Any) -> bool:

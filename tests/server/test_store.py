@@ -95,6 +95,8 @@ def test_a_database_of_an_older_schema_is_migrated_at_open_and_keeps_its_data(
         raw.execute("DROP TABLE room_status_dismissals")
         raw.execute("ALTER TABLE agents DROP COLUMN deleted_at")
         raw.execute("ALTER TABLE computers DROP COLUMN deleted_at")
+        raw.execute("ALTER TABLE agents DROP COLUMN capabilities")
+        raw.execute("ALTER TABLE agents DROP COLUMN capabilities_state")
         raw.execute("DELETE FROM schema_migrations WHERE version >= 2")
     again = Store(str(db), Clock())
     assert again.computer_by_token(token) == computer_id
@@ -102,6 +104,7 @@ def test_a_database_of_an_older_schema_is_migrated_at_open_and_keeps_its_data(
     assert agent["egress"] == {"mode": "public", "allow": []}  # an older agent is public
     assert agent["budget"]["daily_usd"] is None  # and has no budget
     assert agent["permission"]["preset"] == "autonomous"  # and runs everything, as before
+    assert agent["capabilities"] == {"mcp_servers": [], "skills": []}  # and has no tools of its own
     again.connect(computer_id, "h", "linux", "1", 1)
     assert again.claim_unread(computer_id, agent["id"]) == ([], False)  # uses claim_more
     again.close()
