@@ -135,16 +135,42 @@ def files_holding(root: Path, secret: str) -> list[str]:
     return hits
 
 
-def mcp_state(chain: Chain, agent_id: str) -> Any:
-    """What the Computer's `/agents/{id}` says of the agent's MCP servers (None: nothing)."""
+def mcp_states(chain: Chain, agent_id: str) -> dict[str, dict[str, Any]]:
+    """What the Computer's `/agents/{id}` says of the agent's MCP servers, by name
+    (`mcp_servers`: the warm server's `GET /mcp` after a turn; empty when not known)."""
     with chain.computer.introspection() as local:
         row = local.get(f"/agents/{agent_id}").json()
-    return row.get("mcp") or row.get("engine", {}).get("mcp")
+    rows = row.get("mcp_servers")
+    if rows is None and isinstance(row.get("engine"), dict):
+        rows = row["engine"].get("mcp_servers")
+    return {r["name"]: r for r in rows or []}
 
 
 # Seen by the agent's bash: how many processes of the sandbox run mcp_stdio.py (the
 # bracket keeps grep's own command line from matching).
 COUNT_MCP = "echo PROCS=$(grep -l 'mcp_[s]tdio' /proc/[0-9]*/cmdline 2>/dev/null | wc -l)"
+
+
+def leak_check(secret: str) -> str:
+    """A bash snippet printing `LEAK=<where the agent's tools find secret>` (`none`).
+
+    The secret is spelled in two pieces and only ever joined inside bash (a builtin
+    comparison), so no command line of the check itself holds it."""
+    half = len(secret) // 2
+    places = {
+        "env": "env",
+        "environ": "cat /proc/[0-9]*/environ",
+        "cmdline": "cat /proc/[0-9]*/cmdline",
+        "files": 'grep -rsa . "$HOME" "$XDG_CONFIG_HOME" "$XDG_DATA_HOME" "$PWD" /tmp',
+    }
+    lines = [f"s='{secret[:half]}''{secret[half:]}'; found=''"]
+    for name, command in places.items():
+        lines.append(
+            f'd=$( ({command}) 2>/dev/null | tr -d "\\0"); '
+            f'case "$d" in *"$s"*) found="$found {name}";; esac'
+        )
+    lines.append('echo "LEAK=${found:- none}"')
+    return "; ".join(lines)
 
 
 # ---------------------------------------------------------------- local MCP server
@@ -170,8 +196,7 @@ def test_a_local_mcp_server_is_the_agent_s_own_and_ends_with_its_server(chain: C
     running = processes_with(marker)
     if chain.engine_mode == "warm":
         assert running, "the warm server's MCP process should run while the server lives"
-        state = mcp_state(chain, ada["id"])
-        assert state is None or "connected" in json.dumps(state), state
+        assert mcp_states(chain, ada["id"])["notes"]["state"] == "connected"
     else:
         wait_until("the cold run's MCP process to end", lambda: not processes_with(marker), 15)
 
@@ -197,7 +222,8 @@ def test_a_local_mcp_server_is_the_agent_s_own_and_ends_with_its_server(chain: C
         not tool_events(again, "notes_echo_note")
         or tool_events(again, "notes_echo_note")[0]["failed"]
     )
-    assert again["session_id"] == turn["session_id"], "the session must go on"
+    # The session goes on (OpenCode's session id, as the model saw it).
+    assert {r.session for r in requests_for(chain, "MCP-AGAIN")} == {first.session}
 
 
 def test_a_local_server_that_cannot_start_leaves_the_other_tools_working(chain: Chain) -> None:
@@ -215,8 +241,8 @@ def test_a_local_server_that_cannot_start_leaves_the_other_tools_working(chain: 
     for request in requests_for(chain, "GHOST"):
         assert not [t for t in request.tool_names() if t.startswith("gone_")]
     if chain.engine_mode == "warm":
-        state = json.dumps(mcp_state(chain, ghost["id"]))
-        assert "failed" in state and "ENOENT" in state, state
+        gone = mcp_states(chain, ghost["id"])["gone"]
+        assert gone["state"] == "failed" and gone["reason"], gone
 
 
 # ---------------------------------------------------------------- skills
@@ -270,13 +296,7 @@ def test_a_remote_server_gets_its_secret_header_from_the_gateway_only(chain: Cha
                 ]
             },
         )
-        # The check spells the secret in two pieces so its own command line cannot match.
-        half = len(secret) // 2
-        pattern = f"'{secret[:half]}''{secret[half:]}'"
-        leak = (
-            f"echo LEAK=$( (env; cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline; "
-            f'grep -rsa . "$HOME" "$XDG_CONFIG_HOME" "$PWD") 2>/dev/null | grep -c {pattern})'
-        )
+        leak = leak_check(secret)
         call = [{"name": "far_echo_note", "arguments": {"note": "over the gateway"}}]
         chain.script(call_then_reply("REMOTE-ERIN", call, leak))
         turn = one_turn(chain, erin, "REMOTE-ERIN: call the far tool")
@@ -286,7 +306,7 @@ def test_a_remote_server_gets_its_secret_header_from_the_gateway_only(chain: Cha
         calls = [r for r in remote.requests if r.get("rpc") == "tools/call"]
         assert calls and all(r["headers"].get("x-api-key") == secret for r in calls)
         assert all(r["headers"].get("x-plain") == "plain" for r in calls)
-    assert bash_output(turn, "LEAK") == "0"
+    assert bash_output(turn, "LEAK") == " none"
     agent_dir = chain.crew_home / "agents" / erin["id"]
     assert files_holding(agent_dir, secret) == []
     assert files_holding(chain.crew_home / "runtime", secret) == []
@@ -304,19 +324,14 @@ def test_a_local_server_s_secret_environment_reaches_it_not_the_tools(chain: Cha
             ]
         },
     )
-    half = len(secret) // 2
-    pattern = f"'{secret[:half]}''{secret[half:]}'"
-    check = (
-        "echo TOKEN=${VAULT_TOKEN:-unset}; "
-        f"echo LEAK=$( (env; cat /proc/[0-9]*/environ) 2>/dev/null | grep -c {pattern})"
-    )
+    check = "echo TOKEN=${VAULT_TOKEN:-unset}; " + leak_check(secret)
     call = [{"name": "vault_env_has", "arguments": {"name": "VAULT_TOKEN"}}]
     chain.script(call_then_reply("VAULT-FAY", call, check))
     turn = one_turn(chain, fay, "VAULT-FAY: is the token there?")
     [event] = tool_events(turn, "vault_env_has")
     assert event["output"] == "set", event
     assert bash_output(turn, "TOKEN") == "unset"
-    assert bash_output(turn, "LEAK") == "0"
+    assert bash_output(turn, "LEAK") == " none"
     assert files_holding(chain.crew_home / "agents" / fay["id"], secret) == []
     assert files_holding(chain.crew_home / "runtime", secret) == []
 
