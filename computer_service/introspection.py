@@ -73,6 +73,14 @@ class WarmHealth(BaseModel):
     idle_timeout_s: float
 
 
+class McpServerState(BaseModel):
+    """One MCP server of the agent (`engine.capabilities.mcp_states`)."""
+
+    name: str
+    state: Literal["starting", "connected", "failed", "disabled"]
+    reason: str | None = None
+
+
 class AgentEngine(BaseModel):
     """How the agent's turns run: on a warm server, or one `opencode run` each (cold)."""
 
@@ -81,6 +89,9 @@ class AgentEngine(BaseModel):
     warm_rss_bytes: int | None = None
     warm_idle_s: float | None = None
     cold_reason: str | None = None
+    # The agent's MCP servers as its warm server last said (issue 27); null: not known
+    # (no MCP servers, or no warm turn yet: a cold run has no server to ask).
+    mcp_servers: list[McpServerState] | None = None
 
 
 class Health(BaseModel):

@@ -21,6 +21,7 @@ from typing import Any, Literal, Protocol, TypeVar
 
 import anyio
 
+from computer_service.capabilities_report import CapabilitiesReport
 from computer_service.delivery import RETRY_BASE_S, RETRY_WINDOW_S, NextStep, Retries
 from computer_service.engine.base import (
     Engine,
@@ -160,6 +161,7 @@ class Runner:
         self._turn_identity = turn_identity
         self._upstream = upstream
         self._engine = engine
+        self._capabilities = CapabilitiesReport()
         self._workspace = workspace
         self._gate = gate
         self._metrics = metrics
@@ -469,6 +471,10 @@ class Runner:
         if self._gone:
             # Another Computer owns the agent: any further write would be refused.
             return
+        # Its MCP servers' state, when it changed (issue 27; rare, so off the usual path).
+        await self._capabilities.after_turn(
+            self._upstream, agent, self._engine.agent_status(agent.id)
+        )
         next_step = NextStep(None)
         if outcome.status == "succeeded" or outcome.acked:
             self._retries.forget()

@@ -367,6 +367,14 @@ class Upstream:
         """Tell the server (and so the user) why this agent cannot run."""
         await self._call_raw("PUT", f"/computer/agents/{agent_id}/problem", {"reason": reason})
 
+    async def put_capabilities_state(
+        self, agent_id: str, version: str, servers: list[dict[str, Any]]
+    ) -> None:
+        """`PUT …/capabilities/state`: what this Computer applied of the agent's capabilities
+        (their `capabilities_version`) and each MCP server's state (issue 27)."""
+        body = {"capabilities_version": version, "mcp_servers": servers}
+        await self._call_raw("PUT", f"/computer/agents/{agent_id}/capabilities/state", body)
+
     async def clear_problem(self, agent_id: str) -> None:
         """`DELETE …/problem`: the agent can run again."""
         await self._call_raw("DELETE", f"/computer/agents/{agent_id}/problem", None)

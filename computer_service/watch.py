@@ -133,7 +133,7 @@ def render_status(health: dict[str, Any], agents: list[dict[str, Any]], now: dat
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     for row in rows:
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
-    notes = [_agent_note(agent) for agent in agents]
+    notes = [_agent_note(agent) for agent in agents] + [_mcp_note(agent) for agent in agents]
     if any(notes):
         lines.append("")
         lines += [note for note in notes if note]
@@ -166,6 +166,20 @@ def _agent_note(agent: dict[str, Any]) -> str:
         retry = f" (retrying at {agent['retry_at']})" if agent.get("retry_at") else ""
         return f"@{agent['handle']} last failed: {agent['last_reason']}{retry}"
     return ""
+
+
+def _mcp_note(agent: dict[str, Any]) -> str:
+    """The agent's MCP servers as its warm server last said (issue 27); "" when not known."""
+    servers = (agent.get("engine") or {}).get("mcp_servers")
+    if not servers:
+        return ""
+    parts = []
+    for server in servers:
+        text = f"{server['name']} {server['state']}"
+        if server.get("reason"):
+            text += f" ({_short(server['reason'], 80)})"
+        parts.append(text)
+    return f"@{agent['handle']} MCP servers: " + ", ".join(parts)
 
 
 def status(crew_home: Path, as_json: bool, out: IO[str]) -> None:

@@ -44,12 +44,12 @@ changed secret is a new version too; it is given to the Computer only.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 NAME_PATTERN = r"^[a-z0-9]+(-[a-z0-9]+)*$"
@@ -335,7 +335,7 @@ def normalised(document: Any) -> dict[str, Any]:
 
 def canonical(document: dict[str, Any]) -> bytes:
     """The canonical JSON of a normalised document: keys sorted, no spaces, UTF-8."""
-    return orjson.dumps(document, option=orjson.OPT_SORT_KEYS)
+    return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def version(document: dict[str, Any]) -> str:

@@ -288,6 +288,11 @@ class AgentPatch(Request):
     permission: PermissionForm | None = Field(
         default=None, description="the whole policy, replacing the agent's; null: no change"
     )
+    capabilities: CapabilitiesForm | None = Field(
+        default=None,
+        description="the whole document, replacing the agent's, as putCapabilities; null: "
+        "no change",
+    )
 
 
 _ROOM_SHAPES: JsonDict = {

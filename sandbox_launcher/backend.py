@@ -10,6 +10,7 @@ Nothing ever runs unsandboxed.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import sys
 from dataclasses import dataclass
@@ -47,7 +48,14 @@ from sandbox_launcher.network import (
 )
 from sandbox_launcher.policy import SandboxPolicy
 from sandbox_launcher.seatbelt import SANDBOX_EXEC, seatbelt_argv, seatbelt_egress_refusal
-from sandbox_launcher.tool_shell import system_programs, write_tool_shells
+from sandbox_launcher.tool_shell import (
+    NATIVE_NAME,
+    native_tool_shell,
+    system_programs,
+    write_tool_shells,
+)
+
+log = logging.getLogger(__name__)
 
 TMPFS_NOTE = (
     "tmpfs mode: files in $HOME outside the allowlist are hidden entirely "
@@ -67,10 +75,32 @@ NO_RG_NOTE = (
 )
 
 
-def with_tool_shells(tools: BwrapTools, base: Path) -> BwrapTools:
-    """`tools` with the tool shells written below `base` and made readable in every sandbox."""
+SLOW_TOOL_SHELL_NOTE = (
+    "the native tool shell is not built (scripts/setup builds it with gcc): each tool call "
+    "starts the Python one instead, tens of milliseconds more (sandbox_launcher/tool_shell.py)"
+)
+
+
+def with_tool_shells(
+    tools: BwrapTools, base: Path, native: Path | Literal["built"] | None = "built"
+) -> BwrapTools:
+    """`tools` with the tool shells written below `base` and made readable in every sandbox.
+
+    `native`: the native helper ("built": the one scripts/setup built, if any). Without
+    one the Python helper runs, said in the health (`SLOW_TOOL_SHELL_NOTE`) — but never
+    in CI, where it must have been built.
+    """
+    if native == "built":
+        native = native_tool_shell()
+    if native is None:
+        if os.environ.get("CI") == "true":
+            raise SandboxUnavailable(
+                "the native tool shell is not built (CI=true allows no fallback): "
+                "run scripts/setup with gcc installed (apt-get install gcc libc6-dev)"
+            )
+        log.warning("%s", SLOW_TOOL_SHELL_NOTE)
     try:
-        shells = write_tool_shells(base, tools.python, tools.helper)
+        shells = write_tool_shells(base, tools.python, tools.helper, native=native)
     except OSError as exc:
         raise SandboxUnavailable(f"cannot write the tool shell below {base}: {exc}") from exc
     return dataclasses.replace(tools, tool_shells=shells)
@@ -216,12 +246,19 @@ def open_backend(
         return None, SandboxHealth(ok=False, backend="bwrap", reason=str(exc))
     backend = BwrapBackend(tools, mode, pasta)
     no_rg = tools.tool_shells is not None and system_programs()["rg"] is None
+    slow_shell = tools.tool_shells is not None and not (tools.tool_shells / NATIVE_NAME).exists()
     return backend, SandboxHealth(
         ok=True,
         backend="bwrap",
         mode=backend.mode,
         reason=health_note(
-            mode, abi, engine_user, limits, no_rg=no_rg, firewall=pasta.nftables is not None
+            mode,
+            abi,
+            engine_user,
+            limits,
+            no_rg=no_rg,
+            firewall=pasta.nftables is not None,
+            slow_tool_shell=slow_shell,
         ),
         network="namespace",
     )
@@ -242,9 +279,11 @@ def health_note(
     *,
     no_rg: bool = False,
     firewall: bool = True,
+    slow_tool_shell: bool = False,
 ) -> str | None:
     """What a working Linux sandbox does not do here: tmpfs hides more, no Landlock nests
-    tools, no ripgrep for the engine (`tool_shell.ENGINE_PROGRAMS`); and as root, which
+    tools, no ripgrep for the engine (`tool_shell.ENGINE_PROGRAMS`), no native tool shell
+    (`tool_shell.native_tool_shell`); and as root, which
     user engines run as; no firewall in its network (no libnftables: host addresses
     reachable, no connection cap)."""
     notes = [TMPFS_NOTE] if mode is LinuxMode.TMPFS else []
@@ -254,6 +293,8 @@ def health_note(
         notes.append(NO_FIREWALL_NOTE)
     if no_rg:
         notes.append(NO_RG_NOTE)
+    if slow_tool_shell:
+        notes.append(SLOW_TOOL_SHELL_NOTE)
     if engine_user is not None:
         notes.append(
             f"the launcher runs as root: engines run as the system user {engine_user.name} "

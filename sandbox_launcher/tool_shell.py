@@ -31,6 +31,15 @@ The scripts are written by the launcher at start below the crew home (hidden
 in the sandbox but for them), into a directory named by their content, so
 launchers with different interpreters never overwrite each other's (a
 directory an older interpreter's launcher wrote stays, a few hundred bytes).
+
+The helper is native when `scripts/setup` could build it
+(`native/crew-tool-shell.c`, `native_tool_shell()`): a copy of it lies in
+that directory and each script is a `#!` line running it directly, with
+its mode (and for git and rg the real program) as the one argument the
+kernel passes — no `/bin/sh`, no Python start-up on a tool call. When it is
+not built the scripts run the Python helper above (`python -I -S`), the
+same rules in the same order, and the launcher's health says so
+(`backend.SLOW_TOOL_SHELL_NOTE`).
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ import shlex
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Literal
 
 from sandbox_launcher.landlock import ENGINE_BIN_NAME
 
@@ -50,6 +60,28 @@ MODES = ("hybrid", "tmpfs")
 # ones are looked for: the system's directories only, never a PATH an agent could shape.
 ENGINE_PROGRAMS = ("git", "rg")
 SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
+# The native helper: its source, where scripts/setup builds it (named by the source's
+# hash, so a stale build is never used), and its copy's name in the shells directory.
+NATIVE_SOURCE = Path(__file__).parent / "native" / "crew-tool-shell.c"
+NATIVE_BUILD_DIR = Path(__file__).parent / "native" / "build"
+NATIVE_NAME = "crew-tool-shell"
+# What the kernel reads of a `#!` line (BINPRM_BUF_SIZE, Linux 5.1+); longer: via /bin/sh.
+SHEBANG_LIMIT = 255
+
+
+def native_build_path(source: Path = NATIVE_SOURCE) -> Path:
+    """Where scripts/setup puts the native helper built from `source`."""
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+    return NATIVE_BUILD_DIR / f"{NATIVE_NAME}-{digest}"
+
+
+def native_tool_shell() -> Path | None:
+    """The native helper scripts/setup built from the current source, or None (not built)."""
+    try:
+        path = native_build_path()
+    except OSError:
+        return None  # no source (an install without it): the Python helper
+    return path if os.access(path, os.X_OK) else None
 
 
 def system_programs(path: str = SYSTEM_PATH) -> dict[str, str | None]:
@@ -84,6 +116,31 @@ def engine_child_script(python: str, helper: str, mode: str, name: str, real: st
     )
 
 
+def _shebang(interpreter: str, argument: str) -> str | None:
+    """`#!INTERPRETER ARGUMENT` when the kernel passes it exactly as given, else None."""
+    line = f"#!{interpreter} {argument}\n"
+    plain = not any(c in interpreter + argument for c in " \t\n")
+    return line if plain and len(line.encode()) <= SHEBANG_LIMIT else None
+
+
+def native_tool_shell_script(native: str, mode: str) -> str:
+    """The `$SHELL` of a sandbox in `mode`, run by the native helper at `native` directly."""
+    direct = _shebang(native, f"--tool-shell={mode}")
+    if direct is not None:
+        return direct
+    command = [native, "--tool-shell", mode]
+    return f'#!/bin/sh\nexec {shlex.join(command)} "$@"\n'
+
+
+def native_engine_child_script(native: str, mode: str, name: str, real: str | None) -> str:
+    """The engine's own `name` in `mode`, run by the native helper at `native` directly."""
+    direct = _shebang(native, f"--engine-child={mode}:{name}:{real or ''}")
+    if direct is not None:
+        return direct
+    command = [native, "--engine-child", mode, name, real or ""]
+    return f'#!/bin/sh\nexec {shlex.join(command)} "$@"\n'
+
+
 def engine_bin_dir(shells: Path, mode: str) -> Path:
     """The directory of the engine's own `git` and `rg` in `mode` (first on its PATH)."""
     return shells / mode / ENGINE_BIN_NAME
@@ -95,40 +152,74 @@ def tool_shell_path(shells: Path, mode: str) -> Path:
 
 
 def write_tool_shells(
-    base: Path, python: str, helper: str, programs: Mapping[str, str | None] | None = None
+    base: Path,
+    python: str,
+    helper: str,
+    programs: Mapping[str, str | None] | None = None,
+    native: Path | Literal["built"] | None = "built",
 ) -> Path:
     """Write the tool shells and the engine's own programs of both modes below `base`.
 
     Returns their directory. `base` must be the caller's own directory (the
     crew home's `tool-shell/`); `programs`: the real `git` and `rg`
-    (`system_programs()` when not given). The directory is named by the
-    scripts' content: written once, atomically. Directories 0755 and scripts
+    (`system_programs()` when not given); `native`: the native helper to copy
+    in and run ("built": the one scripts/setup built, if any; None: the
+    Python helper). The directory is named by the scripts' and the helper's
+    content: written once, atomically. Directories 0755, scripts and helper
     0755 (the sandbox may run as another user in tests).
     """
     real = system_programs() if programs is None else programs
-    scripts: dict[tuple[str, str], str] = {}
-    for mode in MODES:
-        scripts[(mode, SHELL_NAME)] = tool_shell_script(python, helper, mode)
-        for name in ENGINE_PROGRAMS:
-            text = engine_child_script(python, helper, mode, name, real.get(name))
-            scripts[(mode, f"{ENGINE_BIN_NAME}/{name}")] = text
-    digest = hashlib.sha256("".join(scripts.values()).encode()).hexdigest()[:16]
-    shells = base / digest
-    for (mode, name), text in scripts.items():
-        path = shells / mode / name
-        try:
-            if path.read_text() == text:
-                continue
-        except OSError:
-            pass
-        path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-        # `parents=True` made the levels by the umask; the engine user must search them.
-        level = path.parent
-        while level != shells.parent:
-            level.chmod(0o755)
-            level = level.parent
-        part = path.with_name(f".{path.name}.{os.getpid()}")
-        part.write_text(text)
-        part.chmod(0o755)
-        part.replace(path)
+    binary = native_tool_shell() if native == "built" else native
+    files: dict[str, bytes] = {}
+    if binary is not None:
+        files[NATIVE_NAME] = binary.read_bytes()
+    # The scripts name the helper's copy, so the digest must come first: of the helper
+    # and of the scripts as they would be with a placeholder for the directory.
+    digest_input = [hashlib.sha256(files.get(NATIVE_NAME, b"")).digest()]
+    scripts = _scripts("{shells}", python, helper, real, binary is not None)
+    digest_input += [text.encode() for text in scripts.values()]
+    shells = base / hashlib.sha256(b"".join(digest_input)).hexdigest()[:16]
+    for name, text in _scripts(str(shells), python, helper, real, binary is not None).items():
+        files[name] = text.encode()
+    for name, content in files.items():
+        _write_once(shells, shells / name, content)
     return shells
+
+
+def _scripts(
+    shells: str, python: str, helper: str, real: Mapping[str, str | None], native: bool
+) -> dict[str, str]:
+    """Each script's path below the shells directory `shells` and its text."""
+    helper_copy = f"{shells}/{NATIVE_NAME}"
+    scripts: dict[str, str] = {}
+    for mode in MODES:
+        if native:
+            scripts[f"{mode}/{SHELL_NAME}"] = native_tool_shell_script(helper_copy, mode)
+        else:
+            scripts[f"{mode}/{SHELL_NAME}"] = tool_shell_script(python, helper, mode)
+        for name in ENGINE_PROGRAMS:
+            if native:
+                text = native_engine_child_script(helper_copy, mode, name, real.get(name))
+            else:
+                text = engine_child_script(python, helper, mode, name, real.get(name))
+            scripts[f"{mode}/{ENGINE_BIN_NAME}/{name}"] = text
+    return scripts
+
+
+def _write_once(shells: Path, path: Path, content: bytes) -> None:
+    """`content` at `path` (0755) unless it is there already; atomically."""
+    try:
+        if path.read_bytes() == content:
+            return
+    except OSError:
+        pass
+    path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    # `parents=True` made the levels by the umask; the engine user must search them.
+    level = path.parent
+    while level != shells.parent:
+        level.chmod(0o755)
+        level = level.parent
+    part = path.with_name(f".{path.name}.{os.getpid()}")
+    part.write_bytes(content)
+    part.chmod(0o755)
+    part.replace(path)

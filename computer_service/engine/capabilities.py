@@ -160,3 +160,38 @@ def skill_files(caps: Capabilities) -> list[tuple[PurePosixPath, bytes]]:
                 raise ValueError(f"skill {skill.name}: the file path {rel!r} is not relative")
             out.append((base / path, text.encode()))
     return out
+
+
+# OpenCode 1.18.33's `GET /mcp` statuses that mean "cannot be used" beside `failed`.
+_OAUTH_STATES = ("needs_auth", "needs_client_registration")
+
+
+def mcp_states(caps: Capabilities, status: Any) -> list[dict[str, str | None]]:
+    """Each MCP server's state (`starting`, `connected`, `failed` + reason, `disabled`) from
+    a warm server's `GET /mcp` answer (`{name: {"status": ..., "error": ...}}`), in the
+    document's order. Pure, never raises: a server missing from the answer is `starting`."""
+    known = status if isinstance(status, dict) else {}
+    out: list[dict[str, str | None]] = []
+    for server in caps.mcp_servers:
+        entry = known.get(server.name)
+        entry = entry if isinstance(entry, dict) else {}
+        found = entry.get("status")
+        reason: str | None = None
+        if not server.enabled or found == "disabled":
+            state = "disabled"
+        elif found == "connected":
+            state = "connected"
+        elif found == "failed":
+            state = "failed"
+            error = entry.get("error")
+            reason = str(error)[:4000] if error else "OpenCode gave no reason"
+        elif found in _OAUTH_STATES:
+            state = "failed"
+            reason = (
+                "the server asks for an OAuth login, which an agent cannot complete: give "
+                "its token in secret_headers (e.g. Authorization)"
+            )
+        else:
+            state = "starting"
+        out.append({"name": server.name, "state": state, "reason": reason})
+    return out

@@ -28,10 +28,13 @@ from typing import Protocol
 
 import anyio
 import httpx
+import orjson
 
+from computer_service.engine.capabilities import mcp_states
 from computer_service.engine.warm_channel import ServerAddress, server_client
 from computer_service.engine.warm_events import server_password
 from computer_service.launcher_client import LauncherError
+from crew_common.capabilities import Capabilities
 from crew_common.launcher_wire import DeniedFrame, ServerInfo, ServerRequest
 
 log = logging.getLogger(__name__)
@@ -43,6 +46,9 @@ SERVER_ESTIMATE_BYTES = 650 * 1024 * 1024
 MAINTAIN_EVERY_S = 30.0
 # A server over this after a turn is restarted (well under a turn's 4 GiB memory cap).
 SERVER_CEILING_BYTES = 1536 * 1024 * 1024
+# `GET /mcp` after a turn (the agent's MCP servers' state): small, and never worth a wait.
+MCP_STATUS_TIMEOUT_S = 2.0
+MCP_STATUS_LIMIT = 256 * 1024
 
 
 def default_memory_budget() -> int:
@@ -162,6 +168,8 @@ class WarmPool:
     failed_starts: dict[str, int] = field(default_factory=dict)
     cold_agents: dict[str, str] = field(default_factory=dict)
     counters: WarmCounters = field(default_factory=WarmCounters)
+    # Each agent's MCP servers as its warm server last said (`read_mcp`), for `/agents`.
+    mcp: dict[str, list[dict[str, str | None]]] = field(default_factory=dict)
     _starting: dict[str, int] = field(default_factory=dict)
     _closed: bool = False
 
@@ -245,6 +253,27 @@ class WarmPool:
         except LauncherError as exc:
             log.warning("agent %s: cannot read its warm server's denials: %s", server.agent_id, exc)
             return []
+
+    async def read_mcp(self, server: AgentServer, caps: Capabilities) -> None:
+        """After a turn: the state of each of the agent's MCP servers, from its warm
+        server's `GET /mcp` (OpenCode 1.18.33); kept for `/agents`. Never raises (logged)."""
+        if not caps.mcp_servers:
+            self.mcp.pop(server.agent_id, None)
+            return
+        try:
+            with anyio.fail_after(MCP_STATUS_TIMEOUT_S):
+                async with server.client.stream("GET", "/mcp") as answer:
+                    answer.raise_for_status()
+                    body = b""
+                    async for chunk in answer.aiter_bytes():
+                        body += chunk
+                        if len(body) > MCP_STATUS_LIMIT:
+                            raise ValueError(f"the answer is over {MCP_STATUS_LIMIT} bytes")
+            status = orjson.loads(body)
+        except (httpx.HTTPError, ValueError, TimeoutError) as exc:
+            log.warning("agent %s: cannot read its MCP servers' state: %s", server.agent_id, exc)
+            return
+        self.mcp[server.agent_id] = mcp_states(caps, status)
 
     async def discard(self, server: AgentServer) -> None:
         """Stop the server and forget it (a new one starts at the agent's next turn)."""
@@ -392,6 +421,7 @@ class WarmPool:
             "warm_rss_bytes": server.rss_bytes if server else None,
             "warm_idle_s": round(idle_s, 1) if idle_s is not None else None,
             "cold_reason": self.cold_agents.get(agent_id),
+            "mcp_servers": self.mcp.get(agent_id),
         }
 
     def health(self) -> dict[str, object]:

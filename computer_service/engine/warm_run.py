@@ -171,6 +171,7 @@ class WarmRun(Way):
                     # At the end of each turn: what its sandbox's firewall refused meanwhile.
                     for frame in await self.pool.denials(warm.server):
                         await on_event(denied_event(frame))
+                    await self.pool.read_mcp(warm.server, request.capabilities)
                 drop = warm.last is None or warm.last.broken is not None
                 if warm.last is not None and warm.last.broken is not None:
                     log.warning(

@@ -157,6 +157,10 @@ class AgentApp:
     async def _mcp(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
         """`/mcp/<name>/...`: one of the agent's remote MCP servers (`mcp_route`)."""
         name, _, rest = path.partition("/")
+        if any(part in (".", "..") for part in rest.split("/")):
+            # Only below the url its user configured: never a dot segment out of it.
+            await _json_error(send, 400, "a dot segment in an MCP server's path is refused")
+            return
         route = self.mcp_routes.get(name)
         if route is None:
             await _json_error(send, 404, f"this agent has no remote MCP server {name!r}")

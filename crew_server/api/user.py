@@ -376,8 +376,8 @@ OPS: list[Op] = [
         "/api/agents/{agent_id}",
         "patchAgent",
         "Change settings (its Computer, old and new, gets `agents`). A new model or Computer "
-        "is checked as in createAgent, a new `egress` or `permission` too (each replaces the whole "
-        "policy), a new `budget` too (it replaces the whole budget and wakes the agent). null "
+        "is checked as in createAgent, a new `egress`, `permission` or `capabilities` too (each "
+        "replaces the whole policy or document), a new `budget` too (it replaces the whole budget and wakes the agent). null "
         "leaves a field as it is, except `computer_id` (takes the agent off its Computer) and "
         "`turn_time_limit_s` (the Computer's default).",
         "user",

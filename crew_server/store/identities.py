@@ -29,7 +29,7 @@ from crew_server.errors import (
 from crew_server.store.answered import ack_answered_rooms
 from crew_server.store.approval_state import RECONNECTED, close_turn_approvals
 from crew_server.store.budgets import budget_state, read_budget, stored_budget
-from crew_server.store.capabilities import stored_capabilities, synced
+from crew_server.store.capabilities import read_capabilities, stored_capabilities, synced
 from crew_server.store.db import StorePart, Transaction, new_id
 from crew_server.store.removals import revoked_reason
 from crew_server.store.turn_binding import bound_turn
@@ -400,6 +400,7 @@ class Identities(StorePart):
             "egress",
             "budget",
             "permission",
+            "capabilities",
         }
         fields = {k: v for k, v in changes.items() if k in allowed}
         if "egress" in fields:
@@ -411,11 +412,17 @@ class Identities(StorePart):
         warnings: list[str] = []
         with self._database.write() as tx:
             row = tx.execute(
-                "SELECT computer_id, model FROM agents WHERE id = ? AND deleted_at IS NULL",
+                "SELECT computer_id, model, capabilities FROM agents "
+                "WHERE id = ? AND deleted_at IS NULL",
                 (agent_id,),
             ).fetchone()
             if row is None:
                 raise NotFound(f"no agent {agent_id}")
+            if "capabilities" in fields:
+                # The whole document, as PUT .../capabilities ("(set)" keeps a secret).
+                fields["capabilities"] = stored_capabilities(
+                    fields["capabilities"], read_capabilities(row["capabilities"])
+                )
             old_computer = row["computer_id"]
             if "computer_id" in fields:
                 check_computer(tx, fields["computer_id"])

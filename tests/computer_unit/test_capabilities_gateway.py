@@ -120,3 +120,16 @@ async def test_an_unreachable_server_is_a_clear_502(gateway: Gateway) -> None:
             headers={GATEWAY_HEADER: access.placeholder},
         )
     assert answer.status_code == 502 and "gone" in answer.text
+
+
+async def test_a_dot_segment_cannot_leave_the_configured_url(gateway: Gateway) -> None:
+    access = await gateway.access_for("agent-1")
+    with RemoteMCPServer() as server:
+        gateway.mcp_routes("agent-1", {"notes": McpRoute(server.url)})
+        async with httpx.AsyncClient() as client:
+            url = mcp_url(access.port, "notes") + "/%2e%2e/admin"
+            answer = await client.post(
+                url, json=_rpc(1, "initialize"), headers={GATEWAY_HEADER: access.placeholder}
+            )
+        assert answer.status_code == 400
+        assert server.requests == []

@@ -40,7 +40,9 @@ import pytest
 from sandbox_launcher import landlock
 from sandbox_launcher.backend import with_tool_shells
 from sandbox_launcher.bwrap import LinuxMode
+from sandbox_launcher.tool_shell import NATIVE_NAME, native_tool_shell
 from tests.launcher.test_escapes import Sandbox, sandbox  # noqa: F401 - the fixture
+from tests.support.ci import required_in_ci
 
 MATRIX_PROBE = r"""
 import ctypes, json, os, signal, stat, subprocess, sys
@@ -401,12 +403,25 @@ TOOL_CASES: dict[str, tuple[str, tuple[int, ...] | None]] = {
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.parametrize("helper", ["native", "python"])
 @pytest.mark.parametrize("mode", list(LinuxMode))
-def test_tools_cannot_reach_their_engine(mode: LinuxMode, sandbox: Sandbox) -> None:  # noqa: F811
-    """A tool started through `$SHELL -c` cannot write its engine's memory, trace or signal it."""
+def test_tools_cannot_reach_their_engine(
+    mode: LinuxMode,
+    helper: str,
+    sandbox: Sandbox,  # noqa: F811
+) -> None:
+    """A tool started through `$SHELL -c` cannot write its engine's memory, trace or signal it.
+
+    With either tool shell helper: the native one (scripts/setup) or the Python fallback."""
+    native = native_tool_shell() if helper == "native" else None
+    if helper == "native" and native is None:
+        required_in_ci("the native tool shell (scripts/setup builds it with gcc)")
     shells = Path(tempfile.mkdtemp(prefix="tool-shell-", dir=sandbox.home.parent))
     shells.chmod(0o755)
-    box = dataclasses.replace(sandbox, tools=with_tool_shells(sandbox.tools, shells))
+    tools = with_tool_shells(sandbox.tools, shells, native=native)
+    assert tools.tool_shells is not None
+    assert (tools.tool_shells / NATIVE_NAME).exists() == (native is not None)
+    box = dataclasses.replace(sandbox, tools=tools)
     policy = box.policy
     (policy.agent_dir / "probe.py").write_text(ENGINE_PROBE)
     (policy.agent_dir / "tool.py").write_text(TOOL_PROBE)

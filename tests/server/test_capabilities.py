@@ -354,3 +354,26 @@ def test_redaction_and_kept_secrets_go_by_server_name_and_key() -> None:
     # something that is not a document is left for parse to refuse, not a crash
     for odd in (None, [], {"mcp_servers": "x"}, {"mcp_servers": [1, {"secret_headers": 2}]}):
         caps.with_kept_secrets(odd, stored)
+
+
+async def test_a_patch_of_the_agent_replaces_them_too(world: World) -> None:
+    box = await world.computer()
+    alice = await world.ok(
+        "POST", "/api/agents", json=agent_body("alice", box, capabilities=DOC), status=201
+    )
+    before = world.cursor()
+    kept = shown(normal(DOC))
+    kept["skills"] = []
+    await world.ok("PATCH", f"/api/agents/{alice['id']}", json={"capabilities": kept})
+    assert world.events(box, before) == [("agents", {"agent_id": alice["id"]})]
+    synced = (await computer_agent(world, box, alice["id"]))["capabilities"]
+    assert synced["skills"] == [] and synced["mcp_servers"] == normal(DOC)["mcp_servers"]
+    # null or absent: no change; a bad one: the same refusal as the PUT
+    await world.ok("PATCH", f"/api/agents/{alice['id']}", json={"capabilities": None})
+    await world.ok("PATCH", f"/api/agents/{alice['id']}", json={"name": "Al"})
+    assert (await computer_agent(world, box, alice["id"]))["capabilities"] == synced
+    refused = await world.client.patch(
+        f"/api/agents/{alice['id']}", json={"capabilities": {"skills": [{"name": "x"}]}}
+    )
+    assert refused.status_code == 422
+    assert refused.json()["error"]["code"] == "invalid_capabilities"

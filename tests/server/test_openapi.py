@@ -144,7 +144,7 @@ def _capabilities_beyond_schema(path: str, response: Any) -> bool:
     words (unique names, a skill's size in bytes, a name in both the plain and the secret
     map, a url's scheme and host, a file path's form, a "(set)" secret with nothing stored):
     422 `invalid_capabilities`, never for what the schema states itself."""
-    paths = ("/api/agents", "/api/agents/{agent_id}/capabilities")
+    paths = ("/api/agents", "/api/agents/{agent_id}", "/api/agents/{agent_id}/capabilities")
     if path not in paths or response.status_code != 422:
         return False
     error = response.json()["error"]

@@ -70,6 +70,10 @@ def test_edit_servers_and_a_skill_with_a_refusal_first(
     assert [s["name"] for s in stored["skills"]] == ["release-notes"]
     assert stored["skills"][0]["body"] == "# Notes\nOne line per change."
     shoot(page, shots, "agent-capabilities")
+    # The section alone (docs/web/agent-capabilities.png is this one).
+    page.locator("#agent-capabilities").screenshot(
+        path=str(shots / "agent-capabilities-section.png")
+    )
     context.close()
 
 
