@@ -18,7 +18,13 @@ adds its own sandbox start on top of both sides of the start pair equally, and t
 tool shell (`tool_shell.py`) runs for `bash` but never for an MCP call (OpenCode spawns
 the MCP server directly). Prints medians and ratios; the load average with them.
 
-Usage: scripts/bench capabilities [--runs N]   (N ≥ 3, default 5 starts, 4×N calls)
+With `--sandboxed` the same pairs go through the Computer's own warm way instead (the
+real launcher and sandbox, `crew_testkit.engine_rig.EngineRig`, the agent's capabilities
+in its `TurnRequest` as the runner passes them): the first turn of a fresh warm server
+(sandbox + `opencode serve` start + the turn) for an agent without and with the MCP
+server, and warm turns with an MCP call, a bash call (through the tool shell) and none.
+
+Usage: scripts/bench capabilities [--runs N] [--sandboxed]   (N ≥ 3, default 5)
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -179,9 +186,17 @@ def ms(value: float) -> str:
     return f"{value * 1000:7.1f} ms"
 
 
+def spread(values: list[float]) -> str:
+    """Every sample, sorted, in seconds: the spread a median hides on a shared machine."""
+    return "[" + " ".join(f"{v:.2f}" for v in sorted(values)) + "] s"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(prog="scripts/bench capabilities")
     parser.add_argument("--runs", type=int, default=5, help="server starts per side (≥ 3)")
+    parser.add_argument(
+        "--sandboxed", action="store_true", help="through the Computer's warm way and sandbox"
+    )
     args = parser.parse_args()
     if args.runs < 3:
         parser.error("--runs must be at least 3")
@@ -191,6 +206,8 @@ def main() -> int:
     base = Path(tempfile.mkdtemp(prefix="crew-bench-caps-"))
     try:
         with ScriptedModel(Script.parse(SCRIPT)) as model:
+            if args.sandboxed:
+                return anyio.run(sandboxed, base, model, args.runs)
             provider = opencode_provider(model.base_url)
             return run(base, provider, args.runs)
     finally:
@@ -221,14 +238,105 @@ def run(base: Path, provider: dict[str, Any], runs: int) -> int:
                 calls[kind].append(turn(served, text))
     without, with_ = median(ready[False]), median(ready[True])
     print(f"\nserver start → instance ready (n={runs} each)")
-    print(f"  without MCP  median {ms(without)}")
-    print(f"  with 1 MCP   median {ms(with_)}   +{ms(with_ - without)}  ({with_ / without:.2f}×)")
+    print(f"  without MCP  median {ms(without)}   {spread(ready[False])}")
+    print(
+        f"  with 1 MCP   median {ms(with_)}   +{ms(with_ - without)}  ({with_ / without:.2f}×)"
+        f"   {spread(ready[True])}"
+    )
     f0, f1 = median(first[False]), median(first[True])
     print("first turn on that server (bash call vs MCP call)")
     print(f"  without MCP  median {ms(f0)}")
     print(f"  with 1 MCP   median {ms(f1)}   +{ms(f1 - f0)}  ({f1 / f0:.2f}×)")
     m, b, n = (median(calls[k]) for k in ("mcp", "bash", "none"))
     print(f"\nwarm turn with one tool call (n={4 * runs} each, one server with the MCP server)")
+    print(f"  no tool      median {ms(n)}")
+    print(f"  bash call    median {ms(b)}   tool step {ms(b - n)}")
+    print(f"  MCP call     median {ms(m)}   tool step {ms(m - n)}")
+    print(f"  MCP call over bash call: {ms(m - b)}  ({m / b:.2f}×)")
+    print(f"load average after: {os.getloadavg()}")
+    return 0
+
+
+async def sandboxed(base: Path, model: ScriptedModel, runs: int) -> int:
+    """The pairs through the Computer's warm way: launcher, sandbox, warm pool."""
+    from computer_service.engine.base import EngineEvent, TurnRequest, TurnResult
+    from crew_common.capabilities import parse
+    from crew_common.permissions import PermissionPolicy
+    from crew_testkit.engine_rig import MODEL, EngineRig
+
+    os.environ["HOME"] = str(base / "home")  # EngineRig writes the user's login there
+    (base / "home").mkdir(parents=True)
+    caps = parse(
+        {
+            "mcp_servers": [
+                {"type": "local", "name": "notes", "command": [SYSTEM_PYTHON, str(MCP_STDIO)]}
+            ]
+        }
+    )
+    none = parse({})
+    print(f"OpenCode {OPENCODE} through the Computer's warm way (sandboxed), scripted model")
+    print(f"load average {os.getloadavg()}")
+    async with EngineRig(model, OPENCODE) as rig:
+        for agent_id in ("plain", "mcp"):
+            home = rig.agent(agent_id)
+            shutil.copy(MCP_STDIO, home.paths.work_dir / "mcp_stdio.py")
+
+        async def turn_of(agent_id: str, text: str) -> tuple[float, TurnResult, list[EngineEvent]]:
+            engine = rig.warm
+            home = rig.homes[agent_id]
+            events: list[EngineEvent] = []
+
+            async def on_event(event: EngineEvent) -> None:
+                events.append(event)
+
+            request = TurnRequest(
+                agent_id=agent_id,
+                model=MODEL,
+                plan=engine.plan_session(agent_id, MODEL, home.agents_md),
+                render_input=lambda new: text,
+                wall_clock_limit_s=120.0,
+                permission=PermissionPolicy(),
+                capabilities=caps if agent_id == "mcp" else none,
+            )
+            started = time.perf_counter()
+            result = await engine.run_turn(request, on_event, anyio.Event())
+            elapsed = time.perf_counter() - started
+            if result.status != "succeeded":
+                raise RuntimeError(f"{agent_id} {text}: {result.failure}")
+            return elapsed, result, events
+
+        async def stop_server(agent_id: str) -> None:
+            if (server := rig.pool.servers.get(agent_id)) is not None:
+                await rig.pool.discard(server)
+
+        first: dict[bool, list[float]] = {False: [], True: []}
+        for agent_id in ("plain", "mcp"):  # warm-up: page in, first sessions
+            await turn_of(agent_id, "hello")
+            await stop_server(agent_id)
+        for i in range(runs):
+            order = (False, True) if i % 2 == 0 else (True, False)
+            for with_mcp in order:
+                agent_id = "mcp" if with_mcp else "plain"
+                elapsed, _, _ = await turn_of(agent_id, "CALL-BASH")
+                first[with_mcp].append(elapsed)
+                await stop_server(agent_id)
+        _, _, events = await turn_of("mcp", "CALL-MCP")
+        outputs = [e.data.get("output", "") for e in events if e.type == "tool_use"]
+        if not any("MCP-ECHO-MARKER" in o for o in outputs):
+            raise RuntimeError(f"the MCP tool call did not answer: {outputs}")
+        calls: dict[str, list[float]] = {"mcp": [], "bash": [], "none": []}
+        kinds = [("mcp", "CALL-MCP"), ("bash", "CALL-BASH"), ("none", "hello")]
+        for i in range(4 * runs):
+            for kind, text in kinds[i % 3 :] + kinds[: i % 3]:
+                calls[kind].append((await turn_of("mcp", text))[0])
+    f0, f1 = median(first[False]), median(first[True])
+    print(f"\nfirst turn of a fresh warm server: sandbox + server start + a bash turn (n={runs})")
+    print(f"  without MCP  median {ms(f0)}   {spread(first[False])}")
+    print(
+        f"  with 1 MCP   median {ms(f1)}   +{ms(f1 - f0)}  ({f1 / f0:.2f}×)   {spread(first[True])}"
+    )
+    m, b, n = (median(calls[k]) for k in ("mcp", "bash", "none"))
+    print(f"\nwarm turn with one tool call (n={4 * runs} each, the agent with the MCP server)")
     print(f"  no tool      median {ms(n)}")
     print(f"  bash call    median {ms(b)}   tool step {ms(b - n)}")
     print(f"  MCP call     median {ms(m)}   tool step {ms(m - n)}")

@@ -385,3 +385,34 @@ def test_a_hostile_mcp_server_is_contained_like_any_tool(chain: Chain) -> None:
     # The other agent carries on.
     chain.script(call_then_reply("INNOCENT-2", [bash("ls")]))
     one_turn(chain, innocent, "INNOCENT-2: still there?", count=2)
+
+
+# ---------------------------------------------------------------- the scripted model's view
+
+
+def test_a_recorded_request_names_its_tools_and_its_system_text() -> None:
+    body = {
+        "messages": [
+            {"role": "system", "content": "You are opencode."},
+            {"role": "system", "content": [{"type": "text", "text": "<available_skills>"}]},
+            {"role": "user", "content": "hello <available_skills> not here"},
+        ],
+        "tools": [
+            {"type": "function", "function": {"name": "notes_echo_note"}},
+            {"type": "function", "function": {"name": "bash"}},
+        ],
+    }
+    request = RecordedRequest(
+        number=1,
+        at=0.0,
+        kind="chat",
+        stream=True,
+        rule=None,
+        answer="text",
+        authorization=None,
+        session=None,
+        body=body,
+    )
+    assert request.tool_names() == ["bash", "notes_echo_note"]
+    assert request.system_text() == "You are opencode.\n<available_skills>"
+    assert "hello" not in request.system_text()
