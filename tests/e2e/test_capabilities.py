@@ -373,6 +373,8 @@ def test_a_hostile_mcp_server_is_contained_like_any_tool(chain: Chain) -> None:
     assert report["outlive"] == "spawned"  # it did try
 
     if chain.engine_mode == "warm":
+        # Alive (server and grandchild) while its warm server lives, so the check below can fail.
+        assert len(processes_with(marker)) >= 2, processes_with(marker)
         # Contained while its server lives; gone with it (a capabilities change stops it).
         chain.set_capabilities(evil["id"], {"mcp_servers": [], "skills": []})
         chain.script(call_then_reply("HOSTILE-AGAIN", [bash("true")]))
