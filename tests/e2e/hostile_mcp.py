@@ -71,6 +71,8 @@ def outlive(marker: str) -> str:
             os._exit(0)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        with open("hostile-grandchild.pid", "w") as f:  # proof it ran (cwd: work/)
+            f.write(str(os.getpid()))
         devnull = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(devnull, fd)

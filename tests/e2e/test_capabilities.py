@@ -370,11 +370,13 @@ def test_a_hostile_mcp_server_is_contained_like_any_tool(chain: Chain) -> None:
         assert got.startswith("errno:"), (path, got)
     assert not planted.exists()
     assert not (other_agents_md.parent / "planted").exists()
-    assert report["outlive"] == "spawned"  # it did try
+    assert report["outlive"] == "spawned"  # it did try: the grandchild ran
+    assert (chain.crew_home / "agents" / evil["id"] / "work" / "hostile-grandchild.pid").exists()
 
     if chain.engine_mode == "warm":
-        # Alive (server and grandchild) while its warm server lives, so the check below can fail.
-        assert len(processes_with(marker)) >= 2, processes_with(marker)
+        # The MCP server lives as long as its warm server (so the check below can fail);
+        # its setsid grandchild is already gone: the launcher sweeps what a turn left behind.
+        assert processes_with(marker)
         # Contained while its server lives; gone with it (a capabilities change stops it).
         chain.set_capabilities(evil["id"], {"mcp_servers": [], "skills": []})
         chain.script(call_then_reply("HOSTILE-AGAIN", [bash("true")]))
