@@ -5,7 +5,8 @@ Measured side by side in one run (interleaved, so machine load hits all alike):
 - `crew --help`: start-up with no request;
 - `crew reply` round trip (process start to exit) against a local reference
   server, both as the console script and as the Computer's wrapper runs it
-  (`python -I -m crew_shim`);
+  (`bin/crew`: `python -I -S`, the shim loaded by location; and the former
+  `python -I -m crew_shim`, which paid for `site` and the venv's finder);
 - for the record, what importing httpx or http.client would add.
 
 Prints absolute medians and ratios to `python -c pass`. Target (quality.md):
@@ -28,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 
+from computer_service.run_dir import crew_wrapper_script  # noqa: E402
 from crew_testkit.crew_server_proc import CrewServer, start_crew_server  # noqa: E402
 
 PYTHON = sys.executable
@@ -47,6 +49,9 @@ def main() -> int:
         server = start_crew_server(tmp)
         try:
             env, room = _agent_in_a_dm(server, tmp)
+            wrapper_file = tmp / "crew-wrapper"
+            wrapper_file.write_text(crew_wrapper_script(PYTHON))
+            wrapper_file.chmod(0o700)
             body = b'Benchmark reply: `code`, $(not run) and "quotes".\n'
 
             def run(argv: list[str], stdin: bytes = b"") -> Callable[[], None]:
@@ -68,6 +73,9 @@ def main() -> int:
                 "python -I -m crew_shim reply (round trip)": run(
                     [PYTHON, "-I", "-m", "crew_shim", "reply", room], body
                 ),
+                "bin/crew wrapper reply (round trip)": run(
+                    [str(wrapper_file), "reply", room], body
+                ),
             }
             for once in cases.values():  # warm the page cache and .pyc files
                 once()
@@ -87,7 +95,7 @@ def main() -> int:
         median = statistics.median(samples)
         print(f"{name:45} {median * 1000:7.1f}ms {median / floor:6.2f}×")
     ratio = statistics.median(times["crew reply (round trip)"]) / floor
-    wrapper = statistics.median(times["python -I -m crew_shim reply (round trip)"]) / floor
+    wrapper = statistics.median(times["bin/crew wrapper reply (round trip)"]) / floor
     verdict = "met" if max(ratio, wrapper) <= TARGET else "NOT met"
     print(
         f"target: reply round trip ≤ {TARGET}× python -c pass — {verdict} "

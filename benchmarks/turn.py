@@ -47,12 +47,19 @@ each managed (post → finished) and by hand, and prints
 server's resident memory after 20 turns and the first reply after an idle
 stop with and without the prewarm hint (`benchmarks/prewarm.py`).
 
-Usage: scripts/bench turn --engine warm|cold [--runs N]
+It also runs reply turns (one model call that runs `crew reply`, one that ends the
+turn) and prints, from their traces (computer_service/turn_trace.py; the server adds
+when the reply arrived and was stored), the median of each step of the critical path,
+post → reply stored median and p95, OpenCode's own work and our overhead beyond it
+(`critical_path` says how each is computed). `--trace-only`: the reply turns alone.
+
+Usage: scripts/bench turn --engine warm|cold [--runs N] [--trace-only]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import queue
 import re
@@ -83,7 +90,7 @@ from computer_service.engine.user_opencode import (  # noqa: E402
 from crew_common.launcher_wire import EngineArgs, RunRequest  # noqa: E402
 from crew_common.layout import AgentPaths  # noqa: E402
 from crew_harness.demo import LocalStack, local_stack  # noqa: E402
-from crew_harness.scripted_model import scenario  # noqa: E402
+from crew_harness.scripted_model import ROOM_ID, crew_reply_command, scenario  # noqa: E402
 from crew_harness.waiting import wait_until  # noqa: E402
 from sandbox_launcher.backend import Backend, open_backend  # noqa: E402
 from sandbox_launcher.launcher import Launcher, LauncherConfig  # noqa: E402
@@ -384,10 +391,15 @@ def main() -> int:
     parser.add_argument(
         "--engine", choices=["warm", "cold"], help="compare this engine with opencode run"
     )
+    parser.add_argument(
+        "--trace-only",
+        action="store_true",
+        help="with --engine: only the reply turns and their critical path (quicker)",
+    )
     args = parser.parse_args()
     runs = max(5, args.runs)
     if args.engine:
-        return engine_main(args.engine, runs)
+        return engine_main(args.engine, runs, args.trace_only)
     managed: list[float] = []
     by_hand: list[float] = []
     bare: list[float] = []  # by hand, without the network namespace
@@ -527,17 +539,31 @@ def main() -> int:
     return 0
 
 
-ENGINE_SCRIPT = {"rules": [{"match": "TOOLTURN", "reply": {"bash": "echo hello > out.txt"}}]}
+ENGINE_SCRIPT = {
+    "rules": [
+        {"match": "TOOLTURN", "reply": {"bash": "echo hello > out.txt"}},
+        # The reply turn: one model call that runs `crew reply`, one more that ends the turn.
+        {
+            "role": "user",
+            "match": "REPLYTURN",
+            "capture": {"room": rf"crew reply ({ROOM_ID})"},
+            "reply": {"bash": crew_reply_command("room", "ok")},
+        },
+    ]
+}
 ENGINE_KINDS = {"trivial": "Please say ok.", "tool": "TOOLTURN: please write out.txt."}
+REPLY_BODY = "REPLYTURN: please answer."
 
 
-def engine_main(engine: str, runs: int) -> int:
-    """`--engine`: one engine against `opencode run`, trivial and tool turns (module doc)."""
+def engine_main(engine: str, runs: int, trace_only: bool = False) -> int:
+    """`--engine`: one engine against `opencode run`, trivial and tool turns (module doc),
+    and the reply turns whose traces give the critical path (`--trace-only`: those alone)."""
     from crew_harness.scripted_model import Script
 
     times: dict[str, list[float]] = {
-        f"{e} {k}": [] for e in (engine, "by hand") for k in ENGINE_KINDS
+        f"{e} {k}": [] for e in (engine, "by hand") for k in ENGINE_KINDS if not trace_only
     }
+    times[f"{engine} reply"] = []
     load_before = os.getloadavg()[0]
     with local_stack(
         script=Script.parse(ENGINE_SCRIPT), price_in_config=True, engine_mode=engine
@@ -559,14 +585,20 @@ def engine_main(engine: str, runs: int) -> int:
         first = managed(ENGINE_KINDS["trivial"])  # warm: starts the server, boots its instance
         turns = 1
         hand: dict[str, HandRun] = {}
-        for kind, body in ENGINE_KINDS.items():
+        kinds = {} if trace_only else ENGINE_KINDS
+        for kind, body in kinds.items():
             managed(body)
             last = stack.finished_turn(agent["id"], turns, 30)
             turns += 1
             hand[kind] = hand_run(stack, agent["id"], last["input"], session_of(stack, agent["id"]))
             timed_hand_run(hand[kind], True)  # the hand runs' warm-up (own network, as managed)
+        managed(REPLY_BODY)  # the reply turn's warm-up
+        turns += 1
         for i in range(runs):
-            for kind, body in ENGINE_KINDS.items():
+            times[f"{engine} reply"].append(managed(REPLY_BODY))
+            turns += 1
+            time.sleep(0.2)
+            for kind, body in kinds.items():
                 pair = {
                     engine: lambda b=body: managed(b),
                     "by hand": lambda k=kind: timed_hand_run(hand[k], True),
@@ -580,14 +612,26 @@ def engine_main(engine: str, runs: int) -> int:
                 + ", ".join(f"{name} {values[-1]:.3f} s" for name, values in times.items()),
                 flush=True,
             )
-        while turns < 21:  # the memory figure is after 20 turns
+        while turns < 21 and not trace_only:  # the memory figure is after 20 turns
             managed(ENGINE_KINDS["tool" if turns % 2 else "trivial"])
             turns += 1
         with stack.computer.introspection() as local:
             row = local.get(f"/agents/{agent['id']}").json()
-        listed = stack.call("GET", "/api/turns", params={"agent_id": agent["id"]})
+        listed = stack.call("GET", "/api/turns", params={"agent_id": agent["id"], "limit": 200})
         if any(t["status"] != "succeeded" for t in listed):
             raise SystemExit(f"not every managed turn succeeded: {[t['status'] for t in listed]}")
+        # The timed reply turns (oldest first, the warm-up left out): their traces.
+        replies = [
+            stack.call("GET", f"/api/turns/{t['id']}")
+            for t in reversed(listed)
+            if REPLY_BODY in t["input"]
+        ][1:]
+        if len(replies) != runs or any(
+            not t["trace"] or "reply_stored" not in t["trace"] for t in replies
+        ):
+            raise SystemExit(
+                f"a reply turn has no reply in its trace: {[t['trace'] for t in replies]}"
+            )
     load_after = os.getloadavg()[0]
     print()
     print(f"turn --engine {engine}: real opencode, scripted model, managed post → finished")
@@ -601,8 +645,10 @@ def engine_main(engine: str, runs: int) -> int:
         f"  first turn (post → finished)   {first:.3f} s"
         + ("  (starts the server)" if engine == "warm" else "")
     )
+    for line in critical_path(replies):
+        print(line)
     state = row.get("engine") or {}
-    if engine == "warm":
+    if engine == "warm" and not trace_only:
         rss = state.get("warm_rss_bytes")
         shown = f"{rss / 2**20:.0f} MiB" if isinstance(rss, int) else "unknown"
         print(f"  warm server RSS after {turns} turns   {shown}")
@@ -615,6 +661,89 @@ def engine_main(engine: str, runs: int) -> int:
 
         print("  " + first_reply_line(first_replies(max(3, runs // 2))))
     return 0
+
+
+# A trace's steps in their order on the reply's path (computer_service/turn_trace.py; the
+# server adds reply_received and reply_stored), and what each step's time is.
+PATH = [
+    ("post", "message posted"),
+    ("wake", "wake-up reached the runner"),
+    ("claimed", "claim answered"),
+    ("registered", "registration answered"),
+    ("server_ready", "warm server handed out"),
+    ("prompt_sent", "prompt sent to the warm server"),
+    ("engine_accepted", "prompt accepted / process started"),
+    ("first_token", "first model event"),
+    ("reply_received", "`crew reply` reached the server"),
+    ("reply_stored", "reply stored"),
+]
+
+
+def p95(values: list[float]) -> float:
+    """The 95th percentile, nearest rank (with few runs: the largest but the top 5 %)."""
+    ordered = sorted(values)
+    return ordered[max(0, -(-len(ordered) * 95 // 100) - 1)]
+
+
+def reply_call_ms(turn: dict[str, Any]) -> int:
+    """How long the turn's `crew reply` bash call took, as OpenCode measured it (its
+    `tool_use` event's duration: our tool shell, bash, `crew` and its HTTP round trip)."""
+    for event in turn["events"]:
+        data = event["data"]
+        called = orjson.dumps(data.get("input")).decode()
+        took = data.get("duration_ms")
+        if event["type"] == "tool_use" and "crew reply" in called and isinstance(took, int):
+            return took
+    raise SystemExit(f"turn {turn['id']} has no timed crew reply call")
+
+
+def critical_path(turns: list[dict[str, Any]]) -> list[str]:
+    """The median time per step of the reply turns, post → reply, and our overhead.
+
+    OpenCode's own work = from the moment it gets the turn (warm: the prompt is sent;
+    cold: its process started) to the reply reaching the server, less the `crew reply`
+    bash call's own duration (OpenCode's measure of it; what runs in it is ours: the tool
+    shell, `crew`, the HTTP round trip — it ends a little after the reply is stored, so
+    this errs on our side). Our overhead = post → reply stored, less OpenCode's own work:
+    the wake-up, the claim, the registration, the turn's preparation, getting the server,
+    the tool call's wrapper and `crew`, and the server storing the reply. The model calls
+    go through our gateway and count as OpenCode's here (`scripts/bench gateway` has them).
+    """
+    traces = [t["trace"] for t in turns]
+    steps = [(k, label) for k, label in PATH if all(k in t for t in traces)]
+    if any(t.get("first_token", 0) > t["reply_received"] for t in traces):
+        # Cold: `opencode run` prints a tool call only once it finished, so the first model
+        # line the Computer sees comes after the reply that call sent: not a step of its path.
+        steps = [(k, label) for k, label in steps if k != "first_token"]
+    lines = [
+        "  critical path of a reply turn (medians of the traces, ms; each step: since the one before):"
+    ]
+    for (before, _), (key, label) in itertools.pairwise(steps):
+        median = statistics.median(t[key] - t[before] for t in traces)
+        lines.append(f"    {before + ' → ' + key:<36} {median:6.0f}   {label}")
+    after = [t["acked"] - t["reply_stored"] for t in traces if "acked" in t]
+    if after:
+        lines.append(
+            f"    {'reply_stored → acked':<36} {statistics.median(after):6.0f}   off the reply's path"
+        )
+    calls = [reply_call_ms(t) / 1000 for t in turns]
+    total = [(t["reply_stored"] - t["post"]) / 1000 for t in traces]
+    own = [
+        (t["reply_received"] - t.get("prompt_sent", t["engine_accepted"])) / 1000 - call
+        for t, call in zip(traces, calls, strict=True)
+    ]
+    ours = [a - b for a, b in zip(total, own, strict=True)]
+    lines += [
+        f"  post → reply stored          median {statistics.median(total):.3f} s  "
+        f"p95 {p95(total):.3f} s  (n={len(total)}; aim ≤ 0.150 s warm)",
+        f"  OpenCode's own work          median {1000 * statistics.median(own):.0f} ms  "
+        "(gets the turn → reply reached the server, less the crew reply call)",
+        f"  the crew reply bash call     median {1000 * statistics.median(calls):.0f} ms  "
+        "(tool shell + bash + crew + its HTTP round trip, OpenCode's measure)",
+        f"  our overhead beyond OpenCode's own work  median {1000 * statistics.median(ours):.0f} ms  "
+        f"p95 {1000 * p95(ours):.0f} ms  (post → reply stored, less OpenCode's own; aim ≤ 40 ms)",
+    ]
+    return lines
 
 
 def session_ready(stack: LocalStack, agent_id: str) -> bool:

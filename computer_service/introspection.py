@@ -180,6 +180,8 @@ class TurnSummary(BaseModel):
     cost: float
     failure_class: str | None
     reason: str | None
+    # Where its time went (turn_trace.py): step → epoch ms, the steps it reached.
+    trace: dict[str, int] = {}
 
 
 class AgentDetail(AgentRow):

@@ -28,9 +28,32 @@ class RunDirectoryError(Exception):
     """Preparing the run directory failed; the message says why."""
 
 
-def crew_wrapper_script(interpreter: str) -> str:
-    """`bin/crew`: run the shim with this interpreter, isolated (no venv, no PYTHONPATH)."""
-    return f'#!/bin/sh\nexec {shlex.quote(interpreter)} -I -m crew_shim "$@"\n'
+def crew_wrapper_script(interpreter: str, shim_dir: Path | None = None) -> str:
+    """`bin/crew`: run the shim with this interpreter, isolated (no venv, no PYTHONPATH).
+
+    `-S` as well: `site` (the venv's `.pth` files, an editable install's finder) cost
+    more than the shim's own start, on the path of every reply (issue 26's trace). The
+    shim needs only the standard library and itself, so the package is loaded from its
+    own directory (`shim_dir`, the one directory of it the sandbox grants) by location:
+    nothing is looked up on a path.
+    """
+    if shim_dir is None:
+        shim_dir = _shim_dir()
+    package = str(shim_dir)
+    boot = (
+        "import sys, importlib.util as u; "
+        f"s = u.spec_from_file_location('crew_shim', {package + '/__init__.py'!r}, "
+        f"submodule_search_locations=[{package!r}]); "
+        "m = u.module_from_spec(s); sys.modules['crew_shim'] = m; s.loader.exec_module(m); "
+        "from crew_shim.__main__ import main; sys.exit(main())"
+    )
+    return f'#!/bin/sh\nexec {shlex.quote(interpreter)} -I -S -c {shlex.quote(boot)} "$@"\n'
+
+
+def _shim_dir() -> Path:
+    import crew_shim
+
+    return Path(crew_shim.__file__).resolve().parent
 
 
 class RunDirectory:
@@ -97,9 +120,7 @@ class RunDirectory:
         own directory is granted, not the checkout around it: the shim imports
         nothing but itself and the standard library (tests/launcher/test_shim_in_sandbox.py).
         """
-        import crew_shim
-
-        shim_dir = Path(crew_shim.__file__).resolve().parent
+        shim_dir = _shim_dir()
         candidates = [
             Path(sys.prefix),
             Path(sys.base_prefix),

@@ -37,6 +37,7 @@ from computer_service.gate import TurnGate
 from computer_service.metrics import Metrics
 from computer_service.reporter import RunReporter
 from computer_service.turn_identity import TurnIdentityFile
+from computer_service.turn_trace import TurnTrace, epoch_ms_of, now_ms
 from computer_service.upstream import (
     AgentRecord,
     ClaimedRooms,
@@ -116,6 +117,8 @@ class TurnRecord:
     cost: float
     failure_class: str | None
     reason: str | None
+    # Where its time went (turn_trace.py): step → epoch ms.
+    trace: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -191,6 +194,10 @@ class Runner:
         self._retry_firm = False
         self.recent: deque[TurnRecord] = deque(maxlen=RECENT_TURNS)
         self._woken = anyio.Event()
+        # When the first wake-up for the next turn came (epoch ms; its trace's `wake`).
+        self._woken_at_ms: int | None = None
+        # Where the current turn's time goes (turn_trace.py); a new one per turn.
+        self.trace = TurnTrace()
         # A person's Wake: the next sleep ends at once, a firm retry time too.
         self._wake_now = False
         # A stop for the turn being registered now (`stop_turn_of`).
@@ -212,6 +219,8 @@ class Runner:
             return
         if now:
             self._wake_now = True
+        if self._woken_at_ms is None:
+            self._woken_at_ms = now_ms()
         self.pending_wake = True
         self._woken.set()
         self._changed()
@@ -252,6 +261,7 @@ class Runner:
         unread on the server."""
         if not self._wake_now:
             self.pending_wake = False
+            self._woken_at_ms = None
             self._woken = anyio.Event()
 
     def close(self) -> None:
@@ -276,6 +286,10 @@ class Runner:
                     break
                 self._woken = anyio.Event()
                 self.pending_wake = False
+                self.trace = TurnTrace()
+                if self._woken_at_ms is not None:
+                    self.trace.mark("wake", self._woken_at_ms)
+                    self._woken_at_ms = None
                 try:
                     await self._turn()
                 except Exception:
@@ -393,6 +407,7 @@ class Runner:
                 return
             if rooms is GONE:
                 return
+            self.trace.mark("claimed")
             self._note_hold(rooms)
             if not rooms:
                 self._retries.forget()
@@ -408,6 +423,14 @@ class Runner:
         self, rooms: list[UnreadRoom], stop: anyio.Event, started: float
     ) -> None:
         agent = self.agent
+        posted = [
+            at
+            for r in rooms
+            for m in r.messages
+            if (at := epoch_ms_of((m.model_extra or {}).get("created_at"))) is not None
+        ]
+        if posted:
+            self.trace.mark("post", max(posted))
         plan = self._engine.plan_session(agent.id, agent.model, self._workspace.agents_md)
         turn_input = self._workspace.render_input(rooms, plan.is_new)
         turn_rooms = [
@@ -430,6 +453,7 @@ class Runner:
             return
         if turn is GONE:
             return
+        self.trace.mark("registered")
         if self._turn_identity is not None:
             self._turn_identity.hand_out(turn.turn_secret)
         self.current_turn_id = turn.turn_id
@@ -462,6 +486,7 @@ class Runner:
             permission=agent.permission,
             approvals=TurnApprovals(self._upstream, turn.turn_id),
             capabilities=agent.capabilities,
+            mark=self.trace.mark,
         )
         outcome = await self._run_engine(turn, request, stop, {r.room.id for r in rooms})
         if self._turn_identity is not None:
@@ -516,6 +541,7 @@ class Runner:
             async with reporter:
 
                 async def on_event(event: EngineEvent) -> None:
+                    self.trace.saw_event(event.type)
                     replies.see(event)
                     if event.type == "egress_denied":
                         self._metrics.egress_denied(
@@ -577,6 +603,7 @@ class Runner:
             return Outcome("failed", failure, result.usage, count)
         if acked is GONE:
             return Outcome("cancelled", None, result.usage, count)
+        self.trace.mark("acked")
         return Outcome("succeeded", None, result.usage, count)
 
     async def _ack_answered(self, turn: RegisteredTurn, *, checked: bool) -> bool:
@@ -648,6 +675,7 @@ class Runner:
                             event_count=outcome.event_count,
                             engine_input=outcome.engine_input,
                             gateway_usage=usage.gateway,
+                            trace=self.trace.as_upstream(),
                         ),
                     )
                 )
@@ -670,6 +698,7 @@ class Runner:
                 cost=usage.cost,
                 failure_class=failure.cls.value if failure is not None else None,
                 reason=failure.reason if failure is not None else None,
+                trace=self.trace.as_upstream(),
             )
         )
         self._publish(

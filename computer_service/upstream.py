@@ -435,6 +435,7 @@ class Upstream:
         event_count: int | None = None,
         engine_input: str | None = None,
         gateway_usage: dict[str, Any] | None = None,
+        trace: dict[str, int] | None = None,
     ) -> None:
         """`POST /computer/turns/{id}/finish`: the turn's result.
 
@@ -442,7 +443,8 @@ class Upstream:
         server records a missing tail as a gap. `engine_input` is the input the
         engine got when it is not the registered one (a vanished session restarted).
         `gateway_usage` is what the model gateway counted over the turn (upstream's
-        `GatewayUsage`); None when no gateway ran.
+        `GatewayUsage`); None when no gateway ran. `trace`: where the turn's time went
+        (`turn_trace.TurnTrace.as_upstream`).
         """
         body: dict[str, Any] = {
             "fence": fence,
@@ -456,6 +458,8 @@ class Upstream:
             body["input"] = engine_input
         if gateway_usage is not None:
             body["gateway_usage"] = gateway_usage
+        if trace:
+            body["trace"] = trace
         await self._call_raw("POST", f"/computer/turns/{turn_id}/finish", body)
 
     async def ack(

@@ -50,7 +50,15 @@ from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 NAME_PATTERN = r"^[a-z0-9]+(-[a-z0-9]+)*$"
 MAX_SERVER_NAME = 32
@@ -116,6 +124,15 @@ ServerName = Annotated[
         "model and in permission rules",
     ),
 ]
+
+
+def _integral(value: Any) -> Any:
+    """JSON `3.0` is the integer 3 (JSON Schema agrees); strict mode still refuses `true`, `"3"`."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
 TimeoutMs = Annotated[
     int,
     Field(
@@ -123,6 +140,7 @@ TimeoutMs = Annotated[
         le=MAX_TIMEOUT_MS,
         description="how long OpenCode waits for the server (null: OpenCode's default)",
     ),
+    BeforeValidator(_integral),
 ]
 
 

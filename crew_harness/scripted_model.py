@@ -514,6 +514,16 @@ class RecordedRequest(BaseModel):
         messages = self.body.get("messages") or []
         return message_text(messages[-1]) if messages else ""
 
+    def tool_names(self) -> list[str]:
+        """The names of the tools the request offers the model (an MCP tool is `<server>_<tool>`)."""
+        tools = self.body.get("tools") or []
+        return sorted(str((t.get("function") or {}).get("name")) for t in tools)
+
+    def system_text(self) -> str:
+        """The text of the request's system messages (where OpenCode lists the skills)."""
+        messages = self.body.get("messages") or []
+        return "\n".join(message_text(m) for m in messages if m.get("role") == "system")
+
 
 class ModelState:
     """The script, the counters and the record, shared by the app and its owner."""

@@ -511,6 +511,21 @@ class GatewayUsage(BaseModel):
     )
 
 
+# The steps of a turn's trace (issue 26) the Computer records, in their order on the
+# critical path; the server adds `reply_received` and `reply_stored` itself.
+ComputerTraceStep = Literal[
+    "post",
+    "wake",
+    "claimed",
+    "registered",
+    "server_ready",
+    "prompt_sent",
+    "engine_accepted",
+    "first_token",
+    "acked",
+]
+
+
 class TurnFinish(Request):
     fence: Int
     status: Literal["succeeded", "failed", "cancelled"]
@@ -528,6 +543,11 @@ class TurnFinish(Request):
         description="the input the engine got, when it is not the one registered: the saved "
         "session had vanished and the turn ran in a new one (with a new session's input); "
         "it replaces the recorded input",
+    )
+    trace: dict[ComputerTraceStep, Count] | None = Field(
+        default=None,
+        description="where the turn's time went: each step the Computer saw (`post` is the "
+        "newest claimed message's time) as epoch milliseconds; steps it did not reach are left out",
     )
 
 
@@ -1009,6 +1029,12 @@ class Turn(BaseModel):
     gaps: list[Gap]
     started_at: str
     finished_at: str | None
+    trace: dict[str, int] | None = Field(
+        default=None,
+        description="step → epoch milliseconds: the Computer's steps (see TurnFinish.trace) "
+        "and the server's `reply_received`/`reply_stored` of the turn's first reply; "
+        "null for a turn without any",
+    )
 
 
 class TurnWithEvents(Turn):

@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -46,6 +46,7 @@ from sandbox_launcher.network import (
     missing_reason,
     sandbox_resolver,
 )
+from sandbox_launcher.nft_helper import NftSpare
 from sandbox_launcher.policy import SandboxPolicy
 from sandbox_launcher.seatbelt import SANDBOX_EXEC, seatbelt_argv, seatbelt_egress_refusal
 from sandbox_launcher.tool_shell import (
@@ -143,6 +144,8 @@ class BwrapBackend:
     linux_mode: LinuxMode
     pasta: PastaTools | None = None  # None only in tests of the argv alone
     name: Literal["bwrap", "seatbelt"] = "bwrap"
+    # The next sandbox's firewall helper, started ahead (network.py: cold start).
+    spare: NftSpare | None = field(default=None, compare=False, repr=False)
 
     @property
     def mode(self) -> Literal["hybrid", "tmpfs"]:
@@ -170,7 +173,7 @@ class BwrapBackend:
         if self.pasta is None:
             return None
         # Looked up per run: the host's resolver changes with its network.
-        return SandboxNetwork(self.pasta, plan, sandbox_resolver())
+        return SandboxNetwork(self.pasta, plan, sandbox_resolver(), self.spare)
 
 
 @dataclass(frozen=True)
@@ -244,7 +247,8 @@ def open_backend(
             raise SandboxUnavailable(missing_reason())
     except SandboxUnavailable as exc:
         return None, SandboxHealth(ok=False, backend="bwrap", reason=str(exc))
-    backend = BwrapBackend(tools, mode, pasta)
+    spare = NftSpare(sys.executable, pasta.nftables) if pasta.nftables is not None else None
+    backend = BwrapBackend(tools, mode, pasta, spare=spare)
     no_rg = tools.tool_shells is not None and system_programs()["rg"] is None
     slow_shell = tools.tool_shells is not None and not (tools.tool_shells / NATIVE_NAME).exists()
     return backend, SandboxHealth(

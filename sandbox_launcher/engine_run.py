@@ -71,11 +71,20 @@ def become_subreaper() -> None:
     We reap them per group (`reap_group`); otherwise they would wait as zombies
     for an init that, in some containers, never reaps.
     """
+    global _subreaper
     if not sys.platform.startswith("linux"):
         return
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         log.warning("prctl(PR_SET_CHILD_SUBREAPER) failed: errno %s", ctypes.get_errno())
+        return
+    _subreaper = True
+
+
+# Once we are our runs' subreaper, every member of a run's group is a descendant of ours
+# (a run is its own session: nothing else joins its group; its orphans come to us).
+_subreaper = False
+MAX_DESCENDANTS = 4096
 
 
 def reap_group(pgid: int) -> None:
@@ -99,9 +108,11 @@ def group_alive(pgid: int) -> bool:
         return False
     if not os.path.isdir("/proc/self"):
         return True
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    # Our descendants only, when that is all a group can hold: a few reads, not all of /proc.
+    candidates = _descendants(os.getpid()) if _subreaper else None
+    if candidates is None:
+        candidates = [int(e) for e in os.listdir("/proc") if e.isdigit()]
+    for entry in candidates:
         try:
             with open(f"/proc/{entry}/stat", "rb") as f:
                 stat = f.read()
@@ -112,6 +123,34 @@ def group_alive(pgid: int) -> bool:
         if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != b"Z":
             return True
     return False
+
+
+def _descendants(pid: int) -> list[int] | None:
+    """Every descendant of `pid` (through each thread's `children`); None when that list
+    cannot be read (no CONFIG_PROC_CHILDREN) or is too long: look at all of /proc then."""
+    found: list[int] = []
+    level = [pid]
+    while level:
+        below = []
+        for parent in level:
+            try:
+                tasks = os.listdir(f"/proc/{parent}/task")
+            except OSError:
+                continue  # gone meanwhile
+            for tid in tasks:
+                try:
+                    with open(f"/proc/{parent}/task/{tid}/children", "rb") as f:
+                        below += [int(x) for x in f.read().split()]
+                except FileNotFoundError:
+                    if parent == pid:
+                        return None  # this kernel has no `children` files
+                except OSError:
+                    continue
+        found += below
+        if len(found) > MAX_DESCENDANTS:
+            return None
+        level = below
+    return found
 
 
 def spawn_cwd(env: dict[str, str]) -> str | None:

@@ -116,6 +116,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -127,7 +128,7 @@ from crew_common.egress import EgressPolicy, not_public_networks
 from sandbox_launcher.denials import DENIED_SETS, Denial, DenialLog, merge_counts
 from sandbox_launcher.egress_dns import EgressResolver, SetFiller, ask_upstream
 from sandbox_launcher.limits import DEFAULT_MAX_CONNECTIONS
-from sandbox_launcher.nft_helper import NftError, NftHelper
+from sandbox_launcher.nft_helper import NftError, NftHelper, NftSpare
 
 log = logging.getLogger(__name__)
 
@@ -642,7 +643,11 @@ class SandboxNetwork:
     """
 
     def __init__(
-        self, tools: PastaTools, plan: NetworkPlan, resolver: tuple[str, str] | None = None
+        self,
+        tools: PastaTools,
+        plan: NetworkPlan,
+        resolver: tuple[str, str] | None = None,
+        spare: NftSpare | None = None,
     ) -> None:
         self.tools = tools
         self.plan = plan
@@ -655,6 +660,18 @@ class SandboxNetwork:
         self._pasta: subprocess.Popen[bytes] | None = None
         self._pasta_log: IO[bytes] | None = None
         self._nft: NftHelper | None = None  # once the firewall is set
+        # The firewall's helper, started now (or taken ready from `spare`): its Python
+        # start runs while bwrap and pasta start, not after them.
+        self._helper: NftHelper | None = None
+        self._spare = spare
+        self._firewall_error: BaseException | None = None
+        if tools.nftables is not None:
+            try:
+                self._helper = (
+                    spare.take() if spare else NftHelper.spawn(sys.executable, tools.nftables)
+                )
+            except NftError as exc:
+                log.warning("the nftables helper did not start ahead: %s", exc)  # retried
         self.denial_log = DenialLog()
         self._filler: SetFiller | None = None
         self._dns: EgressResolver | None = None
@@ -773,17 +790,18 @@ class SandboxNetwork:
             if refusal is not None:
                 raise NetworkUnavailable(refusal)
             return  # `open`: the backend's health says so (NO_FIREWALL_NOTE)
-        self._waiting_for = "the sandbox's firewall"
         shown = self.resolver[0] if self.resolver is not None else HOST_RESOLV_CONF
         ruleset = host_ruleset(self.plan, shown)
         user_fd, net_fd = self._namespace_fds(pid)
         try:
             # setns refuses the user namespace one is in already (EINVAL): enter none then.
             same = _same_namespace(user_fd, "/proc/self/ns/user")
-            self._nft = NftHelper.start(
-                sys.executable, (-1 if same else user_fd, net_fd), self.tools.nftables
-            )
-            self._nft.run(ruleset)
+            helper, self._helper = self._helper, None
+            if helper is None:
+                helper = NftHelper.spawn(sys.executable, self.tools.nftables)
+            self._nft = helper  # closed with the network from here on, whatever happens
+            helper.enter((-1 if same else user_fd, net_fd))
+            helper.run(ruleset)
             self._filler = SetFiller(self._nft.run, NFT_TABLE)
             if self._dns is not None:
                 self._dns.start()
@@ -876,22 +894,37 @@ class SandboxNetwork:
             self._block_w = -1
 
     async def attach(self) -> None:
-        """Attach pasta to the started sandbox and let it go on; raises `NetworkUnavailable`."""
-        with anyio.move_on_after(READY_TIMEOUT_S):
-            pid = None
-            while pid is None:
-                await anyio.wait_readable(self._info_r)
-                pid = self._read_info()
-            while not self._networkable(pid):
-                await anyio.sleep(READY_POLL_S)
-            self._waiting_for = "pasta to start"
-            self._start_pasta(pid)
-            while not self._ready(pid):
-                await anyio.sleep(READY_POLL_S)
-            await anyio.to_thread.run_sync(self._set_firewall, pid)
-            self._release()
-            return
-        raise self._timed_out()
+        """Attach pasta to the started sandbox and let it go on; raises `NetworkUnavailable`.
+
+        Once bwrap's loopback step is done, pasta and the firewall go in side by
+        side (neither needs the other); the sandbox is let go once both are done.
+        """
+        firewall: threading.Thread | None = None
+        try:
+            with anyio.move_on_after(READY_TIMEOUT_S):
+                pid = None
+                while pid is None:
+                    await anyio.wait_readable(self._info_r)
+                    pid = self._read_info()
+                while not self._networkable(pid):
+                    await anyio.sleep(READY_POLL_S)
+                firewall = self._begin_firewall(pid)
+                self._waiting_for = "pasta to start"
+                self._start_pasta(pid)
+                while not self._ready(pid):
+                    await anyio.sleep(READY_POLL_S)
+                self._waiting_for = "the sandbox's firewall"
+                if firewall.is_alive():  # usually done by now: no thread hop then
+                    await anyio.to_thread.run_sync(firewall.join)
+                self._end_firewall()
+                self._release()
+                return
+            raise self._timed_out()
+        finally:
+            if firewall is not None and firewall.is_alive():
+                # Never leave it running on the helper that `close` is about to end.
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(firewall.join)
 
     def attach_blocking(self) -> None:
         """`attach` for synchronous callers (the self-test, `crew-launcher sandbox`)."""
@@ -903,13 +936,37 @@ class SandboxNetwork:
             if time.monotonic() > deadline:
                 raise self._timed_out()
             time.sleep(READY_POLL_S)
-        self._start_pasta(pid)
-        while not self._ready(pid):
-            if time.monotonic() > deadline:
-                raise self._timed_out()
-            time.sleep(READY_POLL_S)
-        self._set_firewall(pid)
+        firewall = self._begin_firewall(pid)
+        try:
+            self._start_pasta(pid)
+            while not self._ready(pid):
+                if time.monotonic() > deadline:
+                    raise self._timed_out()
+                time.sleep(READY_POLL_S)
+            self._waiting_for = "the sandbox's firewall"
+        finally:
+            firewall.join()
+        self._end_firewall()
         self._release()
+
+    def _begin_firewall(self, pid: int) -> threading.Thread:
+        """Set the firewall (`_set_firewall`) in a thread of its own; `_end_firewall` after it."""
+
+        def set_firewall() -> None:
+            try:
+                self._set_firewall(pid)
+            except BaseException as exc:  # handed to the attach, which raises it
+                self._firewall_error = exc
+
+        thread = threading.Thread(target=set_firewall, name="sandbox-firewall", daemon=True)
+        thread.start()
+        return thread
+
+    def _end_firewall(self) -> None:
+        """Raise what setting the firewall raised, if anything."""
+        error, self._firewall_error = self._firewall_error, None
+        if error is not None:
+            raise error
 
     @property
     def waiting_for(self) -> str:
@@ -930,15 +987,23 @@ class SandboxNetwork:
         useful = [line for line in lines if "to syslog" not in line]
         return " / ".join(useful[-3:])[-500:] or "no message"
 
-    def close(self) -> None:
-        """Stop pasta and close every fd. Idempotent; call after the sandbox is gone."""
+    def close(self, wait: bool = False) -> None:
+        """Kill pasta and the firewall's helper, close every fd. Idempotent; call after the
+        sandbox is gone.
+
+        Returns without waiting for them to exit: pasta's exit (its socket pools,
+        ~30 MB of buffers) takes tens of milliseconds, which would sit between the
+        run's end and its exit frame; a thread reaps them (`_reap`), then starts
+        the backend's next spare firewall helper. `wait`: reap them here (the
+        self-test: a launcher reports ready with no zombie of its own).
+        """
         for fd in (self._info_r, self._info_w, self._block_r, self._block_w):
             _close(fd)
         self._info_r = self._info_w = self._block_r = self._block_w = -1
         if self._child is not None:
             _close(self._child)
             self._child = None
-        self._stop_pasta()
+        pasta = self._kill_pasta()
         if self._dns is not None:
             self._dns.close()
             self._dns = None
@@ -946,22 +1011,44 @@ class SandboxNetwork:
             with contextlib.suppress(OSError):
                 os.unlink(self._dns_conf)
             self._dns_conf = None
-        if self._nft is not None:
-            self._nft.close()
-            self._nft = None
+        helpers = [h for h in (self._nft, self._helper) if h is not None]
+        self._nft = self._helper = None
+        for helper in helpers:
+            helper.kill()
+        spare, self._spare = self._spare, None
+        if wait:
+            _reap(pasta, helpers, spare)
+        elif pasta is not None or helpers or spare is not None:
+            # The next spare starts here, at the run's end: not while this run or its
+            # engine start wants the CPU (a cold OpenCode start is CPU-bound).
+            threading.Thread(
+                target=_reap, args=(pasta, helpers, spare), name="sandbox-network-reap", daemon=True
+            ).start()
 
-    def _stop_pasta(self) -> None:
+    def _kill_pasta(self) -> subprocess.Popen[bytes] | None:
+        """SIGKILL pasta (nothing of its is worth a graceful exit; the sandbox is gone)."""
         pasta, self._pasta = self._pasta, None
         if pasta is not None:
             if pasta.poll() is None:
-                # Nothing of pasta's is worth a graceful exit; the sandbox is gone.
                 pasta.kill()
-                pasta.wait()
             else:
                 log.warning("pasta ended with status %s: %s", pasta.returncode, self._log_tail())
         if self._pasta_log is not None:
             self._pasta_log.close()
             self._pasta_log = None
+        return pasta
+
+
+def _reap(
+    pasta: subprocess.Popen[bytes] | None, helpers: list[NftHelper], spare: NftSpare | None
+) -> None:
+    """Wait for what `close` killed (bounded: SIGKILL cannot be ignored); refill `spare`."""
+    if pasta is not None:
+        pasta.wait()
+    for helper in helpers:
+        helper.close()
+    if spare is not None:
+        spare.refill()
 
 
 def _same_namespace(fd: int, path: str) -> bool:

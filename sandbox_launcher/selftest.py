@@ -290,7 +290,7 @@ def _judge(
         )
     except OSError as exc:
         if network:
-            network.close()
+            network.close(wait=True)  # no zombie of it once the launcher is ready
         return f"the sandbox could not be started: {exc}"
     try:
         if network:
@@ -309,7 +309,7 @@ def _judge(
     finally:
         _reap_leftovers(process.pid)
         if network:
-            network.close()
+            network.close(wait=True)  # no zombie of it once the launcher is ready
     returncode = process.returncode
     stdout = out.decode("utf-8", "replace")
     stderr = err.decode("utf-8", "replace").strip()

@@ -153,7 +153,44 @@ def _all_pids() -> Iterator[int]:
 
 
 def find_server_pid(outer_pid: int) -> int | None:
-    """The host pid of the process that is pid 2 of the namespace below `outer_pid`."""
+    """The host pid of the process that is pid 2 of the namespace below `outer_pid`.
+
+    Looked for among `outer_pid`'s descendants first (a few reads: the start
+    waits for it), then in the whole of /proc (a kernel without `children`).
+    """
+    found = _pid_two_below(outer_pid)
+    return found if found is not None else _scan_for_pid_two(outer_pid)
+
+
+def _children(pid: int) -> list[int]:
+    """`pid`'s children, from every thread's `children` list ([] when it is gone)."""
+    found = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                found += [int(x) for x in f.read().split()]
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def _pid_two_below(outer_pid: int, depth: int = 4) -> int | None:
+    """Breadth first down from `outer_pid` (bwrap, its init, the server): pid 2 inside."""
+    level = [outer_pid]
+    for _ in range(depth):
+        level = [child for pid in level for child in _children(pid)][:256]
+        for pid in level:
+            entry = proc_entry(pid)
+            if entry is not None and len(entry.ns_pids) >= 2 and entry.ns_pids[-1] == 2:
+                return pid
+    return None
+
+
+def _scan_for_pid_two(outer_pid: int) -> int | None:
     for pid in _all_pids():
         entry = proc_entry(pid)
         if entry is None or len(entry.ns_pids) < 2 or entry.ns_pids[-1] != 2:
@@ -363,7 +400,8 @@ class WarmServer:
                 )
             if time.monotonic() > deadline:
                 raise ServerFailed(f"opencode serve did not listen within {timeout_s:.0f} s")
-            await anyio.sleep(_POLL_S)
+            # Woken by the line itself (not the next poll): the start is on a turn's path.
+            await anyio.to_thread.run_sync(self._listening.wait, _POLL_S)
         pid = await anyio.to_thread.run_sync(find_server_pid, self.process.pid)
         if pid is None:
             raise ServerFailed("the server's process could not be found in its namespace")

@@ -140,6 +140,9 @@ class TurnRequest:
     # Its own MCP servers and skills (issue 27, `crew_common.capabilities`), secrets in clear:
     # materialised into the engine's config by `engine.preparation` (`engine.capabilities`).
     capabilities: Capabilities = field(default_factory=Capabilities)
+    # The turn's trace (computer_service.turn_trace): an engine marks `server_ready`,
+    # `prompt_sent` and `engine_accepted` when it gets there; one that does not leaves them out.
+    mark: Callable[[str], None] = lambda step: None
 
 
 @dataclass

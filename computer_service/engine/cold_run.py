@@ -172,6 +172,7 @@ class ColdAttempts:
                                 await on_event(denied_event(frame))
                             elif isinstance(frame, StartedFrame):
                                 started.set()
+                                request.mark("engine_accepted")
                             elif isinstance(frame, ExitFrame):
                                 a.exit = frame
                 except LauncherRefused as exc:

@@ -153,6 +153,8 @@ class WarmRun(Way):
             extra_key=extra_key,
             start_timeout_s=request.wall_clock_limit_s,
         )
+        if server is not None:
+            request.mark("server_ready")
         async with AsyncExitStack() as cold_stack:
             warm = WarmTurn(self, server, turn, on_event, stop, began, cold_stack)
             if server is None:
@@ -253,6 +255,7 @@ class WarmRun(Way):
                 "parts": [{"type": "text", "text": request.render_input(new_session)}],
                 "model": {"providerID": provider, "modelID": model},
             }
+            request.mark("prompt_sent")
             status, _ = await _post(client, f"/session/{session_id}/prompt_async", prompt)
             if status == 404:
                 # What `opencode run --session <gone>` says: classified `session_invalid`.
@@ -261,6 +264,7 @@ class WarmRun(Way):
             if status not in (200, 204):
                 raise ServerBroken(f"it refused the prompt with HTTP {status}")
             a.prompt_sent = True
+            request.mark("engine_accepted")
             await self._follow(server, turn, session_id, message_id, events, on_event, stop, a)
 
     async def _new_session(self, client: httpx.AsyncClient) -> str:

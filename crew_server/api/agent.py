@@ -23,9 +23,11 @@ from crew_server.errors import Refused
 
 async def reply(ctx: Context, request: Request) -> Response:
     """Post a reply (409 `held` when the agent has not seen newer messages)."""
+    received_at = ctx.store.clock.now()  # the turn's trace: the reply reached the server
     identity = ctx.agent(request)
     body = await read_body(request, m.Reply)
-    return json_response(ctx.store.reply(identity, body.room_id, body.body, body.thread_of), 201)
+    answer = ctx.store.reply(identity, body.room_id, body.body, body.thread_of, received_at)
+    return json_response(answer, 201)
 
 
 async def list_tasks(ctx: Context, request: Request) -> Response:

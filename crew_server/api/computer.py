@@ -157,6 +157,7 @@ async def finish_turn(ctx: Context, request: Request) -> Response:
         body.event_count,
         body.input,
         body.gateway_usage.model_dump() if body.gateway_usage else None,
+        {str(step): at for step, at in body.trace.items()} if body.trace is not None else None,
     )
     return no_content()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 import orjson
@@ -16,7 +17,7 @@ from crew_server.store.identities import USER, Actor, AgentIdentity
 from crew_server.store.message_view import select_messages
 from crew_server.store.positions import ClaimBudget, claim_room
 from crew_server.store.rooms import members, require_member, room_row
-from crew_server.store.turn_binding import refuse_if_superseded
+from crew_server.store.turn_binding import note_reply, refuse_if_superseded
 
 
 def open_thread(tx: Transaction, message_id: str) -> tuple[str, bool]:
@@ -295,9 +296,16 @@ class Messages(StorePart):
             return post(tx, target, USER, body)
 
     def reply(
-        self, agent: AgentIdentity, room_id: str, body: str, thread_of: str | None
+        self,
+        agent: AgentIdentity,
+        room_id: str,
+        body: str,
+        thread_of: str | None,
+        received_at: datetime | None = None,
     ) -> dict[str, Any]:
-        """An agent's reply; raises Held (after recording delivery) when it missed messages."""
+        """An agent's reply; raises Held (after recording delivery) when it missed messages.
+        `received_at`: when the request reached the server (its turn's trace)."""
+        received_at = received_at or self.clock.now()
         held: list[dict[str, Any]] | None = None
         with self._database.write() as tx:
             require_member(tx, room_id, agent.agent_id)
@@ -350,6 +358,7 @@ class Messages(StorePart):
                     (agent.agent_id, target),
                 )
                 ack_if_late(tx, agent.agent_id, agent.turn_id)
+                note_reply(tx, agent.turn_id, received_at, self.clock.now())
                 if unseen is not None or withheld:
                     tx.execute(
                         "UPDATE positions SET delivered_seq = ?, "

@@ -24,6 +24,8 @@ import hashlib
 import secrets
 from datetime import datetime, timedelta
 
+import orjson
+
 from crew_server.clock import iso
 from crew_server.errors import ApiError, Refused
 from crew_server.store.db import Transaction
@@ -114,3 +116,25 @@ def refuse_if_superseded(tx: Transaction, turn_id: str | None) -> None:
 def count_claim(tx: Transaction, agent_id: str) -> None:
     """An unread claim of the agent: writes of its turns that are over stop being taken."""
     tx.execute("UPDATE agents SET claims = claims + 1 WHERE id = ?", (agent_id,))
+
+
+def epoch_ms(moment: datetime) -> int:
+    """A time as a trace step holds it: milliseconds since the epoch."""
+    return int(moment.timestamp() * 1000)
+
+
+def note_reply(tx: Transaction, turn_id: str | None, received: datetime, stored: datetime) -> None:
+    """The first reply of a turn in its trace: when it reached the server and when it was
+    written (its write transaction, just before the commit). Later replies change nothing:
+    the first is the one a person waits for."""
+    if turn_id is None:
+        return
+    row = tx.execute("SELECT trace FROM turns WHERE id = ?", (turn_id,)).fetchone()
+    if row is None:
+        return
+    trace = orjson.loads(row["trace"]) if row["trace"] else {}
+    if "reply_received" in trace:
+        return
+    trace["reply_received"] = epoch_ms(received)
+    trace["reply_stored"] = epoch_ms(stored)
+    tx.execute("UPDATE turns SET trace = ? WHERE id = ?", (orjson.dumps(trace).decode(), turn_id))

@@ -25,8 +25,10 @@ from crew_server.store.turn_binding import new_turn_secret
 
 TURN_COLS = (
     "id, agent_id, computer_id, fence, status, failure, rooms, input, engine, model, "
-    "session_id, usage, gateway_usage, gaps, started_at, finished_at"
+    "session_id, usage, gateway_usage, gaps, started_at, finished_at, trace"
 )
+# The steps of a turn's trace the server itself records (the Computer's come with the finish).
+SERVER_TRACE_STEPS = ("reply_received", "reply_stored")
 
 
 def turn_of(r: sqlite3.Row) -> dict[str, Any]:
@@ -38,7 +40,17 @@ def turn_of(r: sqlite3.Row) -> dict[str, Any]:
         "usage": orjson.loads(r["usage"]) if r["usage"] else None,
         "gateway_usage": orjson.loads(r["gateway_usage"]) if r["gateway_usage"] else None,
         "gaps": orjson.loads(r["gaps"]),
+        "trace": orjson.loads(r["trace"]) if r["trace"] else None,
     }
+
+
+def merged_trace(stored: str | None, computer: dict[str, int] | None) -> str | None:
+    """The Computer's steps with the server's own (the server's win: they are its clock's)."""
+    ours: dict[str, int] = orjson.loads(stored) if stored else {}
+    if computer is None and not ours:
+        return None
+    theirs = {k: v for k, v in (computer or {}).items() if k not in SERVER_TRACE_STEPS}
+    return orjson.dumps({**theirs, **ours}).decode()
 
 
 def stored_event(r: sqlite3.Row) -> dict[str, Any]:
@@ -210,9 +222,12 @@ class Turns(StorePart):
         event_count: int | None = None,
         input_text: str | None = None,
         gateway_usage: dict[str, Any] | None = None,
+        trace: dict[str, int] | None = None,
     ) -> None:
         """Record a turn's result; usage summed from `step_finish` events when absent.
         `gateway_usage` is what the Computer's model gateway counted (None: it ran none).
+        `trace` is the Computer's part of the turn's trace (step → epoch ms), kept with
+        the server's own steps (`note_reply`).
 
         `event_count` is how many events the turn produced: a tail the server never got
         (the Computer could not send it) is recorded as a gap. `input_text`, when given,
@@ -231,9 +246,12 @@ class Turns(StorePart):
                     )
                 ]
                 usage = rules.usage_from_events(events)
+            stored_trace = tx.execute(
+                "SELECT trace FROM turns WHERE id = ?", (turn_id,)
+            ).fetchone()["trace"]
             tx.execute(
                 "UPDATE turns SET status = ?, failure = ?, usage = ?, gateway_usage = ?, "
-                "finished_at = ?, input = COALESCE(?, input) WHERE id = ?",
+                "finished_at = ?, input = COALESCE(?, input), trace = ? WHERE id = ?",
                 (
                     status,
                     orjson.dumps(failure).decode() if failure else None,
@@ -241,6 +259,7 @@ class Turns(StorePart):
                     orjson.dumps(gateway_usage).decode() if gateway_usage is not None else None,
                     tx.now(),
                     input_text,
+                    merged_trace(stored_trace, trace),
                     turn_id,
                 ),
             )

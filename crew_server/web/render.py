@@ -28,6 +28,7 @@ from starlette.templating import Jinja2Templates
 from crew_server.web.markdown import markdown
 from crew_server.web.streams import CLIENT_IDS
 from crew_server.web.turn_events import shown_event
+from crew_server.web.turn_trace import trace_rows
 
 HERE = Path(__file__).parent
 CSP = (
@@ -154,6 +155,7 @@ def _environment() -> jinja2.Environment:
         money=money,
         pretty=pretty,
         shown_event=shown_event,
+        trace_rows=trace_rows,
     )
     env.filters["client_id"] = CLIENT_IDS.of
     return env

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -11,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from computer_service.run_dir import RunDirectory, RunDirectoryError
+import crew_shim
+from computer_service.run_dir import RunDirectory, RunDirectoryError, crew_wrapper_script
 from tests.support.ci import required_in_ci
 from tests.support.trees import make_deep_tree
 
@@ -35,7 +37,8 @@ def test_run_directory_cleans_writes_wrapper_and_removes(tmp_path: Path) -> None
     wrapper = crew / "runtime" / "run-2" / "bin" / "crew"
     assert mode(wrapper) == 0o700
     text = wrapper.read_text()
-    assert text.startswith("#!/bin/sh\nexec ") and f'{sys.executable} -I -m crew_shim "$@"' in text
+    assert text.startswith(f"#!/bin/sh\nexec {sys.executable} -I -S -c ")
+    assert text.endswith(' "$@"\n') and "from crew_shim.__main__ import main" in text
     assert mode(crew) == 0o700 and mode(crew / "runtime") == 0o700
     run.remove()
     assert not (crew / "runtime" / "run-2").exists()
@@ -55,7 +58,42 @@ def test_wrapper_runs_the_interpreter_isolated(tmp_path: Path) -> None:
         text=True,
         check=True,
     )
-    assert out.stdout == "-I|-m|crew_shim|reply|a b|$x|"
+    assert out.stdout.startswith("-I|-S|-c|")
+    assert out.stdout.endswith("|reply|a b|$x|")
+
+
+def test_the_wrapper_starts_the_shim_without_site_and_from_its_own_directory(
+    tmp_path: Path,
+) -> None:
+    """The real interpreter on a copy of the shim: no `site` (no venv finder) is imported,
+    the shim is the copy in the given directory (found by location, not on a path), and
+    the arguments arrive as given."""
+    copy = tmp_path / "elsewhere" / "crew_shim"
+    shutil.copytree(Path(crew_shim.__file__).resolve().parent, copy)
+    (copy / "__main__.py").write_text(
+        "import sys\n"
+        "def main():\n"
+        "    import crew_shim\n"
+        "    print('site' in sys.modules, crew_shim.__file__, sys.argv[1:])\n"
+        "    return 3\n"
+    )
+    wrapper = tmp_path / "crew"
+    wrapper.write_text(crew_wrapper_script(sys.executable, copy))
+    wrapper.chmod(0o700)
+    out = subprocess.run(
+        [str(wrapper), "reply", "a b", "$x"], capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 3, out.stderr
+    assert out.stdout.strip() == f"False {copy / '__init__.py'} ['reply', 'a b', '$x']"
+
+
+def test_the_real_wrapper_runs_the_shim(tmp_path: Path) -> None:
+    run = RunDirectory(tmp_path / "crew", "r")
+    run.prepare()
+    out = subprocess.run(
+        [str(run.bin_dir / "crew"), "--help"], capture_output=True, text=True, check=True
+    )
+    assert "crew reply" in out.stdout
 
 
 def test_stop_removes_a_1500_level_tree_an_agent_left(tmp_path: Path) -> None:

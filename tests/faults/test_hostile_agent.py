@@ -8,6 +8,8 @@ test runs with both engines: cold (`opencode run` per turn) and warm (the fake
 attempt fails or is contained, the Computer keeps running, and the other
 agent's next turn succeeds and continues its own session.
 (The same probes straight against a launcher, in both modes: tests/launcher/test_hostile.py.)
+(A hostile MCP server, started by the real OpenCode from the agent's capabilities, in both
+modes: tests/e2e/test_capabilities.py::test_a_hostile_mcp_server_is_contained_like_any_tool.)
 """
 
 from __future__ import annotations

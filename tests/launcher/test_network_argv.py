@@ -289,10 +289,11 @@ def test_a_resolver_on_a_host_address_keeps_its_port_53() -> None:
     assert ruleset.count("dport 53") == 2  # not for loopback, scoped or malformed entries
 
 
-def test_helper_argv_passes_the_namespaces_and_the_library() -> None:
-    argv = helper_argv("/usr/bin/python3", (-1, 8), "/usr/lib/libnftables.so.1")
+def test_helper_argv_passes_the_channel_and_the_library() -> None:
+    """The namespaces come later, over the channel (`NftHelper.enter`): a spare waits in none."""
+    argv = helper_argv("/usr/bin/python3", 8, "/usr/lib/libnftables.so.1")
     assert argv[:4] == ["/usr/bin/python3", "-I", "-S", "-c"]
-    assert argv[5:] == ["-1", "8", "/usr/lib/libnftables.so.1"]
+    assert argv[5:] == ["8", "/usr/lib/libnftables.so.1"]
 
 
 def test_the_default_plan_caps_at_256() -> None:

@@ -377,3 +377,15 @@ async def test_a_patch_of_the_agent_replaces_them_too(world: World) -> None:
     )
     assert refused.status_code == 422
     assert refused.json()["error"]["code"] == "invalid_capabilities"
+
+
+def test_a_whole_number_written_as_json_float_is_the_integer_and_a_boolean_is_not() -> None:
+    """JSON `5000.0` is an integer to JSON Schema, so the schema-valid request is taken
+    (schemathesis found it refused); `true` stays refused under strict mode."""
+    server = {"type": "local", "name": "notes", "command": ["notes-mcp"]}
+    taken = caps.parse({"mcp_servers": [{**server, "timeout_ms": 5000.0}], "skills": []})
+    assert taken.mcp_servers[0].timeout_ms == 5000
+    assert type(taken.mcp_servers[0].timeout_ms) is int
+    for refused in (True, 2.5, "5000"):
+        with pytest.raises(caps.CapabilitiesError):
+            caps.parse({"mcp_servers": [{**server, "timeout_ms": refused}], "skills": []})

@@ -97,6 +97,7 @@ def test_a_database_of_an_older_schema_is_migrated_at_open_and_keeps_its_data(
         raw.execute("ALTER TABLE computers DROP COLUMN deleted_at")
         raw.execute("ALTER TABLE agents DROP COLUMN capabilities")
         raw.execute("ALTER TABLE agents DROP COLUMN capabilities_state")
+        raw.execute("ALTER TABLE turns DROP COLUMN trace")
         raw.execute("DELETE FROM schema_migrations WHERE version >= 2")
     again = Store(str(db), Clock())
     assert again.computer_by_token(token) == computer_id
