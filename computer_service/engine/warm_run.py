@@ -599,8 +599,8 @@ async def warm_up(server: AgentServer, model: str) -> bool:
     """Boot on a fresh server what its first prompt would, without a model call.
 
     OpenCode 1.18.33 boots lazily: after `serve` listens, the first prompt still loads
-    the directory's instance, the providers and the model (about 1.5 to 2 s before its
-    model request; docs/warm-engine.md "Prewarm"). A message with `noReply: true`
+    the directory's instance, the providers and the model (1.5 to 2 s before its model
+    request on a fresh server, 2 CPUs under load). A message with `noReply: true`
     goes through the same path up to storing the user message, and stops there: no
     model request. It is sent in a throwaway session, deleted afterwards, so no
     turn's conversation holds it. → whether it went through; never raises (logged).
