@@ -28,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -266,11 +266,16 @@ class WarmPool:
         env: dict[str, str],
         request: Callable[[str], ServerRequest],
         extra_key: bytes = b"",
+        warm_up: Callable[[AgentServer], Awaitable[object]] | None = None,
     ) -> str:
         """Start the agent's server ahead of its turn, if it fits (module doc) → what
         happened: `started`, `warm` (it runs already), `starting`, `busy` (a turn has it),
         `budget` (no room without evicting), `cold` (this agent runs cold) or `failed`.
-        Never raises for the launcher (a failed start counts as one, as a turn's does)."""
+        Never raises for the launcher (a failed start counts as one, as a turn's does).
+
+        `warm_up(server)` runs once the server is up, still as part of the start (a turn
+        that comes meanwhile waits for it): what the server's first prompt would boot
+        lazily (`warm_run.warm_up`). It must not raise for the server."""
         if agent_id in self.cold_agents or self._closed:
             return "cold"
         if agent_id in self._prewarming or agent_id in self._starting:
@@ -295,6 +300,8 @@ class WarmPool:
             server = await self._start(agent_id, key, request, PREWARM_START_TIMEOUT_S)
             if server is not None:
                 server.prewarmed = True
+                if warm_up is not None:
+                    await warm_up(server)
         finally:
             del self._prewarming[agent_id]
             done.set()

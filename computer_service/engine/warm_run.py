@@ -98,6 +98,9 @@ MIN_COLD_LEFT_S = 5.0
 PROGRESS_TIMEOUT_S = 30.0
 END_GRACE_S = 10.0
 MAX_ANSWER_BYTES = 1024 * 1024
+# A prewarm's warm-up (`warm_up`): bounded, and never worth more than the server's start.
+WARM_UP_TIMEOUT_S = 30.0
+WARM_UP_TITLE = "crew warm-up"
 
 
 class ServerBroken(Exception):
@@ -184,6 +187,7 @@ class WarmRun(Way):
             turn.asking_env(),
             lambda password: _server_request(turn, password),
             extra_key=await _extra_key(turn),
+            warm_up=lambda server: warm_up(server, turn.request.model),
         )
 
     # ---- one attempt ----
@@ -593,6 +597,63 @@ async def _extra_key(turn: PreparedTurn) -> bytes:
     agents_md = await anyio.to_thread.run_sync(_agents_md, turn.paths)
     directories = await anyio.to_thread.run_sync(_directories, turn.paths)
     return agents_md + repr(turn.ports).encode() + directories + orjson.dumps(turn.egress.as_wire())
+
+
+async def warm_up(server: AgentServer, model: str) -> bool:
+    """Boot on a fresh server what its first prompt would, without a model call.
+
+    OpenCode 1.18.33 boots lazily: after `serve` listens, the first prompt still loads
+    the directory's instance, the providers and the model (1.5 to 2 s before its model
+    request on a fresh server, 2 CPUs under load). A message with `noReply: true`
+    goes through the same path up to storing the user message, and stops there: no
+    model request. It is sent in a throwaway session, deleted afterwards, so no
+    turn's conversation holds it. → whether it went through; never raises (logged).
+    """
+    client = server.client
+    provider, _, model_id = model.partition("/")
+    began = time.monotonic()
+    try:
+        with anyio.fail_after(WARM_UP_TIMEOUT_S):
+            status, content = await _post(
+                client, "/session", {"title": WARM_UP_TITLE, "permission": RUN_PERMISSIONS}
+            )
+            body = _json(content)
+            session_id = body.get("id") if isinstance(body, dict) else None
+            if (
+                status != 200
+                or not isinstance(session_id, str)
+                or not SESSION_ID.fullmatch(session_id)
+            ):
+                log.info("agent %s: no warm-up (a session: HTTP %s)", server.agent_id, status)
+                return False
+            message = {
+                "noReply": True,
+                "parts": [{"type": "text", "text": WARM_UP_TITLE}],
+                "model": {"providerID": provider, "modelID": model_id},
+            }
+            status, _ = await _post(client, f"/session/{session_id}/message", message)
+            ok = status in (200, 204)
+            answer = await client.delete(f"/session/{session_id}")
+            if answer.status_code != 200:
+                log.info(
+                    "agent %s: the warm-up session stays (HTTP %s)",
+                    server.agent_id,
+                    answer.status_code,
+                )
+            if not ok:
+                log.info("agent %s: the warm-up was refused (HTTP %s)", server.agent_id, status)
+            else:
+                log.info(
+                    "agent %s: its server was warmed up in %.2f s",
+                    server.agent_id,
+                    time.monotonic() - began,
+                )
+            return ok
+    except (httpx.HTTPError, ServerBroken, NotTheServer, TimeoutError, ValueError) as exc:
+        log.warning(
+            "agent %s: the warm-up failed: %s: %s", server.agent_id, type(exc).__name__, exc
+        )
+        return False
 
 
 def _server_request(turn: PreparedTurn, password: str) -> ServerRequest:
