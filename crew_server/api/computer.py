@@ -194,7 +194,9 @@ OPS: list[Op] = [
         "get",
         "/computer/events",
         "computerEvents",
-        "SSE: `wake` {agent_id}, `agents` {agent_id}, `ping` {} every 15 s; `id:` on every event; "
+        "SSE: `wake` {agent_id, now?}, `agents` {agent_id}, `stop` {agent_id, turn_id}, "
+        "`prewarm` {agent_ids} (start these agents' engines; never a turn), `revoked` {reason} "
+        "(then the stream ends), `ping` {} every 15 s; `id:` on every event; "
         "send `Last-Event-ID` to replay what was missed.",
         "computer",
         handler=events,
