@@ -27,27 +27,13 @@ from starlette.types import Receive, Scope, Send
 from computer_service.engine.capabilities import MCP_PREFIX, McpRoute
 from computer_service.gateway import mcp_route
 from computer_service.gateway.access import PLACEHOLDER_PREFIX
+from computer_service.gateway.headers import HOP_BY_HOP
 from computer_service.gateway.logins import Login, LoginFailed
 from computer_service.gateway.usage import AgentCounters, UsageTap
 
 log = logging.getLogger(__name__)
 
 REQUEST_BODY_LIMIT = 64 * 1024 * 1024
-HOP_BY_HOP = frozenset(
-    {
-        b"connection",
-        b"keep-alive",
-        b"proxy-authenticate",
-        b"proxy-authorization",
-        b"proxy-connection",
-        b"te",
-        b"trailer",
-        b"transfer-encoding",
-        b"upgrade",
-        b"host",
-        b"content-length",
-    }
-)
 
 
 @dataclass(frozen=True)

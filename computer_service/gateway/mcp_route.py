@@ -18,26 +18,13 @@ import httpx
 from starlette.types import Scope, Send
 
 from computer_service.engine.capabilities import McpRoute
+from computer_service.gateway.headers import HOP_BY_HOP
 
 log = logging.getLogger(__name__)
 
-# Request headers never forwarded (besides those holding the placeholder).
-DROPPED = frozenset(
-    {
-        b"connection",
-        b"keep-alive",
-        b"proxy-authenticate",
-        b"proxy-authorization",
-        b"proxy-connection",
-        b"te",
-        b"trailer",
-        b"transfer-encoding",
-        b"upgrade",
-        b"host",
-        b"content-length",
-        b"accept-encoding",
-    }
-)
+# Request headers never forwarded (besides those holding the placeholder): the gateway's
+# hop-by-hop list, and `accept-encoding` (the body is relayed as it comes).
+DROPPED = HOP_BY_HOP | {b"accept-encoding"}
 
 
 def upstream_url(route: McpRoute, rest: str, query: bytes) -> str:

@@ -70,3 +70,14 @@ def test_the_first_mark_of_a_step_counts_and_unknown_steps_are_ignored() -> None
     assert epoch_ms_of("2026-10-05T09:00:00.250000+00:00") == 1791190800250
     assert epoch_ms_of("2026-10-05T09:00:00") is None  # no offset: not a server time
     assert epoch_ms_of(None) is None and epoch_ms_of("soon") is None
+
+
+def test_the_computer_and_the_server_name_the_same_trace_steps() -> None:
+    """The two processes share no code: the Computer's steps (`turn_trace.STEPS`) and what
+    the server's finish accepts (`models.ComputerTraceStep`) are two lists kept equal here."""
+    from typing import get_args
+
+    from computer_service import turn_trace
+    from crew_server import models
+
+    assert tuple(get_args(models.ComputerTraceStep)) == tuple(turn_trace.STEPS)
