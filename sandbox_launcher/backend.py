@@ -50,7 +50,9 @@ from sandbox_launcher.nft_helper import NftSpare
 from sandbox_launcher.policy import SandboxPolicy
 from sandbox_launcher.seatbelt import SANDBOX_EXEC, seatbelt_argv, seatbelt_egress_refusal
 from sandbox_launcher.tool_shell import (
+    NATIVE_DIR_NAME,
     NATIVE_NAME,
+    build_native_tool_shell,
     native_tool_shell,
     system_programs,
     write_tool_shells,
@@ -77,7 +79,8 @@ NO_RG_NOTE = (
 
 
 SLOW_TOOL_SHELL_NOTE = (
-    "the native tool shell is not built (scripts/setup builds it with gcc): each tool call "
+    "the native tool shell is not built (scripts/setup builds it with gcc, an installed "
+    "launcher at its start with the system's cc): each tool call "
     "starts the Python one instead, tens of milliseconds more (sandbox_launcher/tool_shell.py)"
 )
 
@@ -87,19 +90,20 @@ def with_tool_shells(
 ) -> BwrapTools:
     """`tools` with the tool shells written below `base` and made readable in every sandbox.
 
-    `native`: the native helper ("built": the one scripts/setup built, if any). Without
-    one the Python helper runs, said in the health (`SLOW_TOOL_SHELL_NOTE`) — but never
-    in CI, where it must have been built.
+    `native`: the native helper ("built": the one scripts/setup built, else one this
+    launcher builds below `base` from the packaged source; None: the Python helper, asked
+    for). When "built" finds none the Python helper runs, said in the health
+    (`SLOW_TOOL_SHELL_NOTE`) — but never in CI, where it must have been built.
     """
     if native == "built":
-        native = native_tool_shell()
-    if native is None:
-        if os.environ.get("CI") == "true":
-            raise SandboxUnavailable(
-                "the native tool shell is not built (CI=true allows no fallback): "
-                "run scripts/setup with gcc installed (apt-get install gcc libc6-dev)"
-            )
-        log.warning("%s", SLOW_TOOL_SHELL_NOTE)
+        native = native_tool_shell() or build_native_tool_shell(base / NATIVE_DIR_NAME)
+        if native is None:
+            if os.environ.get("CI") == "true":
+                raise SandboxUnavailable(
+                    "the native tool shell is not built (CI=true allows no fallback): "
+                    "run scripts/setup with gcc installed (apt-get install gcc libc6-dev)"
+                )
+            log.warning("%s", SLOW_TOOL_SHELL_NOTE)
     try:
         shells = write_tool_shells(base, tools.python, tools.helper, native=native)
     except OSError as exc:

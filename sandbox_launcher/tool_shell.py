@@ -33,7 +33,9 @@ launchers with different interpreters never overwrite each other's (a
 directory an older interpreter's launcher wrote stays, a few hundred bytes).
 
 The helper is native when `scripts/setup` could build it
-(`native/crew-tool-shell.c`, `native_tool_shell()`): a copy of it lies in
+(`native/crew-tool-shell.c`, `native_tool_shell()`), or, in an installed
+Computer, the launcher could at its first start (`build_native_tool_shell`,
+into the crew home's `tool-shell/native/`): a copy of it lies in
 that directory and each script is a `#!` line running it directly, with
 its mode (and for git and rg the real program) as the one argument the
 kernel passes — no `/bin/sh`, no Python start-up on a tool call. When it is
@@ -48,6 +50,7 @@ import hashlib
 import os
 import shlex
 import shutil
+import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
@@ -65,6 +68,11 @@ SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
 NATIVE_SOURCE = Path(__file__).parent / "native" / "crew-tool-shell.c"
 NATIVE_BUILD_DIR = Path(__file__).parent / "native" / "build"
 NATIVE_NAME = "crew-tool-shell"
+NATIVE_DIR_NAME = "native"  # below the tool shells' base: what build_native_tool_shell built
+# How an installed launcher builds it when scripts/setup did not (build_native_tool_shell):
+# the compilers it looks for in the system's directories and scripts/setup's flags.
+COMPILERS = ("cc", "gcc")
+NATIVE_CFLAGS = ("-std=c11", "-O2", "-Wall", "-Wextra", "-Werror")
 # What the kernel reads of a `#!` line (BINPRM_BUF_SIZE, Linux 5.1+); longer: via /bin/sh.
 SHEBANG_LIMIT = 255
 
@@ -82,6 +90,40 @@ def native_tool_shell() -> Path | None:
     except OSError:
         return None  # no source (an install without it): the Python helper
     return path if os.access(path, os.X_OK) else None
+
+
+def build_native_tool_shell(into: Path, path: str = SYSTEM_PATH) -> Path | None:
+    """The native helper built from the packaged source into `into` (the launcher's own
+    directory), for a Computer installed without a checkout's scripts/setup (a wheel,
+    pipx, `pip install --user`); None when no C compiler is on `path` or it fails.
+
+    The same flags as scripts/setup (static when libc.a is there), named by the
+    source's hash: built once per source, atomically, then reused at every start.
+    """
+    try:
+        source = NATIVE_SOURCE.read_bytes()
+    except OSError:
+        return None
+    target = into / f"{NATIVE_NAME}-{hashlib.sha256(source).hexdigest()[:16]}"
+    if os.access(target, os.X_OK):
+        return target
+    compiler = next((c for c in map(lambda n: shutil.which(n, path=path), COMPILERS) if c), None)
+    if compiler is None:
+        return None
+    into.mkdir(mode=0o755, parents=True, exist_ok=True)
+    part = target.with_name(f".{target.name}.{os.getpid()}")
+    for static in (["-static"], []):
+        argv = [compiler, *NATIVE_CFLAGS, *static, "-o", str(part), str(NATIVE_SOURCE)]
+        try:
+            done = subprocess.run(argv, capture_output=True, timeout=120, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            break
+        if done.returncode == 0:
+            part.chmod(0o755)
+            part.replace(target)
+            return target
+    part.unlink(missing_ok=True)
+    return None
 
 
 def system_programs(path: str = SYSTEM_PATH) -> dict[str, str | None]:

@@ -26,6 +26,7 @@ import pytest
 from crew_harness.waiting import wait_until
 from crew_testkit.computer_proc import Machine, bootstrap_for, launch, machine
 from crew_testkit.crew_server_proc import CrewServer, start_crew_server
+from sandbox_launcher.backend import SLOW_TOOL_SHELL_NOTE
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -112,6 +113,8 @@ def assert_launcher_started(health: dict[str, Any]) -> None:
     sandbox = health["sandbox"]
     assert sandbox["ok"] is True, sandbox
     assert sandbox["backend"] == "bwrap", sandbox
+    # No checkout's scripts/setup build: the installed launcher built its own native helper.
+    assert SLOW_TOOL_SHELL_NOTE not in (sandbox.get("reason") or ""), sandbox
 
 
 def test_a_wheel_in_a_venv(wheel: Path, m: Machine, server: CrewServer) -> None:

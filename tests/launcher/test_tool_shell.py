@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from crew_common.launcher_wire import SERVER_PASSWORD_KEY
-from sandbox_launcher import landlock, landlock_exec
+from sandbox_launcher import backend as backend_module
+from sandbox_launcher import landlock, landlock_exec, tool_shell
 from sandbox_launcher.backend import (
     NO_RG_NOTE,
     NO_TOOL_DOMAIN_NOTE,
@@ -166,12 +167,52 @@ def test_without_the_native_helper_health_says_so_and_ci_refuses(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert health_note(LinuxMode.HYBRID, 7, slow_tool_shell=True) == SLOW_TOOL_SHELL_NOTE
+    # Nothing built and no compiler: the Python helper, outside CI.
+    monkeypatch.setattr(tool_shell, "NATIVE_BUILD_DIR", tmp_path / "no-build")
+    monkeypatch.setattr(
+        backend_module,
+        "build_native_tool_shell",
+        lambda into: tool_shell.build_native_tool_shell(into, path=str(tmp_path / "none")),
+    )
     monkeypatch.delenv("CI", raising=False)
-    tools = with_tool_shells(TOOLS, tmp_path, native=None)
+    tools = with_tool_shells(TOOLS, tmp_path / "base")
     assert tools.tool_shells is not None and not (tools.tool_shells / NATIVE_NAME).exists()
     monkeypatch.setenv("CI", "true")
     with pytest.raises(SandboxUnavailable, match="CI=true allows no fallback"):
-        with_tool_shells(TOOLS, tmp_path, native=None)
+        with_tool_shells(TOOLS, tmp_path / "base")
+    # Asked for by name (the matrix's python column), the Python helper runs in CI too.
+    tools = with_tool_shells(TOOLS, tmp_path / "base", native=None)
+    assert tools.tool_shells is not None and not (tools.tool_shells / NATIVE_NAME).exists()
+
+
+def test_an_installed_launcher_builds_the_native_helper_once_from_the_packaged_source(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wheel, pipx or `pip install --user` has no scripts/setup build: the launcher
+    builds one with the system's cc below its tool shells' base, then reuses it."""
+    if shutil.which("cc", path=tool_shell.SYSTEM_PATH) is None:
+        required_in_ci("a C compiler (scripts/setup installs gcc)")
+        pytest.skip("no C compiler on this machine")
+    monkeypatch.setattr(tool_shell, "NATIVE_BUILD_DIR", tmp_path / "no-build")
+    assert native_tool_shell() is None
+    tools = with_tool_shells(TOOLS, tmp_path / "base")
+    built = list((tmp_path / "base" / tool_shell.NATIVE_DIR_NAME).iterdir())
+    assert [p.name for p in built] == [tool_shell.native_build_path().name]
+    assert tools.tool_shells is not None
+    assert (tools.tool_shells / NATIVE_NAME).read_bytes() == built[0].read_bytes()
+    # It is the helper: it runs a command in a nested domain like scripts/setup's build.
+    done = subprocess.run(
+        [str(built[0]), "--tool-shell", "hybrid", "-c", "echo built"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert (done.returncode, done.stdout) == (0, "built\n"), done.stderr
+    # The second start reuses it: no compiler needed any more.
+    mtime = built[0].stat().st_mtime_ns
+    assert tool_shell.build_native_tool_shell(built[0].parent, path=str(tmp_path)) == built[0]
+    assert built[0].stat().st_mtime_ns == mtime
 
 
 @pytest.mark.parametrize("mode", list(LinuxMode))
