@@ -18,6 +18,7 @@ import httpx
 import orjson
 from pydantic import ValidationError
 
+from computer_service.unix_transport import unix_transport
 from crew_common.launcher_wire import (
     DEFAULT_STDOUT_LIMIT,
     LIMIT_HITS,
@@ -117,8 +118,8 @@ class LauncherClient:
     def __init__(self, socket_path: Path | str, secret: str) -> None:
         self.socket_path = str(socket_path)
         self._client = httpx.AsyncClient(
-            # A Unix socket: no TLS, so no CA bundle to load (~30 ms).
-            transport=httpx.AsyncHTTPTransport(uds=self.socket_path, verify=False),
+            # A Unix socket read with asyncio's streams (unix_transport.py); no TLS.
+            transport=unix_transport(self.socket_path),
             base_url="http://launcher",
             headers={"Authorization": f"Bearer {secret}"},
             timeout=httpx.Timeout(10.0),
