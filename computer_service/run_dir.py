@@ -33,18 +33,17 @@ def crew_wrapper_script(interpreter: str, shim_dir: Path | None = None) -> str:
 
     `-S` as well: `site` (the venv's `.pth` files, an editable install's finder) cost
     more than the shim's own start, on the path of every reply (issue 26's trace). The
-    shim needs only the standard library and itself, so the package is loaded from its
-    own directory (`shim_dir`, the one directory of it the sandbox grants) by location:
-    nothing is looked up on a path.
+    shim needs only the standard library and itself, so its parent directory goes at the
+    end of the path: the standard library is found first, and `crew_shim` (the one
+    directory of the parent the sandbox grants) from there. A plain `sys.path` entry
+    rather than `importlib.util` (which costs ~4 ms more: contextlib and its imports).
     """
     if shim_dir is None:
         shim_dir = _shim_dir()
-    package = str(shim_dir)
+    if shim_dir.name != "crew_shim":
+        raise ValueError(f"the shim's directory must be named crew_shim, not {shim_dir.name}")
     boot = (
-        "import sys, importlib.util as u; "
-        f"s = u.spec_from_file_location('crew_shim', {package + '/__init__.py'!r}, "
-        f"submodule_search_locations=[{package!r}]); "
-        "m = u.module_from_spec(s); sys.modules['crew_shim'] = m; s.loader.exec_module(m); "
+        f"import sys; sys.path.append({str(shim_dir.parent)!r}); "
         "from crew_shim.__main__ import main; sys.exit(main())"
     )
     return f'#!/bin/sh\nexec {shlex.quote(interpreter)} -I -S -c {shlex.quote(boot)} "$@"\n'
