@@ -26,6 +26,7 @@ from computer_service.gateway.access import GatewayAccess, new_placeholder
 from computer_service.gateway.forward import AgentApp, Route
 from computer_service.gateway.oauth import OAuthLogin, token_endpoints
 from computer_service.gateway.usage import AgentCounters, TrafficSnapshot
+from computer_service.gateway.warm_up import WarmUpGate
 from crew_common.tcp_listener import tcp_listener
 
 log = logging.getLogger(__name__)
@@ -100,6 +101,10 @@ class Gateway:
     def mcp_routes(self, agent_id: str, routes: dict[str, McpRoute]) -> None:
         """The agent's remote MCP servers for its next calls, all of them (after `access_for`)."""
         self._listeners[agent_id].app.mcp_routes = routes
+
+    def warm_up_gate(self, agent_id: str) -> WarmUpGate:
+        """When the agent's canned warm-up route answers (after `access_for`)."""
+        return self._listeners[agent_id].app.warm_up_gate
 
     def oauth_login(self, auth_file: Path, provider: str) -> OAuthLogin:
         """The one `OAuthLogin` of `provider` in `auth_file`."""
