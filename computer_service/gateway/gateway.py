@@ -160,6 +160,20 @@ class Gateway:
         lines: list[str] = []
         for name, text, value in rows:
             lines += [f"# HELP {name} {text}", f"# TYPE {name} counter", f"{name} {value}"]
+        gates = [listener.app.warm_up_gate for listener in self._listeners.values()]
+        for name, text, value in (
+            (
+                "crew_gateway_warm_up_answers_total",
+                "Warm-up model calls answered by the gateway itself (never forwarded).",
+                sum(g.answered for g in gates),
+            ),
+            (
+                "crew_gateway_warm_up_refused_total",
+                "Calls to the warm-up route outside a warm-up, refused.",
+                sum(g.refused for g in gates),
+            ),
+        ):
+            lines += [f"# HELP {name} {text}", f"# TYPE {name} counter", f"{name} {value}"]
         lines += [
             "# HELP crew_gateway_agents Agents with a gateway listener.",
             "# TYPE crew_gateway_agents gauge",
