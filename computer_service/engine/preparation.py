@@ -61,6 +61,7 @@ from computer_service.gateway.gateway import Gateway
 from computer_service.gateway.logins import KeyLogin, Login
 from computer_service.gateway.oauth import BEARER_BETAS, OAuthLogin
 from computer_service.gateway.upstream import upstream_base
+from computer_service.gateway.warm_up import TWIN_PROVIDER, WarmUpTwin, twin_provider
 from computer_service.home import write_skills
 from computer_service.safe_fs import UnsafePath
 from crew_common.egress import EgressPolicy
@@ -89,6 +90,9 @@ class PreparedTurn:
     # to a person (the warm server); `env` has them as `deny` (a cold `opencode run --auto`
     # would answer every ask `once`). None: the policy never asks, `env` is the same.
     asking_config: str | None = None
+    # The prewarm's warm-up model (a twin of the turn's provider the gateway answers
+    # itself: `gateway.warm_up`); None: the turn's provider has no twin.
+    warm_up: WarmUpTwin | None = None
 
     def asking_env(self) -> dict[str, str]:
         """The environment of an engine that asks the person (`asking_config`)."""
@@ -195,6 +199,14 @@ class Preparation:
         if stop.is_set():
             return stopped_result(None, Usage())
         engine_providers = engine_provider(section, provider, access)
+        model_id = request.model.split("/", 1)[1]
+        twin = (
+            None
+            if provider == TWIN_PROVIDER
+            else twin_provider(section, provider, model_id, access)
+        )
+        if twin is not None:
+            engine_providers.update(twin)
         capabilities = await self._capabilities(request, paths, access, secrets)
         if isinstance(capabilities, TurnResult):
             return capabilities
@@ -234,6 +246,13 @@ class Preparation:
             secrets=secrets,
             egress=request.egress,
             asking_config=asking_config,
+            warm_up=(
+                WarmUpTwin(
+                    f"{TWIN_PROVIDER}/{model_id}", self.gateway.warm_up_gate(request.agent_id)
+                )
+                if twin is not None
+                else None
+            ),
         )
 
     async def _capabilities(

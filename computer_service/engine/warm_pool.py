@@ -301,7 +301,13 @@ class WarmPool:
             if server is not None:
                 server.prewarmed = True
                 if warm_up is not None:
-                    await warm_up(server)
+                    # Busy meanwhile: an idle stop must not take the server mid-warm-up.
+                    server.busy = True
+                    try:
+                        await warm_up(server)
+                    finally:
+                        server.busy = False
+                        server.last_used = self.clock()
         finally:
             del self._prewarming[agent_id]
             done.set()

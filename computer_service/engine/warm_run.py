@@ -76,6 +76,7 @@ from computer_service.engine.warm_events import (
     session_of,
 )
 from computer_service.engine.warm_pool import AgentServer, WarmPool
+from computer_service.gateway.warm_up import WarmUpTwin
 from crew_common.launcher_wire import EgressWire, ExitFrame, ServerRequest
 from crew_common.layout import AgentPaths
 
@@ -187,7 +188,7 @@ class WarmRun(Way):
             turn.asking_env(),
             lambda password: _server_request(turn, password),
             extra_key=await _extra_key(turn),
-            warm_up=lambda server: warm_up(server, turn.request.model),
+            warm_up=lambda server: warm_up(server, turn.request.model, turn.warm_up),
         )
 
     # ---- one attempt ----
@@ -599,18 +600,23 @@ async def _extra_key(turn: PreparedTurn) -> bytes:
     return agents_md + repr(turn.ports).encode() + directories + orjson.dumps(turn.egress.as_wire())
 
 
-async def warm_up(server: AgentServer, model: str) -> bool:
-    """Boot on a fresh server what its first prompt would, without a model call.
+async def warm_up(server: AgentServer, model: str, twin: WarmUpTwin | None = None) -> bool:
+    """Boot on a fresh server what its first prompt would, without reaching the provider.
 
     OpenCode 1.18.33 boots lazily: after `serve` listens, the first prompt still loads
     the directory's instance, the providers and the model (1.5 to 2 s before its model
-    request on a fresh server, 2 CPUs under load). A message with `noReply: true`
-    goes through the same path up to storing the user message, and stops there: no
-    model request. It is sent in a throwaway session, deleted afterwards, so no
-    turn's conversation holds it. → whether it went through; never raises (logged).
+    request on a fresh server, 2 CPUs under load), and only a model call reaches the
+    rest (the prompt loop, the tool registry, the SDK's first stream). With a `twin`
+    (the turn's provider has one: `gateway.warm_up`) the warm-up is a real prompt to the
+    twin's model, which the agent's gateway answers itself with a canned stream while
+    the gate is open: no request reaches the user's provider, no token is spent.
+    Without, a message with `noReply: true` goes through the path up to storing the
+    user message, and stops there. Either is sent in a throwaway session, deleted
+    afterwards, so no turn's conversation holds it. → whether it went through; never
+    raises (logged).
     """
     client = server.client
-    provider, _, model_id = model.partition("/")
+    provider, _, model_id = (twin.model if twin is not None else model).partition("/")
     began = time.monotonic()
     try:
         with anyio.fail_after(WARM_UP_TIMEOUT_S):
@@ -626,27 +632,37 @@ async def warm_up(server: AgentServer, model: str) -> bool:
             ):
                 log.info("agent %s: no warm-up (a session: HTTP %s)", server.agent_id, status)
                 return False
-            message = {
-                "noReply": True,
+            message: dict[str, Any] = {
                 "parts": [{"type": "text", "text": WARM_UP_TITLE}],
                 "model": {"providerID": provider, "modelID": model_id},
             }
-            status, _ = await _post(client, f"/session/{session_id}/message", message)
-            ok = status in (200, 204)
-            answer = await client.delete(f"/session/{session_id}")
-            if answer.status_code != 200:
-                log.info(
-                    "agent %s: the warm-up session stays (HTTP %s)",
-                    server.agent_id,
-                    answer.status_code,
-                )
+            try:
+                if twin is None:
+                    message["noReply"] = True
+                    status, content = await _post(client, f"/session/{session_id}/message", message)
+                else:
+                    with twin.gate.open():
+                        status, content = await _post(
+                            client, f"/session/{session_id}/message", message
+                        )
+            finally:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                    answer = await client.delete(f"/session/{session_id}")
+                    if answer.status_code != 200:
+                        log.info(
+                            "agent %s: the warm-up session stays (HTTP %s)",
+                            server.agent_id,
+                            answer.status_code,
+                        )
+            ok = status in (200, 204) and not _failed_reply(content)
             if not ok:
                 log.info("agent %s: the warm-up was refused (HTTP %s)", server.agent_id, status)
             else:
                 log.info(
-                    "agent %s: its server was warmed up in %.2f s",
+                    "agent %s: its server was warmed up in %.2f s (%s)",
                     server.agent_id,
                     time.monotonic() - began,
+                    "a model call answered by the gateway" if twin is not None else "no model call",
                 )
             return ok
     except (httpx.HTTPError, ServerBroken, NotTheServer, TimeoutError, ValueError) as exc:
@@ -654,6 +670,13 @@ async def warm_up(server: AgentServer, model: str) -> bool:
             "agent %s: the warm-up failed: %s: %s", server.agent_id, type(exc).__name__, exc
         )
         return False
+
+
+def _failed_reply(content: bytes) -> bool:
+    """Did the warm-up's answer (an assistant message) carry an error?"""
+    body = _json(content) if content else None
+    info = body.get("info") if isinstance(body, dict) else None
+    return isinstance(info, dict) and info.get("error") is not None
 
 
 def _server_request(turn: PreparedTurn, password: str) -> ServerRequest:

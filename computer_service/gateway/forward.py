@@ -4,7 +4,8 @@ A raw ASGI app (one per agent, served on that agent's port). A request must
 carry this agent's placeholder (in a header or the query) or it is refused
 with 401 and a log line; its first path segment names the provider, the rest
 is appended to the provider's real base URL (`/mcp/<name>/...` is one of the
-agent's remote MCP servers instead: `mcp_route`). The placeholder is replaced by
+agent's remote MCP servers instead: `mcp_route`; `/crew-warm-up/...` the prewarm's
+canned model, answered here: `warm_up`). The placeholder is replaced by
 the login's real credential wherever it appears in a header or the query,
 hop-by-hop headers are dropped, the provider's configured headers added, and
 the response is sent back chunk by chunk as it arrives (`aiter_raw`: no
@@ -30,6 +31,8 @@ from computer_service.gateway.access import PLACEHOLDER_PREFIX
 from computer_service.gateway.headers import HOP_BY_HOP
 from computer_service.gateway.logins import Login, LoginFailed
 from computer_service.gateway.usage import AgentCounters, UsageTap
+from computer_service.gateway.warm_up import TWIN_PROVIDER, WarmUpGate
+from computer_service.gateway.warm_up import answer as warm_up_answer
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +86,8 @@ class AgentApp:
         self.routes = routes
         # The agent's remote MCP servers by name (`mcp_route`), set before each turn.
         self.mcp_routes: dict[str, McpRoute] = {}
+        # The warm-up's twin provider, answered here, never forwarded (`warm_up`).
+        self.warm_up_gate = WarmUpGate()
         self._client = client
         self._counters = counters
         self._owner_of = owner_of
@@ -98,6 +103,11 @@ class AgentApp:
         provider, _, rest = scope["path"].lstrip("/").partition("/")
         if provider == MCP_PREFIX:
             await self._mcp(scope, receive, send, rest)
+            return
+        if provider == TWIN_PROVIDER:
+            await warm_up_answer(
+                self.warm_up_gate, scope["method"], rest, receive, send, self.agent_id
+            )
             return
         route = self.routes.get(provider)
         if route is None:

@@ -26,6 +26,7 @@ from computer_service.gateway.access import GatewayAccess, new_placeholder
 from computer_service.gateway.forward import AgentApp, Route
 from computer_service.gateway.oauth import OAuthLogin, token_endpoints
 from computer_service.gateway.usage import AgentCounters, TrafficSnapshot
+from computer_service.gateway.warm_up import WarmUpGate
 from crew_common.tcp_listener import tcp_listener
 
 log = logging.getLogger(__name__)
@@ -101,6 +102,10 @@ class Gateway:
         """The agent's remote MCP servers for its next calls, all of them (after `access_for`)."""
         self._listeners[agent_id].app.mcp_routes = routes
 
+    def warm_up_gate(self, agent_id: str) -> WarmUpGate:
+        """When the agent's canned warm-up route answers (after `access_for`)."""
+        return self._listeners[agent_id].app.warm_up_gate
+
     def oauth_login(self, auth_file: Path, provider: str) -> OAuthLogin:
         """The one `OAuthLogin` of `provider` in `auth_file`."""
         key = (auth_file, provider)
@@ -154,6 +159,20 @@ class Gateway:
         ]
         lines: list[str] = []
         for name, text, value in rows:
+            lines += [f"# HELP {name} {text}", f"# TYPE {name} counter", f"{name} {value}"]
+        gates = [listener.app.warm_up_gate for listener in self._listeners.values()]
+        for name, text, value in (
+            (
+                "crew_gateway_warm_up_answers_total",
+                "Warm-up model calls answered by the gateway itself (never forwarded).",
+                sum(g.answered for g in gates),
+            ),
+            (
+                "crew_gateway_warm_up_refused_total",
+                "Calls to the warm-up route outside a warm-up, refused.",
+                sum(g.refused for g in gates),
+            ),
+        ):
             lines += [f"# HELP {name} {text}", f"# TYPE {name} counter", f"{name} {value}"]
         lines += [
             "# HELP crew_gateway_agents Agents with a gateway listener.",

@@ -33,6 +33,7 @@ from computer_service.engine.warm_run import (
     _extra_key,
     warm_up,
 )
+from computer_service.gateway.warm_up import TWIN_PROVIDER, WarmUpGate, WarmUpTwin
 from crew_common.capabilities import parse
 from tests.computer_unit.engine_fixtures import make_rig
 from tests.computer_unit.test_prewarm_pool import SlowLauncher
@@ -89,6 +90,43 @@ async def test_the_warm_up_stores_a_message_without_a_reply_and_deletes_its_sess
     ]
     # Never a prompt that would ask the model.
     assert not any(path.endswith("/prompt_async") for _, path, _ in seen)
+    await server.client.aclose()
+
+
+async def test_with_a_twin_the_warm_up_prompts_its_model_while_the_gate_is_open() -> None:
+    gate = WarmUpGate()
+    during: list[bool] = []
+
+    def answers(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/message"):
+            during.append(gate.on)
+            return httpx.Response(200, json={"info": {"role": "assistant"}, "parts": []})
+        return opencode(request)
+
+    server, seen = fake_server(answers)
+    twin = WarmUpTwin(f"{TWIN_PROVIDER}/scripted", gate)
+    assert await warm_up(server, "local/scripted", twin) is True
+    assert seen[1] == (
+        "POST",
+        f"/session/{SESSION}/message",
+        {
+            "parts": [{"type": "text", "text": WARM_UP_TITLE}],
+            "model": {"providerID": TWIN_PROVIDER, "modelID": "scripted"},
+        },
+    )  # a real prompt (no noReply), to the twin, never to the turn's provider
+    assert seen[-1] == ("DELETE", f"/session/{SESSION}", None)
+    assert during == [True] and gate.on is False  # open for the prompt only
+    await server.client.aclose()
+
+    # An answer that carries an error (the twin could not be reached) is no warm-up.
+    def errs(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/message"):
+            return httpx.Response(200, json={"info": {"error": {"name": "APIError"}}})
+        return opencode(request)
+
+    server, seen = fake_server(errs)
+    assert await warm_up(server, "local/scripted", twin) is False
+    assert seen[-1] == ("DELETE", f"/session/{SESSION}", None) and gate.on is False
     await server.client.aclose()
 
 
