@@ -14,7 +14,6 @@ a transport and is cancelled cleanly, so the launcher's client reads through it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import select
 import socket
 from collections.abc import Awaitable, Iterable
@@ -62,9 +61,9 @@ class _Stream(httpcore.AsyncNetworkStream):
             raise httpcore.WriteError(str(exc)) from exc
 
     async def aclose(self) -> None:
-        self._writer.close()
-        with contextlib.suppress(OSError):
-            await self._writer.wait_closed()
+        # At once, like closing the socket (httpcore closes a connection it is done
+        # with, or one a cancel broke): never wait on a peer that stopped reading.
+        self._writer.transport.abort()
 
     def get_extra_info(self, info: str) -> Any:
         sock: socket.socket | None = self._writer.get_extra_info("socket")
