@@ -28,6 +28,7 @@ from starlette.types import Receive, Scope, Send
 from computer_service.engine.capabilities import MCP_PREFIX, McpRoute
 from computer_service.gateway import mcp_route
 from computer_service.gateway.access import PLACEHOLDER_PREFIX
+from computer_service.gateway.body import read_body
 from computer_service.gateway.headers import HOP_BY_HOP
 from computer_service.gateway.logins import Login, LoginFailed
 from computer_service.gateway.usage import AgentCounters, UsageTap
@@ -121,7 +122,7 @@ class AgentApp:
                 f'its "options": {{"baseURL": "https://…"}} in your OpenCode config',
             )
             return
-        body = await _body(receive)
+        body = await read_body(receive, REQUEST_BODY_LIMIT)
         if body is None:
             await _json_error(send, 413, "the request body is over 64 MiB")
             return
@@ -161,7 +162,7 @@ class AgentApp:
         if route is None:
             await _json_error(send, 404, f"this agent has no remote MCP server {name!r}")
             return
-        body = await _body(receive)
+        body = await read_body(receive, REQUEST_BODY_LIMIT)
         if body is None:
             await _json_error(send, 413, "the request body is over 64 MiB")
             return
@@ -267,22 +268,6 @@ def _other_placeholder(headers: list[tuple[bytes, bytes]], query: bytes) -> str 
         if at >= 0:
             return value[at : at + len(prefix) + 32].decode("latin-1")
     return None
-
-
-async def _body(receive: Receive) -> bytes | None:
-    parts: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return b"".join(parts)
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > REQUEST_BODY_LIMIT:
-            return None
-        parts.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(parts)
 
 
 async def _json_error(send: Send, status: int, message: str) -> None:

@@ -32,6 +32,7 @@ import orjson
 from starlette.types import Receive, Send
 
 from computer_service.gateway.access import GatewayAccess
+from computer_service.gateway.body import read_body
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +114,7 @@ async def answer(
         log.warning("gateway: agent %s: a warm-up call outside a warm-up refused", agent_id)
         await _error(send, 409, "the crew warm-up route answers only the Computer's warm-up")
         return
-    body = await _read(receive)
+    body = await read_body(receive, WARM_UP_BODY_LIMIT)
     request = _json(body) if body is not None else None
     if not isinstance(request, dict):
         await _error(send, 400, "the crew warm-up route takes a JSON model call")
@@ -279,22 +280,6 @@ def _json(body: bytes) -> Any:
         return orjson.loads(body)
     except orjson.JSONDecodeError:
         return None
-
-
-async def _read(receive: Receive) -> bytes | None:
-    parts: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > WARM_UP_BODY_LIMIT:
-            return None
-        parts.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(parts)
 
 
 async def _send(send: Send, status: int, content_type: str, body: bytes) -> None:
